@@ -1,0 +1,10 @@
+"""dagrl: write an RL algorithm once as fragments; choose how it is distributed in a graph file."""
+
+from __future__ import annotations
+
+from dagrl.context import Episodes, RoleContext
+from dagrl.fragment import fragment, iteration, load_algorithm, role, trace
+
+__version__ = "0.1.0"
+
+__all__ = ["Episodes", "RoleContext", "fragment", "iteration", "load_algorithm", "role", "trace"]

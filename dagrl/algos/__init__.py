@@ -1,0 +1,1 @@
+"""Algorithms, one module each; none imports dask or the runtime."""

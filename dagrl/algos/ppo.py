@@ -1,0 +1,325 @@
+"""Proximal Policy Optimization (clipped), as fragments: samplers collect, the learner updates.
+
+Read top to bottom: hyperparameters, networks, role states, fragments, the iteration. Nothing here
+knows how it is distributed. Under ``async`` the rollouts a learner receives may come from older
+weights; the PPO ratio is taken against the *behaviour* log-probs carried in each rollout, and
+advantages are recomputed with the learner's current critic, so stale data is corrected the way
+APPO does (the runtime bounds how stale it may be).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.context import Episodes, RoleContext
+from dagrl.fragment import fragment, iteration, role
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    num_steps: int = 32
+    """Env steps per env per rollout (a sampler collects ``num_steps * envs`` transitions a call)."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """Lambda of generalised advantage estimation."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    clip_coef: float = 0.2
+    """PPO ratio clipping."""
+    update_epochs: int = 20
+    """Passes over each batch of rollouts."""
+    minibatch_size: int = 256
+    """Transitions per gradient step (the batch is split into as many minibatches as fit)."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    target_kl: float | None = None
+    """Stop an update's epochs early when the approximate KL exceeds this."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "update_epochs", "minibatch_size", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------
+
+
+def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Separate tanh MLPs for the policy and the value; categorical or diagonal-Gaussian actions."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
+        super().__init__()
+        n_obs = int(np.prod(obs_space.shape))
+        self.discrete = isinstance(act_space, gym.spaces.Discrete)
+        n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        self.critic = nn.Sequential(
+            _layer(n_obs, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, 1, 1.0)
+        )
+        self.actor = nn.Sequential(
+            _layer(n_obs, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, n_act, 0.01)
+        )
+        self.log_std = None if self.discrete else nn.Parameter(torch.zeros(n_act))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs.flatten(1)).squeeze(-1)
+
+    def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(obs.flatten(1))
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        normal = torch.distributions.Normal(out, self.log_std.exp(), validate_args=False)
+        return torch.distributions.Independent(normal, 1, validate_args=False)
+
+    def sample(self, obs: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Action and its log-prob, drawn from ``gen`` so each role's randomness is its own."""
+        dist = self.dist(obs)
+        if self.discrete:
+            action = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
+        else:
+            base = dist.base_dist
+            action = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen)
+        return action, dist.log_prob(action)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data between fragments
+# ---------------------------------------------------------------------------------------------------
+
+Weights = dict[str, np.ndarray]
+Metrics = dict[str, float]
+
+
+@dataclass
+class Rollout:
+    """``num_steps`` steps of ``N`` envs, collected with the weights of one learner version."""
+
+    obs: np.ndarray  # [T, N, *obs_shape]
+    actions: np.ndarray  # [T, N, *act_shape]
+    logprobs: np.ndarray  # [T, N], behaviour policy
+    rewards: np.ndarray  # [T, N], truncated episodes bootstrapped with the behaviour critic
+    dones: np.ndarray  # [T, N], the episode ended at this step
+    last_obs: np.ndarray  # [N, *obs_shape]
+    episodes: Episodes
+    env_steps: int
+
+
+def gae(
+    rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_value: np.ndarray, gamma: float, lam: float
+) -> np.ndarray:
+    """Generalised advantage estimates for ``[T, N]`` arrays; ``dones[t]`` cuts the bootstrap after t."""
+    adv = np.zeros_like(values)
+    running = np.zeros_like(last_value)
+    for t in reversed(range(len(rewards))):
+        next_value = last_value if t == len(rewards) - 1 else values[t + 1]
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_value * live - values[t]
+        running = delta + gamma * lam * live * running
+        adv[t] = running
+    return adv
+
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    agent: ActorCritic
+    gen: torch.Generator
+    obs: np.ndarray
+    ep_return: np.ndarray
+    ep_length: np.ndarray
+
+
+@dataclass
+class LearnerState:
+    cfg: Config
+    agent: ActorCritic
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    device: torch.device
+    updates: int = 0
+
+    def state_dict(self) -> dict:
+        return {
+            "agent": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "gen": self.gen.get_state(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.agent.load_state_dict(sd["agent"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.gen.set_state(sd["gen"])
+        self.updates = sd["updates"]
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs.action_space.seed(ctx.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    gen = torch.Generator().manual_seed(ctx.seed)
+    n = envs.num_envs
+    return SamplerState(cfg, envs, agent, gen, obs, np.zeros(n), np.zeros(n, np.int64))
+
+
+@role("learner")
+def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
+    device = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
+    return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="learner")
+def publish(state: LearnerState) -> Weights:
+    """The learner's current weights, as CPU numpy arrays."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.agent.state_dict().items()}
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Weights) -> Rollout:
+    """Step every env ``num_steps`` times with the given weights."""
+    cfg, envs, agent = state.cfg, state.envs, state.agent
+    agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    T, N = cfg.num_steps, envs.num_envs
+    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), np.float32)
+    act_buf = np.zeros((T, N, *envs.single_action_space.shape), envs.single_action_space.dtype)
+    logp_buf = np.zeros((T, N), np.float32)
+    rew_buf = np.zeros((T, N), np.float32)
+    done_buf = np.zeros((T, N), np.float32)
+    finished_returns, finished_lengths = [], []
+    with torch.no_grad():
+        for t in range(T):
+            obs_buf[t] = state.obs
+            action, logp = agent.sample(torch.as_tensor(state.obs, dtype=torch.float32), state.gen)
+            act = action.numpy()
+            env_act = act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
+            state.obs, reward, terminated, truncated, info = envs.step(env_act)
+            act_buf[t], logp_buf[t] = act, logp.numpy()
+            rew_buf[t] = reward
+            done = terminated | truncated
+            done_buf[t] = done
+            state.ep_return += reward
+            state.ep_length += 1
+            cut = truncated & ~terminated
+            if cut.any():  # the episode was cut by a time limit, not ended: bootstrap its tail
+                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)]).astype(np.float32)
+                rew_buf[t, cut] += cfg.gamma * agent.value(torch.from_numpy(final)).numpy()
+            if done.any():
+                finished_returns.extend(state.ep_return[done])
+                finished_lengths.extend(state.ep_length[done])
+                state.ep_return[done], state.ep_length[done] = 0.0, 0
+    episodes = Episodes(np.asarray(finished_returns, np.float64), np.asarray(finished_lengths, np.int64))
+    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, state.obs.astype(np.float32), episodes, T * N)
+
+
+@fragment(role="learner")
+def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
+    """Clipped-PPO epochs over the gathered rollouts; advantages from the current critic."""
+    cfg, agent, dev = state.cfg, state.agent, state.device
+    obs, actions, logprobs, advantages, returns = [], [], [], [], []
+    with torch.no_grad():
+        for r in rollouts:
+            T, N = r.rewards.shape
+            o = torch.as_tensor(r.obs, device=dev).reshape(T * N, *r.obs.shape[2:])
+            values = agent.value(o).reshape(T, N).cpu().numpy()
+            last = agent.value(torch.as_tensor(r.last_obs, device=dev)).cpu().numpy()
+            adv = gae(r.rewards, values, r.dones, last, cfg.gamma, cfg.gae_lambda)
+            obs.append(o)
+            actions.append(torch.as_tensor(r.actions, device=dev).reshape(T * N, *r.actions.shape[2:]))
+            logprobs.append(torch.as_tensor(r.logprobs, device=dev).reshape(-1))
+            advantages.append(torch.as_tensor(adv, device=dev).reshape(-1))
+            returns.append(torch.as_tensor(adv + values, device=dev).reshape(-1))
+    b_obs, b_act, b_logp = torch.cat(obs), torch.cat(actions), torch.cat(logprobs)
+    b_adv, b_ret = torch.cat(advantages), torch.cat(returns)
+    batch = len(b_obs)
+    mb = min(cfg.minibatch_size, batch)
+    stats = {"policy": 0.0, "value": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clipfrac": 0.0}
+    steps = 0
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(batch, generator=state.gen).to(dev)
+        for start in range(0, batch - mb + 1, mb):
+            idx = order[start : start + mb]
+            dist = agent.dist(b_obs[idx])
+            logratio = dist.log_prob(b_act[idx]) - b_logp[idx]
+            ratio = logratio.exp()
+            adv = b_adv[idx]
+            if cfg.norm_adv and len(idx) > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+            v_loss = ((agent.value(b_obs[idx]) - b_ret[idx]) ** 2).mean()
+            entropy = dist.entropy().mean()
+            loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+            state.optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            state.optimizer.step()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean().item()
+                clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
+            for k, v in zip(stats, (pg_loss.item(), v_loss.item(), entropy.item(), approx_kl, clipfrac)):
+                stats[k] += v
+            steps += 1
+        if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+            break
+    state.updates += 1
+    metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}
+    metrics["perf/frames"] = float(steps * mb)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    rollouts = collect(weights)
+    return update(rollouts)

@@ -1,0 +1,172 @@
+"""The ``dagrl`` command: ``run``, ``graph`` and ``bench``.
+
+Every user mistake (a bad graph or cluster file, an unknown env, a missing run directory) ends in
+one line naming the file, the key and the value, with exit code 2, before any cluster starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from dagrl.schema import ConfigError
+
+log = logging.getLogger("dagrl")
+
+
+def _setup_logging(quiet: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dagrl: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+
+
+def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, Any]:
+    """Everything validated before a cluster starts: graph, cluster, checkpoint, run dir."""
+    import torch
+
+    from dagrl.clusters import LocalClusterSpec, load_cluster
+    from dagrl.graph import load_graph, validate_device_request
+    from dagrl.runtime.checkpoint import load_checkpoint
+    from dagrl.runtime.rundir import RunDir
+
+    resume = rundir = None
+    graph_path = args.graph
+    if args.resume is not None:
+        rundir = RunDir(args.resume)
+        if not rundir.config_path.exists():
+            raise ConfigError("--resume", "", f"{args.resume} is not a dagrl run directory (no config.yaml)")
+        graph_path = graph_path or rundir.config_path
+        try:
+            resume = load_checkpoint(rundir.path)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError("--resume", "", str(err)) from None
+    if graph_path is None:
+        raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
+    graph = load_graph(graph_path, args.set)
+    cluster = load_cluster(args.cluster, args.scheduler)
+    if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
+        validate_device_request(graph, torch.cuda.is_available())
+    if rundir is None:
+        rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+    rundir.write_config(graph.to_dict())
+    return graph, cluster, resume, rundir
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dagrl.clusters import connect
+    from dagrl.policies import build_policy
+    from dagrl.runtime.driver import Trainer
+    from dagrl.runtime.progress import Progress
+
+    graph, cluster, resume, rundir = _load_for_run(args)
+    spec = graph.spec
+    log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
+    if resume is not None:
+        log.info("resuming at iteration %d, %d env steps", resume["counters"]["iteration"], resume["counters"]["env_steps"])
+    offset = resume["counters"]["iteration"] if resume else 0
+    n_actors = sum(r.replicas for r in spec.roles.values())
+    with contextlib.ExitStack() as stack:
+        client = None
+        if build_needs_cluster(spec.policy):
+            client = stack.enter_context(connect(cluster, n_actors))
+            log.info("dashboard: %s", client.dashboard_link)
+        policy = build_policy(graph, client, seed_offset=offset)
+        stack.callback(policy.close)
+        for a in policy.actors():
+            log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
+        trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=not args.quiet))
+        try:
+            summary = trainer.run()
+        except KeyboardInterrupt:
+            log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
+            return 130
+    log.info(
+        "done (%s): %d iterations, %d env steps, mean return %s, %.1f s; see %s",
+        summary["stop_reason"], summary["iterations"], summary["env_steps"],
+        "-" if summary["mean_return"] is None else f"{summary['mean_return']:.1f}",
+        summary["elapsed_s"], rundir.path,
+    )
+    return 0
+
+
+def build_needs_cluster(policy: str) -> bool:
+    from dagrl.policies import POLICIES
+
+    return POLICIES[policy].distributed
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from dagrl.graph import load_graph
+    from dagrl.inspect import describe, to_dot
+
+    graph = load_graph(args.graph, args.set)
+    print(describe(graph))
+    if args.dot:
+        Path(args.dot).write_text(to_dot(graph))
+        print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o graph.png)")
+    return 0
+
+
+def benchmarks_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    return here if here.is_dir() else Path.cwd() / "benchmarks"
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    script = benchmarks_dir() / f"{args.name.replace('-', '_')}.py"
+    if not script.exists():
+        known = sorted(p.stem.replace("_", "-") for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
+        raise ConfigError("dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})")
+    sys.argv = [str(script), *rest]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dagrl", description="Distributed reinforcement learning on Dask.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train the algorithm of a graph file")
+    run.add_argument("graph", nargs="?", help="graphs/*.yaml (optional with --resume)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field, e.g. hyperparameters.lr=3e-4")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="clusters/*.yaml (default: an embedded LocalCluster)")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    run.add_argument("--quiet", action="store_true", help="no progress line, warnings only")
+
+    graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
+    graph.add_argument("graph")
+    graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
+
+    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (sampling, ppo-cartpole, ...)")
+    bench.add_argument("name")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    _setup_logging(getattr(args, "quiet", False))
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "graph":
+            return cmd_graph(args)
+        return cmd_bench(args, rest)
+    except ConfigError as err:
+        print(f"dagrl: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

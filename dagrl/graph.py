@@ -1,0 +1,223 @@
+"""Graph files (``graphs/*.yaml``): algorithm, env, distribution policy, roles, hyperparameters, stop.
+
+A graph file is topology plus hyperparameters; machines live in ``clusters/*.yaml``. Every key is
+typed and checked on load, before any cluster starts; errors name the file, the key and the value.
+
+Example::
+
+    algorithm: ppo                # dagrl.algos.ppo, or any importable module path
+    env: {id: CartPole-v1}
+    policy: sync                  # single | sync | async
+    seed: 1
+    roles:
+      sampler: {replicas: 2, envs: 4}
+      learner: {resources: {GPU: 1}}
+    hyperparameters: {lr: 1.0e-3}
+    stop: {mean_return: 475, env_steps: 200000}
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dagrl.fragment import Algorithm, load_algorithm
+from dagrl.schema import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
+
+__all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "load_graph", "resolve_graph"]
+
+
+@dataclass
+class EnvSpec:
+    id: str
+    """Gymnasium env id, e.g. ``CartPole-v1``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``gymnasium.make``."""
+
+
+@dataclass
+class RoleSpec:
+    replicas: int = 1
+    """How many instances of the role run (each a persistent actor under distributed policies)."""
+    envs: int = 1
+    """Environments stepped by each replica (sampler roles)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Dask resources each replica needs, e.g. ``{CPU: 1}`` or ``{GPU: 1}``."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.envs < 1:
+            raise ValueError(f"envs must be >= 1, got {self.envs}")
+        for name, amount in self.resources.items():
+            if amount < 0:
+                raise ValueError(f"resources.{name} must be >= 0, got {amount}")
+
+    @property
+    def gpus(self) -> float:
+        return self.resources.get("GPU", 0.0)
+
+
+@dataclass
+class StopSpec:
+    mean_return: float | None = None
+    """Stop when the mean return of the last ``window`` episodes reaches this."""
+    window: int = 20
+    """Episodes averaged for ``mean_return`` (and for the progress bar)."""
+    env_steps: int | None = None
+    """Stop after this many env steps."""
+    wall_time_s: float | None = None
+    """Stop after this many seconds of training."""
+    iterations: int | None = None
+    """Stop after this many iterations."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+
+@dataclass
+class CheckpointSpec:
+    every: int = 50
+    """Write a checkpoint every this many iterations (0: only at the end)."""
+    keep: int = 3
+    """How many recent checkpoints to keep on disk."""
+
+
+@dataclass
+class GraphSpec:
+    algorithm: str
+    """Algorithm module: ``ppo`` for ``dagrl.algos.ppo``, or a dotted path to your own module."""
+    env: EnvSpec
+    policy: str = "single"
+    """Distribution policy: see ``dagrl.policies.POLICIES``."""
+    name: str = ""
+    """Run name (default: the file's stem); run directories are ``runs/<name>-<timestamp>``."""
+    seed: int = 0
+    roles: dict[str, RoleSpec] = field(default_factory=dict)
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    stop: StopSpec = field(default_factory=StopSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    max_staleness: int = 4
+    """``async`` only: rollouts collected with weights older than this many updates are dropped."""
+    rollouts_per_update: int = 1
+    """``async`` only: rollouts the learner consumes per update."""
+    gpu_fallback: bool = True
+    """A role asking for ``GPU`` runs on CPU (with a log line) where none exists; false: an error."""
+    torch_threads: int = 1
+    """Threads each role's torch may use (one role per worker process)."""
+    runs_dir: str = "runs"
+    """Where run directories are created."""
+
+
+@dataclass
+class Graph:
+    """A validated graph file with its algorithm, typed hyperparameters and env spaces resolved."""
+
+    spec: GraphSpec
+    algorithm: Algorithm
+    config: Any
+    observation_space: Any
+    action_space: Any
+    path: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def role(self, name: str) -> RoleSpec:
+        return self.spec.roles[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration, hyperparameters with defaults filled in."""
+        data = to_dict(self.spec)
+        data["hyperparameters"] = to_dict(self.config)
+        return data
+
+
+def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
+    """Read, override and validate a graph file.
+
+    Examples
+    --------
+    >>> g = load_graph("graphs/ppo-cartpole-sync.yaml", ["roles.sampler.replicas=3"])
+    >>> g.role("sampler").replicas
+    3
+    """
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    data.setdefault("name", Path(path).stem)
+    return resolve_graph(data, str(path))
+
+
+def resolve_graph(data: dict[str, Any], where: str) -> Graph:
+    """Validate an already-read graph mapping (``where`` names it in errors)."""
+    spec = from_dict(GraphSpec, data, where)
+    from dagrl.policies import POLICIES  # late: policies import the runtime
+
+    if spec.policy not in POLICIES:
+        raise ConfigError(where, "policy", f"unknown policy {spec.policy!r} (expected one of: {', '.join(POLICIES)})")
+    try:
+        algo = load_algorithm(spec.algorithm)
+    except (ModuleNotFoundError, TypeError) as err:
+        raise ConfigError(where, "algorithm", f"{spec.algorithm!r}: {err}") from None
+    try:
+        POLICIES[spec.policy].check(algo)
+    except TypeError as err:
+        raise ConfigError(where, "policy", f"{spec.policy}: {err}") from None
+    for name in spec.roles:
+        if name not in algo.roles:
+            raise ConfigError(where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})")
+    for name, rdef in algo.roles.items():
+        rspec = spec.roles.setdefault(name, RoleSpec())
+        if rspec.replicas > 1 and not rdef.many:
+            raise ConfigError(where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance")
+    if spec.max_staleness < 0:
+        raise ConfigError(where, "max_staleness", f"must be >= 0, got {spec.max_staleness}")
+    if spec.rollouts_per_update < 1:
+        raise ConfigError(where, "rollouts_per_update", f"must be >= 1, got {spec.rollouts_per_update}")
+    if spec.torch_threads < 1:
+        raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
+    config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
+    obs_space, act_space = _probe_env(spec.env, where)
+    return Graph(spec, algo, config, obs_space, act_space, where)
+
+
+def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
+    import gymnasium as gym
+
+    try:
+        gym.spec(env.id)
+    except gym.error.Error as err:
+        raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err})") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = gym.make(env.id, **env.kwargs)
+    except (TypeError, ValueError, gym.error.Error) as err:
+        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
+    spaces = probe.observation_space, probe.action_space
+    probe.close()
+    return spaces
+
+
+def replace_spec(graph: Graph, **changes: Any) -> Graph:
+    """A copy of ``graph`` with top-level spec fields changed (re-validated)."""
+    data = graph.to_dict()
+    data.update(changes)
+    return resolve_graph(data, graph.path)
+
+
+def validate_device_request(graph: Graph, cuda_available: bool) -> None:
+    """Refuse a GPU role on a GPU-less machine when the graph forbids the CPU fallback."""
+    if graph.spec.gpu_fallback or cuda_available:
+        return
+    for name, rspec in graph.spec.roles.items():
+        if rspec.gpus > 0:
+            raise ConfigError(
+                graph.path,
+                f"roles.{name}.resources.GPU",
+                f"{rspec.gpus:g} requested but no CUDA device is available (gpu_fallback is false)",
+            )
+

@@ -1,0 +1,57 @@
+"""Text and Graphviz views of a graph: roles, replicas, fragments and how data moves between them."""
+
+from __future__ import annotations
+
+from dagrl.fragment import Edge
+from dagrl.graph import Graph
+
+
+def edge_kind(graph: Graph, edge: Edge) -> str:
+    """How the policy moves this edge's data: local, broadcast, gather or stream."""
+    roles = graph.algorithm.roles
+    src_many, dst_many = roles[edge.src.role].many, roles[edge.dst.role].many
+    if edge.src.role == edge.dst.role:
+        kind = "local"
+    elif dst_many:
+        kind = "broadcast"
+    else:
+        kind = "gather"
+    if graph.spec.policy == "async" and (src_many or dst_many):
+        bound = graph.spec.max_staleness
+        kind = f"stream, {kind}, staleness <= {bound}" if dst_many else f"stream, {graph.spec.rollouts_per_update} per update"
+    return kind
+
+
+def describe(graph: Graph) -> str:
+    """A plain-text summary, as printed by ``dagrl graph``."""
+    spec, algo = graph.spec, graph.algorithm
+    lines = [f"graph {graph.name}: algorithm {spec.algorithm}, env {spec.env.id}, policy {spec.policy}, seed {spec.seed}"]
+    lines.append("roles:")
+    for name, rdef in algo.roles.items():
+        r = spec.roles[name]
+        frags = ", ".join(f.name for f in algo.fragments.values() if f.role == name)
+        res = ", ".join(f"{k}={v:g}" for k, v in r.resources.items()) or "-"
+        envs = f"envs {r.envs:<3}" if rdef.many else " " * 8
+        lines.append(f"  {name:<10} x{r.replicas:<3} {envs} resources {res:<12} fragments: {frags}")
+    lines.append("one iteration:")
+    edges = algo.graph.edges
+    for node in algo.graph.nodes:
+        ins = [f"{e.src.name} ({edge_kind(graph, e)})" for e in edges if e.dst is node]
+        arrow = f" <- {', '.join(ins)}" if ins else ""
+        out = "   => metrics" if node is algo.graph.output else ""
+        lines.append(f"  {node.name:<10} @{node.role:<10}{arrow}{out}")
+    return "\n".join(lines)
+
+
+def to_dot(graph: Graph) -> str:
+    """The fragment graph as Graphviz DOT, one cluster per role."""
+    algo = graph.algorithm
+    out = [f'digraph "{graph.name}" {{', "  rankdir=LR;", "  node [shape=box, style=rounded];"]
+    for name in algo.roles:
+        r = graph.spec.roles[name]
+        out.append(f'  subgraph "cluster_{name}" {{ label="{name} x{r.replicas}";')
+        out += [f'    n{n.id} [label="{n.name}"];' for n in algo.graph.nodes if n.role == name]
+        out.append("  }")
+    out += [f'  n{e.src.id} -> n{e.dst.id} [label="{edge_kind(graph, e)}"];' for e in algo.graph.edges]
+    out.append("}")
+    return "\n".join(out) + "\n"

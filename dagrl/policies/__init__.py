@@ -1,0 +1,30 @@
+"""Distribution policies: how one training iteration maps onto role hosts. None knows an algorithm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagrl.policies.asynchronous import Async
+from dagrl.policies.base import Policy, StepResult
+from dagrl.policies.single import Single
+from dagrl.policies.sync import Sync
+from dagrl.runtime.hosts import start_actors, start_local
+
+POLICIES: dict[str, type[Policy]] = {"single": Single, "sync": Sync, "async": Async}
+
+__all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
+
+
+def build_policy(graph: Any, client: Any = None, seed_offset: int = 0) -> Policy:
+    """Start the role hosts a graph asks for and wrap them in its policy.
+
+    ``client`` is a ``distributed.Client`` for every policy but ``single``.
+    """
+    cls = POLICIES[graph.spec.policy]
+    if cls.distributed:
+        if client is None:
+            raise ValueError(f"policy {cls.name} needs a Dask client")
+        hosts = start_actors(client, graph, seed_offset)
+    else:
+        hosts = start_local(graph, seed_offset)
+    return cls(graph, hosts)

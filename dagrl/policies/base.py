@@ -1,0 +1,88 @@
+"""What every distribution policy gives the driver: one iteration at a time, plus checkpoint state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagrl.context import Episodes
+from dagrl.runtime.hosts import Handle
+
+
+@dataclass
+class StepResult:
+    """What one iteration produced, as the driver counts it."""
+
+    env_steps: int = 0
+    episodes: Episodes = field(default_factory=Episodes)
+    metrics: dict[str, float] = field(default_factory=dict)
+    sample_time: float = 0.0
+    """Seconds spent producing env steps (wall time of the sampling stage)."""
+    update_time: float = 0.0
+    """Seconds spent in the fragment that returned the metrics (the update)."""
+
+    def add_output(self, out: Any) -> None:
+        """Count env steps and finished episodes if ``out`` is a sampler output."""
+        steps = getattr(out, "env_steps", None)
+        episodes = getattr(out, "episodes", None)
+        if isinstance(steps, int | np.integer):
+            self.env_steps += int(steps)
+        if isinstance(episodes, Episodes) and len(episodes):
+            self.episodes = Episodes(
+                np.concatenate([self.episodes.returns, episodes.returns]),
+                np.concatenate([self.episodes.lengths, episodes.lengths]),
+            )
+
+
+class Policy:
+    """Base of the distribution policies: owns role hosts, runs iterations, exposes learner state."""
+
+    name = "base"
+    distributed = True
+    """Whether the policy needs a Dask cluster (``single`` does not)."""
+
+    def __init__(self, graph: Any, hosts: dict[str, list[Handle]]):
+        self.graph = graph
+        self.hosts = hosts
+
+    @classmethod
+    def check(cls, algorithm: Any) -> None:
+        """Raise ``TypeError`` if the algorithm's iteration cannot be run by this policy."""
+
+    def step(self) -> StepResult:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, list[Any]]:
+        futures = {role: [h.state_dict() for h in hs] for role, hs in self.hosts.items()}
+        return {role: [f.result() for f in fs] for role, fs in futures.items()}
+
+    def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
+        futures = [
+            h.load_state_dict(state)
+            for role, states in sd.items()
+            for h, state in zip(self.hosts.get(role, []), states)
+            if state is not None
+        ]
+        for f in futures:
+            f.result()
+
+    def actors(self) -> list[dict[str, Any]]:
+        """Role, replica, address and device of every host (for logs, status and the dashboard)."""
+        out = []
+        for role, hs in self.hosts.items():
+            for h in hs:
+                info = h.info().result()
+                out.append({"role": role, "index": h.index, "address": h.address or "in-process", **info})
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0

@@ -1,0 +1,73 @@
+"""Running the traced iteration in lockstep: each fragment call on every replica of its role.
+
+Values move between roles by one rule, the same in-process and across actors:
+
+* into the same role: replica ``r`` gets replica ``r``'s value;
+* from a single-instance role into a replicated one: broadcast (every replica gets it);
+* from a replicated role into a single-instance one: gathered, a list with one item per replica.
+
+``single`` runs this over in-process hosts, ``sync`` over Dask actors, so with the same seeds they
+compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dagrl.fragment import Node
+from dagrl.policies.base import Policy, StepResult
+
+
+class Lockstep(Policy):
+    name = "lockstep"
+
+    @classmethod
+    def check(cls, algorithm: Any) -> None:
+        roles = algorithm.roles
+        for edge in algorithm.graph.edges:
+            src, dst = edge.src, edge.dst
+            if src.role != dst.role and roles[src.role].many and roles[dst.role].many:
+                raise TypeError(
+                    f"{src.name} ({src.role}, replicated) feeds {dst.name} ({dst.role}, replicated): "
+                    "lockstep policies cannot pair replicas of two different roles"
+                )
+
+    def step(self) -> StepResult:
+        graph = self.graph.algorithm.graph
+        res = StepResult()
+        values: dict[int, list[Any]] = {}
+        for node in graph.nodes:
+            handles = self.hosts[node.role]
+            t0 = time.perf_counter()
+            futures = [h.call(node.name, *self._inputs(node, r, values)) for r, h in enumerate(handles)]
+            outs = [f.result() for f in futures]
+            elapsed = time.perf_counter() - t0
+            values[node.id] = outs
+            before = res.env_steps
+            for out in outs:
+                res.add_output(out)
+            if res.env_steps > before:
+                res.sample_time += elapsed
+            if node is graph.output:
+                res.update_time += elapsed
+                if isinstance(outs[0], dict):
+                    res.metrics = dict(outs[0])
+        return res
+
+    def _inputs(self, node: Node, replica: int, values: dict[int, list[Any]]) -> list[Any]:
+        roles = self.graph.algorithm.roles
+        args = []
+        for arg in node.inputs:
+            if not isinstance(arg, Node):
+                args.append(arg)
+            elif arg.role == node.role:
+                args.append(values[arg.id][replica])
+            elif roles[arg.role].many and not roles[node.role].many:
+                args.append(values[arg.id])
+            elif not roles[arg.role].many:
+                args.append(values[arg.id][0])
+            else:  # refused by check()
+                raise AssertionError(f"{arg.name} -> {node.name}")
+        return args
+

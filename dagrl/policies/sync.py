@@ -1,0 +1,12 @@
+"""``sync``: N sampler actors in lockstep, rollouts gathered to one learner actor, weights broadcast."""
+
+from __future__ import annotations
+
+from dagrl.policies.lockstep import Lockstep
+
+
+class Sync(Lockstep):
+    """Each iteration: weights to every sampler, all samplers collect in parallel, the learner updates
+    on the gathered rollouts (A2C/PPO-style synchronous data parallelism, MSRL's AllGather policy)."""
+
+    name = "sync"

@@ -1,0 +1,1 @@
+"""Role hosts, actors, the driver loop, checkpoints and run directories."""

@@ -1,0 +1,159 @@
+"""The driver loop: iterations, counters, stop conditions, metrics, checkpoints and progress."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dagrl.graph import Graph
+from dagrl.policies.base import Policy
+from dagrl.runtime.checkpoint import save_checkpoint
+from dagrl.runtime.progress import Progress
+from dagrl.runtime.rundir import RunDir
+
+log = logging.getLogger("dagrl")
+
+
+@dataclass
+class Counters:
+    iteration: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    frames: int = 0
+    """Samples consumed by gradient updates."""
+    elapsed_s: float = 0.0
+    """Training seconds, summed over resumed sessions."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a loss became NaN); the last good checkpoint is kept."""
+
+
+class Trainer:
+    """Runs a policy's iterations until a stop condition holds, recording everything in a run dir.
+
+    Examples
+    --------
+    >>> from dagrl.graph import load_graph
+    >>> from dagrl.policies import build_policy
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2"])
+    >>> rd = RunDir.create("/tmp/dagrl-doctest", g.name)
+    >>> Trainer(g, build_policy(g), rd, progress=Progress(enabled=False)).run()["iterations"]
+    2
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        policy: Policy,
+        rundir: RunDir,
+        *,
+        resume: dict[str, Any] | None = None,
+        progress: Progress | None = None,
+    ):
+        self.graph, self.policy, self.rundir = graph, policy, rundir
+        self.progress = progress or Progress()
+        self.stop = graph.spec.stop
+        self.counters = Counters()
+        self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
+        if resume is not None:
+            self.counters = Counters(**resume["counters"])
+            self.recent.extend(resume.get("recent", []))
+            policy.load_state_dict(resume["roles"])
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent)) if self.recent else None
+
+    def stop_reason(self) -> str | None:
+        c, s = self.counters, self.stop
+        ret = self.mean_return()
+        if s.mean_return is not None and len(self.recent) >= s.window and ret is not None and ret >= s.mean_return:
+            return "mean_return"
+        if s.env_steps is not None and c.env_steps >= s.env_steps:
+            return "env_steps"
+        if s.iterations is not None and c.iteration >= s.iterations:
+            return "iterations"
+        if s.wall_time_s is not None and c.elapsed_s >= s.wall_time_s:
+            return "wall_time"
+        return None
+
+    def checkpoint(self) -> None:
+        payload = {
+            "counters": dataclasses.asdict(self.counters),
+            "recent": list(self.recent),
+            "roles": self.policy.state_dict(),
+        }
+        save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
+
+    def run(self) -> dict[str, Any]:
+        """Train until a stop condition; returns (and writes) the run summary."""
+        reason = self.stop_reason()
+        every = self.graph.spec.checkpoint.every
+        last_row: dict[str, Any] = {}
+        start = time.perf_counter() - self.counters.elapsed_s
+        try:
+            while reason is None:
+                res = self.policy.step()
+                c = self.counters
+                c.iteration += 1
+                c.env_steps += res.env_steps
+                c.episodes += len(res.episodes)
+                c.frames += int(res.metrics.get("perf/frames", 0))
+                c.elapsed_s = time.perf_counter() - start
+                self.recent.extend(res.episodes.returns.tolist())
+                bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+                if bad:
+                    raise TrainingError(f"iteration {c.iteration}: non-finite {', '.join(bad)}; last good checkpoint kept")
+                last_row = self._row(res)
+                self.rundir.log(last_row)
+                self.progress.update(last_row)
+                if every and c.iteration % every == 0:
+                    self.checkpoint()
+                reason = self.stop_reason()
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        finally:
+            self.progress.close()
+        if reason != "interrupted" or self.counters.iteration > 0:
+            self.checkpoint()
+        summary = {
+            "stop_reason": reason,
+            "iterations": self.counters.iteration,
+            "env_steps": self.counters.env_steps,
+            "episodes": self.counters.episodes,
+            "mean_return": self.mean_return(),
+            "elapsed_s": self.counters.elapsed_s,
+            "run_dir": str(self.rundir.path),
+        }
+        self.rundir.write_summary(summary)
+        self.rundir.plot()
+        if reason == "interrupted":
+            raise KeyboardInterrupt
+        return summary
+
+    def _row(self, res: Any) -> dict[str, Any]:
+        c = self.counters
+        row: dict[str, Any] = {
+            "iteration": c.iteration,
+            "env_steps": c.env_steps,
+            "episodes": c.episodes,
+            "time_s": round(c.elapsed_s, 4),
+            "charts/episode_return_mean": self.mean_return(),
+        }
+        if len(res.episodes):
+            row["charts/episode_return"] = float(np.mean(res.episodes.returns))
+            row["charts/episode_length"] = float(np.mean(res.episodes.lengths))
+        row["perf/sample_hz"] = res.env_steps / res.sample_time if res.sample_time > 0 else 0.0
+        frames = res.metrics.get("perf/frames", 0.0)
+        row["perf/update_hz"] = frames / res.update_time if res.update_time > 0 else 0.0
+        row["perf/sample_time_s"] = res.sample_time
+        row["perf/update_time_s"] = res.update_time
+        row.update(res.metrics)
+        return row

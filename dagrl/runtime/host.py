@@ -1,0 +1,105 @@
+"""The role host: one instance of a role's state and the fragments that run on it.
+
+The same class runs in-process (policy ``single``) and as a persistent Dask actor (every other
+policy): it holds state between calls and nothing else. Users never subclass it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from dagrl.context import RoleContext
+from dagrl.fragment import load_algorithm
+
+log = logging.getLogger("dagrl")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A value kept in a host's memory by :meth:`RoleHost.put`, passed instead of sending it again."""
+
+    key: str
+
+
+def resolve_device(wants_gpu: bool, fallback: bool) -> tuple[str, str]:
+    """The torch device for a role and a note on how it was chosen."""
+    import torch
+
+    if not wants_gpu:
+        return "cpu", ""
+    if torch.cuda.is_available():
+        return "cuda", ""
+    if not fallback:
+        raise RuntimeError(f"GPU requested but {socket.gethostname()} has no CUDA device (gpu_fallback is false)")
+    return "cpu", "GPU requested but no CUDA device here: falling back to CPU"
+
+
+class RoleHost:
+    """Hosts one role instance: builds its state with the algorithm's factory, runs its fragments.
+
+    Examples
+    --------
+    >>> from dagrl.context import RoleContext
+    >>> from dagrl.algos.ppo import Config
+    >>> ctx = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2)
+    >>> host = RoleHost("ppo", "sampler", ctx, Config(num_steps=4))
+    >>> host.info()["role"]
+    'sampler'
+    """
+
+    def __init__(
+        self,
+        algorithm: str,
+        role: str,
+        ctx: RoleContext,
+        config: Any,
+        *,
+        wants_gpu: bool = False,
+        gpu_fallback: bool = True,
+        torch_threads: int | None = None,
+    ):
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        ctx.device, self.device_note = resolve_device(wants_gpu, gpu_fallback)
+        algo = load_algorithm(algorithm)
+        self.role, self.index, self.device = role, ctx.index, ctx.device
+        self.fragments = algo.fragments
+        self.state = algo.roles[role].factory(ctx, config)
+        self.memory: dict[str, Any] = {}
+        self.calls = 0
+
+    def call(self, fragment: str, *args: Any) -> Any:
+        """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
+        args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
+        self.calls += 1
+        return self.fragments[fragment](self.state, *args)
+
+    def put(self, key: str, value: Any) -> None:
+        """Keep ``value`` for later calls that pass ``Ref(key)``."""
+        self.memory[key] = value
+
+    def state_dict(self) -> Any:
+        """The role state's checkpoint, or ``None`` for roles without one (samplers)."""
+        fn = getattr(self.state, "state_dict", None)
+        return fn() if fn is not None else None
+
+    def load_state_dict(self, sd: Any) -> None:
+        if sd is not None:
+            self.state.load_state_dict(sd)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "index": self.index,
+            "device": self.device,
+            "device_note": self.device_note,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "calls": self.calls,
+        }

@@ -1,0 +1,123 @@
+"""Starting role hosts in-process or as Dask actors, behind one handle type with ``.result()`` calls."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dagrl.context import RoleContext
+from dagrl.graph import Graph
+from dagrl.runtime.host import RoleHost
+from dagrl.runtime.placement import place
+
+log = logging.getLogger("dagrl")
+
+
+@dataclass
+class Done:
+    """An already-computed result, so in-process calls look like actor futures."""
+
+    value: Any
+
+    def result(self) -> Any:
+        return self.value
+
+
+class Handle:
+    """A role host reached either directly (``single``) or through a Dask actor proxy."""
+
+    def __init__(self, role: str, index: int, target: Any, address: str | None = None):
+        self.role, self.index, self.target, self.address = role, index, target, address
+        self.remote = address is not None
+
+    def _wrap(self, out: Any) -> Any:
+        return out if self.remote else Done(out)
+
+    def call(self, fragment: str, *args: Any) -> Any:
+        return self._wrap(self.target.call(fragment, *args))
+
+    def put(self, key: str, value: Any) -> Any:
+        return self._wrap(self.target.put(key, value))
+
+    def state_dict(self) -> Any:
+        return self._wrap(self.target.state_dict())
+
+    def load_state_dict(self, sd: Any) -> Any:
+        return self._wrap(self.target.load_state_dict(sd))
+
+    def info(self) -> Any:
+        return self._wrap(self.target.info())
+
+    def __repr__(self) -> str:
+        return f"<{self.role}[{self.index}] at {self.address or 'in-process'}>"
+
+
+def role_seed(graph: Graph, role: str, index: int, offset: int = 0) -> int:
+    """Distinct, reproducible seeds per role replica; ``offset`` shifts them on resume."""
+    position = list(graph.algorithm.roles).index(role)
+    return graph.spec.seed + 100_003 * position + 1_009 * index + offset
+
+
+def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0) -> RoleContext:
+    rspec = graph.role(role)
+    return RoleContext(
+        role=role,
+        index=index,
+        replicas=rspec.replicas,
+        seed=role_seed(graph, role, index, seed_offset),
+        env_id=graph.spec.env.id,
+        env_kwargs=dict(graph.spec.env.kwargs),
+        num_envs=rspec.envs,
+        observation_space=graph.observation_space,
+        action_space=graph.action_space,
+    )
+
+
+def _host_args(graph: Graph, role: str, index: int, seed_offset: int) -> tuple[tuple, dict]:
+    args = (graph.spec.algorithm, role, role_context(graph, role, index, seed_offset), graph.config)
+    kwargs = {
+        "wants_gpu": graph.role(role).gpus > 0,
+        "gpu_fallback": graph.spec.gpu_fallback,
+        "torch_threads": graph.spec.torch_threads,
+    }
+    return args, kwargs
+
+
+def start_local(graph: Graph, seed_offset: int = 0) -> dict[str, list[Handle]]:
+    """Every role replica as an in-process :class:`RoleHost`."""
+    hosts: dict[str, list[Handle]] = {}
+    for role in graph.algorithm.roles:
+        hosts[role] = []
+        for i in range(graph.role(role).replicas):
+            args, kwargs = _host_args(graph, role, i, seed_offset)
+            hosts[role].append(Handle(role, i, RoleHost(*args, **kwargs)))
+    _log_devices(hosts)
+    return hosts
+
+
+def start_actors(client: Any, graph: Graph, seed_offset: int = 0) -> dict[str, list[Handle]]:
+    """Every role replica as a Dask actor, pinned to a worker chosen by :func:`place`."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    placement = place(graph.spec.roles, workers, gpu_fallback=graph.spec.gpu_fallback)
+    futures = {}
+    for (role, i), addr in placement.items():
+        args, kwargs = _host_args(graph, role, i, seed_offset)
+        futures[(role, i)] = client.submit(
+            RoleHost, *args, **kwargs, actor=True, workers=[addr], allow_other_workers=False,
+            key=f"{role}-{i}-{graph.name}-{seed_offset}", pure=False,
+        )
+    hosts: dict[str, list[Handle]] = {role: [] for role in graph.algorithm.roles}
+    for (role, i), fut in sorted(futures.items()):
+        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)]))
+    _log_devices(hosts)
+    return hosts
+
+
+def _log_devices(hosts: dict[str, list[Handle]]) -> None:
+    for handles in hosts.values():
+        for h in handles:
+            info = h.info().result()
+            if info["device_note"]:
+                log.warning("%s[%d] on %s: %s", h.role, h.index, h.address or "this process", info["device_note"])
+            log.debug("%s[%d] on %s pid %s device %s", h.role, h.index, h.address, info["pid"], info["device"])

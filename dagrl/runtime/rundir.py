@@ -1,0 +1,89 @@
+"""A run directory: resolved config, per-iteration metrics, checkpoints and the learning curve."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CHECKPOINT_RE = re.compile(r"ckpt-(\d+)\.pt$")
+
+
+class RunDir:
+    """``runs/<name>-<timestamp>/`` with ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``curve.html``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+
+    @classmethod
+    def create(cls, root: str | Path, name: str) -> RunDir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(root) / f"{name}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(root) / f"{name}-{stamp}-{n}"
+        path.mkdir(parents=True)
+        return cls(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def write_config(self, data: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def log(self, row: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def checkpoint_path(self, iteration: int) -> Path:
+        return self.checkpoints / f"ckpt-{iteration:08d}.pt"
+
+    def list_checkpoints(self) -> list[Path]:
+        if not self.checkpoints.exists():
+            return []
+        found = [p for p in self.checkpoints.iterdir() if CHECKPOINT_RE.search(p.name)]
+        return sorted(found, key=lambda p: int(CHECKPOINT_RE.search(p.name).group(1)))
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.path / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, self.path / "summary.json")
+
+    def plot(self) -> Path | None:
+        """Write ``curve.html``: episode return and throughput over env steps (standalone bokeh)."""
+        rows = [r for r in self.read_metrics() if r.get("charts/episode_return_mean") is not None]
+        if not rows:
+            return None
+        from bokeh.embed import file_html
+        from bokeh.layouts import column
+        from bokeh.plotting import figure
+        from bokeh.resources import INLINE
+
+        steps = [r["env_steps"] for r in rows]
+        ret = figure(title=f"{self.path.name}: mean episode return", x_axis_label="env steps", height=320, width=760)
+        ret.line(steps, [r["charts/episode_return_mean"] for r in rows], line_width=2)
+        hz = figure(title="throughput", x_axis_label="env steps", y_axis_label="Hz", height=240, width=760, x_range=ret.x_range)
+        hz.line(steps, [r.get("perf/sample_hz") or 0 for r in rows], legend_label="sample Hz", color="navy")
+        hz.line(steps, [r.get("perf/update_hz") or 0 for r in rows], legend_label="update Hz", color="firebrick")
+        out = self.path / "curve.html"
+        out.write_text(file_html(column(ret, hz), INLINE, title=self.path.name))
+        return out
