@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagrl.runtime.driver import TrainingError
 from dagrl.schema import ConfigError
 
 log = logging.getLogger("dagrl")
@@ -69,7 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = graph.spec
     log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
     if resume is not None:
-        log.info("resuming at iteration %d, %d env steps", resume["counters"]["iteration"], resume["counters"]["env_steps"])
+        log.info(
+            "resuming at iteration %d, %d env steps", resume["counters"]["iteration"], resume["counters"]["env_steps"]
+        )
     offset = resume["counters"]["iteration"] if resume else 0
     n_actors = sum(r.replicas for r in spec.roles.values())
     with contextlib.ExitStack() as stack:
@@ -82,16 +85,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         for a in policy.actors():
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=not args.quiet))
-        try:
-            summary = trainer.run()
-        except KeyboardInterrupt:
+        summary = trainer.run()
+        if summary["stop_reason"] == "interrupted":
             log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
             return 130
     log.info(
         "done (%s): %d iterations, %d env steps, mean return %s, %.1f s; see %s",
-        summary["stop_reason"], summary["iterations"], summary["env_steps"],
+        summary["stop_reason"],
+        summary["iterations"],
+        summary["env_steps"],
         "-" if summary["mean_return"] is None else f"{summary['mean_return']:.1f}",
-        summary["elapsed_s"], rundir.path,
+        summary["elapsed_s"],
+        rundir.path,
     )
     return 0
 
@@ -123,7 +128,9 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     script = benchmarks_dir() / f"{args.name.replace('-', '_')}.py"
     if not script.exists():
         known = sorted(p.stem.replace("_", "-") for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
-        raise ConfigError("dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})")
+        raise ConfigError(
+            "dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})"
+        )
     sys.argv = [str(script), *rest]
     runpy.run_path(str(script), run_name="__main__")
     return 0
@@ -135,7 +142,13 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="train the algorithm of a graph file")
     run.add_argument("graph", nargs="?", help="graphs/*.yaml (optional with --resume)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field, e.g. hyperparameters.lr=3e-4")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a graph field, e.g. hyperparameters.lr=3e-4",
+    )
     where = run.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="clusters/*.yaml (default: an embedded LocalCluster)")
     where.add_argument("--scheduler", help="attach to a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
@@ -166,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"dagrl: error: {err}", file=sys.stderr)
         return 2
+    except TrainingError as err:
+        print(f"dagrl: training stopped: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dagrl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

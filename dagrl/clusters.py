@@ -108,10 +108,10 @@ def connect(spec: ClusterSpec, n_actors: int) -> Iterator[Any]:
         resources=resources or None,
         dashboard_address=spec.dashboard_address,
         host="127.0.0.1",
+        preload=["dagrl.runtime.preload"],
     )
     try:
         with Client(cluster, direct_to_workers=True) as client:
             yield client
     finally:
         cluster.close()
-

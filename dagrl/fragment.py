@@ -142,12 +142,7 @@ class FragmentGraph:
 
     @property
     def edges(self) -> list[Edge]:
-        return [
-            Edge(arg, node, i)
-            for node in self.nodes
-            for i, arg in enumerate(node.inputs)
-            if isinstance(arg, Node)
-        ]
+        return [Edge(arg, node, i) for node in self.nodes for i, arg in enumerate(node.inputs) if isinstance(arg, Node)]
 
     def roles(self) -> list[str]:
         return list(dict.fromkeys(n.role for n in self.nodes))
@@ -210,18 +205,21 @@ class Algorithm:
 
 
 def load_algorithm(name: str) -> Algorithm:
-    """Import an algorithm by short name (``ppo`` -> ``dagrl.algos.ppo``) or dotted module path.
+    """Import an algorithm by short name (``ppo`` -> ``dagrl.algos.ppo``) or importable module path.
 
     Raises ``ModuleNotFoundError`` when no such module exists and ``TypeError`` when the module does
     not define a ``Config`` dataclass, role factories, fragments and one ``@iteration`` function.
     """
-    modname = name if "." in name else f"dagrl.algos.{name}"
-    try:
-        module = importlib.import_module(modname)
-    except ModuleNotFoundError as err:
-        if err.name is not None and modname.startswith(err.name):
-            raise ModuleNotFoundError(f"no algorithm module {modname!r}") from None
-        raise
+    candidates = [name] if "." in name else [f"dagrl.algos.{name}", name]
+    for modname in candidates:
+        try:
+            module = importlib.import_module(modname)
+            break
+        except ModuleNotFoundError as err:
+            if err.name is None or not modname.startswith(err.name):
+                raise  # the module exists but one of its own imports is missing
+    else:
+        raise ModuleNotFoundError(f"no algorithm module {' or '.join(map(repr, candidates))}")
     roles: dict[str, RoleDef] = {}
     fragments: dict[str, Fragment] = {}
     iterations = []

@@ -168,11 +168,15 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "policy", f"{spec.policy}: {err}") from None
     for name in spec.roles:
         if name not in algo.roles:
-            raise ConfigError(where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})")
+            raise ConfigError(
+                where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})"
+            )
     for name, rdef in algo.roles.items():
         rspec = spec.roles.setdefault(name, RoleSpec())
         if rspec.replicas > 1 and not rdef.many:
-            raise ConfigError(where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance")
+            raise ConfigError(
+                where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance"
+            )
     if spec.max_staleness < 0:
         raise ConfigError(where, "max_staleness", f"must be >= 0, got {spec.max_staleness}")
     if spec.rollouts_per_update < 1:
@@ -220,4 +224,3 @@ def validate_device_request(graph: Graph, cuda_available: bool) -> None:
                 f"roles.{name}.resources.GPU",
                 f"{rspec.gpus:g} requested but no CUDA device is available (gpu_fallback is false)",
             )
-

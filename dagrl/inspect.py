@@ -18,14 +18,20 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
         kind = "gather"
     if graph.spec.policy == "async" and (src_many or dst_many):
         bound = graph.spec.max_staleness
-        kind = f"stream, {kind}, staleness <= {bound}" if dst_many else f"stream, {graph.spec.rollouts_per_update} per update"
+        kind = (
+            f"stream, {kind}, staleness <= {bound}"
+            if dst_many
+            else f"stream, {graph.spec.rollouts_per_update} per update"
+        )
     return kind
 
 
 def describe(graph: Graph) -> str:
     """A plain-text summary, as printed by ``dagrl graph``."""
     spec, algo = graph.spec, graph.algorithm
-    lines = [f"graph {graph.name}: algorithm {spec.algorithm}, env {spec.env.id}, policy {spec.policy}, seed {spec.seed}"]
+    lines = [
+        f"graph {graph.name}: algorithm {spec.algorithm}, env {spec.env.id}, policy {spec.policy}, seed {spec.seed}"
+    ]
     lines.append("roles:")
     for name, rdef in algo.roles.items():
         r = spec.roles[name]

@@ -114,10 +114,7 @@ def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
         if not isinstance(value, dict):
             raise bad
         ktp, vtp = get_args(tp) or (Any, Any)
-        return {
-            convert(k, ktp, where, f"{key}.{k}"): convert(v, vtp, where, f"{key}.{k}")
-            for k, v in value.items()
-        }
+        return {convert(k, ktp, where, f"{key}.{k}"): convert(v, vtp, where, f"{key}.{k}") for k, v in value.items()}
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
             raise bad

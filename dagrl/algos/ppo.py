@@ -238,7 +238,9 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
             obs_buf[t] = state.obs
             action, logp = agent.sample(torch.as_tensor(state.obs, dtype=torch.float32), state.gen)
             act = action.numpy()
-            env_act = act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
+            env_act = (
+                act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
+            )
             state.obs, reward, terminated, truncated, info = envs.step(env_act)
             act_buf[t], logp_buf[t] = act, logp.numpy()
             rew_buf[t] = reward
@@ -302,8 +304,11 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             with torch.no_grad():
                 approx_kl = ((ratio - 1) - logratio).mean().item()
                 clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
-            for k, v in zip(stats, (pg_loss.item(), v_loss.item(), entropy.item(), approx_kl, clipfrac)):
-                stats[k] += v
+            stats["policy"] += pg_loss.item()
+            stats["value"] += v_loss.item()
+            stats["entropy"] += entropy.item()
+            stats["approx_kl"] += approx_kl
+            stats["clipfrac"] += clipfrac
             steps += 1
         if cfg.target_kl is not None and approx_kl > cfg.target_kl:
             break

@@ -155,3 +155,4 @@ class Async(Policy):
         self.stopping.set()
         for t in self.threads:
             t.join(timeout=30)
+        super().close()

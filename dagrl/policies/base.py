@@ -63,7 +63,7 @@ class Policy:
         futures = [
             h.load_state_dict(state)
             for role, states in sd.items()
-            for h, state in zip(self.hosts.get(role, []), states)
+            for h, state in zip(self.hosts[role], states, strict=True)
             if state is not None
         ]
         for f in futures:
@@ -79,7 +79,10 @@ class Policy:
         return out
 
     def close(self) -> None:
-        pass
+        """Stop background work and release the role actors."""
+        for handles in self.hosts.values():
+            for h in handles:
+                h.close()
 
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:

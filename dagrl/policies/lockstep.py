@@ -70,4 +70,3 @@ class Lockstep(Policy):
             else:  # refused by check()
                 raise AssertionError(f"{arg.name} -> {node.name}")
         return args
-

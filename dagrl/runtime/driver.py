@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,33 +100,24 @@ class Trainer:
         """Train until a stop condition; returns (and writes) the run summary."""
         reason = self.stop_reason()
         every = self.graph.spec.checkpoint.every
-        last_row: dict[str, Any] = {}
         start = time.perf_counter() - self.counters.elapsed_s
-        try:
-            while reason is None:
-                res = self.policy.step()
-                c = self.counters
-                c.iteration += 1
-                c.env_steps += res.env_steps
-                c.episodes += len(res.episodes)
-                c.frames += int(res.metrics.get("perf/frames", 0))
-                c.elapsed_s = time.perf_counter() - start
-                self.recent.extend(res.episodes.returns.tolist())
-                bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]
-                if bad:
-                    raise TrainingError(f"iteration {c.iteration}: non-finite {', '.join(bad)}; last good checkpoint kept")
-                last_row = self._row(res)
-                self.rundir.log(last_row)
-                self.progress.update(last_row)
-                if every and c.iteration % every == 0:
-                    self.checkpoint()
-                reason = self.stop_reason()
-        except KeyboardInterrupt:
-            reason = "interrupted"
-        finally:
-            self.progress.close()
-        if reason != "interrupted" or self.counters.iteration > 0:
-            self.checkpoint()
+        with _stop_on_sigint() as stop_requested:
+            try:
+                while reason is None:
+                    res = self.policy.step()
+                    self._count(res, start)
+                    last_row = self._row(res)
+                    self.rundir.log(last_row)
+                    self.progress.update(last_row)
+                    if every and self.counters.iteration % every == 0:
+                        self.checkpoint()
+                    reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+            except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
+                log.warning("aborted; the last periodic checkpoint is kept")
+                raise
+            finally:
+                self.progress.close()
+        self.checkpoint()
         summary = {
             "stop_reason": reason,
             "iterations": self.counters.iteration,
@@ -134,9 +129,19 @@ class Trainer:
         }
         self.rundir.write_summary(summary)
         self.rundir.plot()
-        if reason == "interrupted":
-            raise KeyboardInterrupt
         return summary
+
+    def _count(self, res: Any, start: float) -> None:
+        c = self.counters
+        c.iteration += 1
+        c.env_steps += res.env_steps
+        c.episodes += len(res.episodes)
+        c.frames += int(res.metrics.get("perf/frames", 0))
+        c.elapsed_s = time.perf_counter() - start
+        self.recent.extend(res.episodes.returns.tolist())
+        bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise TrainingError(f"iteration {c.iteration}: non-finite {', '.join(bad)}; last good checkpoint kept")
 
     def _row(self, res: Any) -> dict[str, Any]:
         c = self.counters
@@ -157,3 +162,24 @@ class Trainer:
         row["perf/update_time_s"] = res.update_time
         row.update(res.metrics)
         return row
+
+
+@contextlib.contextmanager
+def _stop_on_sigint() -> Iterator[threading.Event]:
+    """First Ctrl-C: finish the iteration, checkpoint, stop. Second: ``KeyboardInterrupt`` at once."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        log.warning("Ctrl-C: stopping after this iteration (again to abort)")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)

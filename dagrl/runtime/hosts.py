@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +28,9 @@ class Done:
 class Handle:
     """A role host reached either directly (``single``) or through a Dask actor proxy."""
 
-    def __init__(self, role: str, index: int, target: Any, address: str | None = None):
+    def __init__(self, role: str, index: int, target: Any, address: str | None = None, future: Any = None):
         self.role, self.index, self.target, self.address = role, index, target, address
+        self.future = future  # keeps a Dask actor alive; released by close()
         self.remote = address is not None
 
     def _wrap(self, out: Any) -> Any:
@@ -48,6 +50,11 @@ class Handle:
 
     def info(self) -> Any:
         return self._wrap(self.target.info())
+
+    def close(self) -> None:
+        if self.future is not None:
+            self.future.release()
+            self.future = None
 
     def __repr__(self) -> str:
         return f"<{self.role}[{self.index}] at {self.address or 'in-process'}>"
@@ -101,15 +108,21 @@ def start_actors(client: Any, graph: Graph, seed_offset: int = 0) -> dict[str, l
     workers = client.scheduler_info(n_workers=-1)["workers"]
     placement = place(graph.spec.roles, workers, gpu_fallback=graph.spec.gpu_fallback)
     futures = {}
+    run = uuid.uuid4().hex[:8]
     for (role, i), addr in placement.items():
         args, kwargs = _host_args(graph, role, i, seed_offset)
         futures[(role, i)] = client.submit(
-            RoleHost, *args, **kwargs, actor=True, workers=[addr], allow_other_workers=False,
-            key=f"{role}-{i}-{graph.name}-{seed_offset}", pure=False,
+            RoleHost,
+            *args,
+            **kwargs,
+            actor=True,
+            workers=[addr],
+            allow_other_workers=False,
+            key=f"{role}-{i}-{graph.name}-{run}",
         )
     hosts: dict[str, list[Handle]] = {role: [] for role in graph.algorithm.roles}
     for (role, i), fut in sorted(futures.items()):
-        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)]))
+        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut))
     _log_devices(hosts)
     return hosts
 

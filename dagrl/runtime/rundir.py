@@ -81,7 +81,9 @@ class RunDir:
         steps = [r["env_steps"] for r in rows]
         ret = figure(title=f"{self.path.name}: mean episode return", x_axis_label="env steps", height=320, width=760)
         ret.line(steps, [r["charts/episode_return_mean"] for r in rows], line_width=2)
-        hz = figure(title="throughput", x_axis_label="env steps", y_axis_label="Hz", height=240, width=760, x_range=ret.x_range)
+        hz = figure(
+            title="throughput", x_axis_label="env steps", y_axis_label="Hz", height=240, width=760, x_range=ret.x_range
+        )
         hz.line(steps, [r.get("perf/sample_hz") or 0 for r in rows], legend_label="sample Hz", color="navy")
         hz.line(steps, [r.get("perf/update_hz") or 0 for r in rows], legend_label="update Hz", color="firebrick")
         out = self.path / "curve.html"

@@ -1,0 +1,37 @@
+"""Shared fixtures: a real LocalCluster of worker processes (no mocks of Dask)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+# Keep Dask's config files (dask-jobqueue writes one on import) out of the user's home.
+os.environ.setdefault("DASK_CONFIG", tempfile.mkdtemp(prefix="dagrl-dask-config-"))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def client():
+    """Three worker processes (two samplers and a learner), one thread each, dashboard on a free port."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1"
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as c,
+    ):
+        yield c
+
+
+@pytest.fixture
+def graphs_dir():
+    return os.path.join(ROOT, "graphs")
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)

@@ -1,0 +1,182 @@
+"""``dagrl run`` end to end: run directory, resume, Ctrl-C, attaching to a scheduler, ``dagrl graph``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+import yaml
+
+from dagrl.cli import main
+from dagrl.runtime.checkpoint import load_checkpoint
+from dagrl.runtime.rundir import RunDir
+
+
+def only_run(root):
+    (path,) = [p for p in root.iterdir() if p.is_dir()]
+    return RunDir(path)
+
+
+def test_run_resume_continues_counters(tmp_path, graphs_dir, capsys):
+    base = ["--set", f"runs_dir={tmp_path}", "--set", "checkpoint.every=1", "--set", "stop.mean_return=null", "--quiet"]
+    assert main(["run", f"{graphs_dir}/ppo-cartpole-single.yaml", "--set", "stop.iterations=3", *base]) == 0
+    rundir = only_run(tmp_path)
+    first = rundir.read_metrics()
+    assert [r["iteration"] for r in first] == [1, 2, 3]
+    assert load_checkpoint(rundir.path)["roles"]["learner"][0]["updates"] == 3
+
+    assert main(["run", "--resume", str(rundir.path), "--set", "stop.iterations=6", *base]) == 0
+    rows = rundir.read_metrics()
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    steps = [r["env_steps"] for r in rows]
+    assert steps == sorted(steps) and steps[3] == steps[2] + 256
+    ckpt = load_checkpoint(rundir.path)
+    assert ckpt["counters"]["iteration"] == 6
+    assert ckpt["roles"]["learner"][0]["updates"] == 6  # the optimiser went on, not restarted
+    assert len(rundir.list_checkpoints()) == 3  # checkpoint.keep
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("algorithm: ppo\n")
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "no checkpoints" in capsys.readouterr().err
+
+
+def test_run_attaches_to_a_running_scheduler(client, tmp_path, graphs_dir):
+    code = main(
+        [
+            "run",
+            f"{graphs_dir}/ppo-cartpole-sync.yaml",
+            "--scheduler",
+            client.scheduler.address,
+            "--set",
+            f"runs_dir={tmp_path}",
+            "--set",
+            "stop.iterations=3",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    rundir = only_run(tmp_path)
+    assert len(rundir.read_metrics()) == 3
+    assert json.loads((rundir.path / "summary.json").read_text())["stop_reason"] == "iterations"
+    assert len(client.scheduler_info()["workers"]) == 3  # the cluster we attached to is left running
+
+
+def test_run_directory_holds_config_metrics_checkpoints_and_plot(tmp_path, graphs_dir):
+    assert (
+        main(
+            [
+                "run",
+                f"{graphs_dir}/ppo-cartpole-single.yaml",
+                "--set",
+                f"runs_dir={tmp_path}",
+                "--set",
+                "stop.iterations=4",
+                "--set",
+                "hyperparameters.lr=5e-4",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    rundir = only_run(tmp_path)
+    config = yaml.safe_load(rundir.config_path.read_text())
+    assert config["hyperparameters"]["lr"] == 5e-4 and config["hyperparameters"]["update_epochs"] == 20
+    row = rundir.read_metrics()[-1]
+    for key in ("env_steps", "episodes", "perf/sample_hz", "perf/update_hz", "losses/policy", "losses/value"):
+        assert key in row
+    assert "<html" in (rundir.path / "curve.html").read_text().lower()
+    assert rundir.list_checkpoints()
+
+
+def _children(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_ctrl_c_checkpoints_and_stops_every_process(tmp_path, graphs_dir):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C does, on the embedded LocalCluster."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "dagrl.cli",
+        "run",
+        f"{graphs_dir}/ppo-cartpole-sync.yaml",
+        "--set",
+        f"runs_dir={tmp_path}",
+        "--set",
+        "stop.mean_return=null",
+        "--set",
+        "checkpoint.every=0",
+        "--cluster",
+        f"{graphs_dir}/../clusters/local.yaml",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+            if runs and len(RunDir(runs[0]).read_metrics()) >= 3:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        else:
+            pytest.fail("no progress within 120 s")
+        workers = _children(proc.pid)
+        assert len(workers) >= 3
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert "interrupted: checkpoint written" in out
+    rundir = only_run(tmp_path)
+    ckpt = load_checkpoint(rundir.path)  # written at the interrupt, since checkpoint.every is 0
+    assert ckpt["counters"]["iteration"] >= 3
+    assert ckpt["roles"]["learner"][0]["updates"] == ckpt["counters"]["iteration"]
+    time.sleep(1)
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_graph_command_prints_roles_and_edges(graphs_dir, tmp_path, capsys):
+    dot = tmp_path / "g.dot"
+    assert main(["graph", f"{graphs_dir}/ppo-cartpole-async.yaml", "--dot", str(dot)]) == 0
+    out = capsys.readouterr().out
+    assert "sampler    x2" in out and "learner    x1" in out
+    assert "collect    @sampler    <- publish (stream, broadcast, staleness <= 2)" in out
+    assert "update     @learner    <- collect (stream, 2 per update)" in out
+    assert dot.read_text().count("->") == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_gpu_learner_falls_back_to_cpu_with_one_log_line(tmp_path, graphs_dir, capsys):
+    assert (
+        main(
+            [
+                "run",
+                f"{graphs_dir}/ppo-cartpole-single.yaml",
+                "--set",
+                f"runs_dir={tmp_path}",
+                "--set",
+                "roles.learner.resources={GPU: 1}",
+                "--set",
+                "stop.iterations=1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    lines = [line for line in capsys.readouterr().err.splitlines() if "falling back to CPU" in line]
+    assert len(lines) == 1 and "learner[0]" in lines[0]
