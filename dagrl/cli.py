@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrl.runtime.driver import TrainingError
+from dagrl.runtime.placement import PlacementError
 from dagrl.schema import ConfigError
 
 log = logging.getLogger("dagrl")
@@ -132,6 +133,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
             "dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})"
         )
     sys.argv = [str(script), *rest]
+    sys.path.insert(0, str(script.parent))
     runpy.run_path(str(script), run_name="__main__")
     return 0
 
@@ -178,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(args, rest)
     except ConfigError as err:
         print(f"dagrl: error: {err}", file=sys.stderr)
+        return 2
+    except PlacementError as err:
+        print(f"dagrl: error: placement: {err}", file=sys.stderr)
         return 2
     except TrainingError as err:
         print(f"dagrl: training stopped: {err}", file=sys.stderr)

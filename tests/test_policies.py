@@ -65,3 +65,11 @@ def test_placement_without_gpu_worker():
     assert place(roles, workers) == {("learner", 0): "tcp://b"}  # falls back, host logs it
     with pytest.raises(PlacementError, match="GPU"):
         place(roles, workers, gpu_fallback=False)
+
+
+def test_placement_checks_cpu_threads_and_custom_resources():
+    workers = {"tcp://a": {"nthreads": 1, "resources": {}}, "tcp://b": {"nthreads": 2, "resources": {"SSD": 1}}}
+    assert place({"replay": RoleSpec(resources={"SSD": 1})}, workers) == {("replay", 0): "tcp://b"}
+    assert place({"sampler": RoleSpec(resources={"CPU": 2})}, workers) == {("sampler", 0): "tcp://b"}
+    with pytest.raises(PlacementError, match="TPU"):
+        place({"learner": RoleSpec(resources={"TPU": 1})}, workers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,12 +74,17 @@ class RoleHost:
         self.state = algo.roles[role].factory(ctx, config)
         self.memory: dict[str, Any] = {}
         self.calls = 0
+        self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
         args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
         self.calls += 1
-        return self.fragments[fragment](self.state, *args)
+        t0 = time.perf_counter()
+        try:
+            return self.fragments[fragment](self.state, *args)
+        finally:
+            self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
 
     def put(self, key: str, value: Any) -> None:
         """Keep ``value`` for later calls that pass ``Ref(key)``."""
@@ -102,4 +108,5 @@ class RoleHost:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "calls": self.calls,
+            "busy_s": dict(self.busy_s),
         }

@@ -103,10 +103,13 @@ def start_local(graph: Graph, seed_offset: int = 0) -> dict[str, list[Handle]]:
     return hosts
 
 
-def start_actors(client: Any, graph: Graph, seed_offset: int = 0) -> dict[str, list[Handle]]:
-    """Every role replica as a Dask actor, pinned to a worker chosen by :func:`place`."""
+def start_actors(
+    client: Any, graph: Graph, seed_offset: int = 0, roles: list[str] | None = None
+) -> dict[str, list[Handle]]:
+    """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
-    placement = place(graph.spec.roles, workers, gpu_fallback=graph.spec.gpu_fallback)
+    wanted = {r: graph.spec.roles[r] for r in (roles or graph.algorithm.roles)}
+    placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
     futures = {}
     run = uuid.uuid4().hex[:8]
     for (role, i), addr in placement.items():
@@ -120,7 +123,7 @@ def start_actors(client: Any, graph: Graph, seed_offset: int = 0) -> dict[str, l
             allow_other_workers=False,
             key=f"{role}-{i}-{graph.name}-{run}",
         )
-    hosts: dict[str, list[Handle]] = {role: [] for role in graph.algorithm.roles}
+    hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
         hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut))
     _log_devices(hosts)

@@ -19,7 +19,8 @@ def place(
 
     ``workers`` is ``client.scheduler_info()["workers"]``: address -> info with ``resources``.
     Roles asking for a GPU go first, onto workers advertising ``GPU``; the rest spread over the
-    least-loaded workers.
+    least-loaded workers. ``CPU`` is checked against a worker's threads; any other resource must be
+    advertised by the worker (``dask worker --resources "SSD=1"``).
 
     Examples
     --------
@@ -36,7 +37,9 @@ def place(
     order = sorted(roles.items(), key=lambda kv: -kv[1].gpus)
     for name, spec in order:
         for i in range(spec.replicas):
-            candidates = list(load)
+            candidates = [a for a in load if _fits(spec, workers[a])]
+            if not candidates:
+                raise PlacementError(f"role {name} needs {spec.resources} and no worker offers it")
             if spec.gpus > 0:
                 gpu_ok = [a for a in candidates if free_gpu[a] >= spec.gpus]
                 if gpu_ok:
@@ -49,3 +52,15 @@ def place(
             load[addr] += 1
             out[(name, i)] = addr
     return out
+
+
+def _fits(spec: RoleSpec, info: Mapping[str, Any]) -> bool:
+    """Whether a worker can host the role at all (GPU is judged apart, with its CPU fallback)."""
+    offered = info.get("resources", {}) or {}
+    for key, amount in spec.resources.items():
+        if key == "GPU":
+            continue
+        have = info.get("nthreads", 1) if key == "CPU" else offered.get(key, 0)
+        if have < amount:
+            return False
+    return True

@@ -1,0 +1,39 @@
+"""Shared pieces of the benchmarks: machine description, tables, the final JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def emit(name: str, result: dict[str, Any]) -> None:
+    """The last line of every benchmark: one JSON object, for scripts and BENCHMARKS.md."""
+    print(json.dumps({"benchmark": name, "machine": machine(), **result}))

@@ -1,0 +1,7 @@
+"""``python -m dagrl``: the same as the ``dagrl`` command."""
+
+import sys
+
+from dagrl.cli import main
+
+sys.exit(main())
