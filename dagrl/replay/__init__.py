@@ -1,0 +1,9 @@
+"""Replay storage: a hot ring in RAM that spills whole chunks to zarr; uniform and prioritized sampling."""
+
+from __future__ import annotations
+
+from dagrl.replay.nstep import NStep
+from dagrl.replay.schema import Field, ReplayError, Schema
+from dagrl.replay.store import ReplayStore, Sample
+
+__all__ = ["Field", "NStep", "ReplayError", "ReplayStore", "Sample", "Schema"]
