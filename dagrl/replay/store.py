@@ -85,6 +85,8 @@ class ReplayStore:
     path
         Directory of the zarr store and its ``meta.json``; ``None`` keeps everything in RAM (then
         the whole capacity must fit the budget). An existing store at ``path`` is reopened.
+    cache_bytes
+        Part of the budget for cold chunks read back for sampling (default: a quarter).
     chunk_rows
         Rows per chunk (default: about 1 MiB per chunk).
     codec
@@ -92,6 +94,11 @@ class ReplayStore:
     prioritized
         Keep PER priorities (proportional, ``alpha``), with importance weights annealed from
         ``beta`` to 1 over ``beta_steps`` sample calls.
+    cold_chunks_per_sample, cold_refresh
+        Uniform sampling draws cold rows from a working set of this many cached chunks (default:
+        the whole cache), replacing ``cold_refresh`` of them by random cold chunks per call
+        (fractions allowed: 0.25 is one chunk read every four calls). More refresh: batches closer
+        to i.i.d.; less: fewer disk reads.
 
     Examples
     --------
@@ -116,8 +123,8 @@ class ReplayStore:
         alpha: float = 0.6,
         beta: float = 0.4,
         beta_steps: int = 100_000,
-        cold_chunks_per_sample: int = 8,
-        cold_refresh: int = 2,
+        cold_chunks_per_sample: int | None = None,
+        cold_refresh: float = 1.0,
         seed: int = 0,
     ):
         if capacity < 1:
@@ -136,23 +143,30 @@ class ReplayStore:
                 f"memory budget {self.memory_budget} B (of which {self.cache_bytes} B cache) is smaller than one "
                 f"chunk: {self.chunk_rows} rows x {schema.row_bytes} B = {self.chunk_bytes} B"
             )
-        if self.path is None and self.capacity * schema.row_bytes > self.hot_budget + self.chunk_bytes:
+        self.slots = math.ceil(self.capacity / self.chunk_rows) + 1  # chunks live rows can touch
+        if self.path is None and self.hot_budget // self.chunk_bytes < self.slots:
             raise ReplayError(
-                f"capacity {self.capacity} rows x {schema.row_bytes} B does not fit the memory budget "
-                f"{self.hot_budget} B and no path was given to spill to"
+                f"capacity {self.capacity} rows ({self.slots} chunks of {self.chunk_bytes} B) does not fit the "
+                f"memory budget ({self.hot_budget} B besides the cache) and no path was given to spill to"
             )
-        self.slots = math.ceil(self.capacity / self.chunk_rows) + 1
         self.prioritized, self.alpha, self.beta0, self.beta_steps = prioritized, alpha, beta, beta_steps
-        self.cold_per_sample, self.cold_refresh = max(1, cold_chunks_per_sample), max(1, cold_refresh)
-        self.cache_chunks = max(1, self.cache_bytes // max(self.chunk_bytes, 1))
+        R = self.chunk_rows
+        # RAM: a ring of whole chunks for the newest rows, a cache of cold chunks; each one array per field
+        self.ring_chunks = max(1, min(self.hot_budget // self.chunk_bytes, self.slots))
+        self.cache_chunks = max(1, self.cache_bytes // self.chunk_bytes)
+        self.ring = {k: np.zeros((self.ring_chunks * R, *f.shape), f.dtype) for k, f in schema.items()}
+        self.cache = {k: np.zeros((self.cache_chunks * R, *f.shape), f.dtype) for k, f in schema.items()}
+        self.cached: collections.OrderedDict[int, int] = collections.OrderedDict()  # chunk id -> cache slot, LRU
+        self.cold_per_sample = min(cold_chunks_per_sample or self.cache_chunks, self.cache_chunks)
+        self.cold_refresh = cold_refresh
         self.rng = np.random.default_rng(seed)
 
         self.tail = 0  # global index of the next row
+        self.hot_lo = 0  # first chunk id held in the ring
         self.durable_tail = 0  # rows [head, durable_tail) are safely in zarr
-        self.hot: collections.OrderedDict[int, dict[str, np.ndarray]] = collections.OrderedDict()
         self.dirty: set[int] = set()
-        self.cache: collections.OrderedDict[int, dict[str, np.ndarray]] = collections.OrderedDict()
         self.working: list[int] = []  # cold chunk ids uniform sampling draws from
+        self.refresh_due = 0.0
         self.persisted_head = 0
         self.floor = 0
         self.samples_drawn = 0
@@ -172,6 +186,9 @@ class ReplayStore:
     def __len__(self) -> int:
         return self.tail - self.head
 
+    def _hot_start(self) -> int:
+        return min(self.tail, max(self.head, self.hot_lo * self.chunk_rows))
+
     @property
     def hot_rows(self) -> int:
         return self.tail - self._hot_start()
@@ -182,10 +199,8 @@ class ReplayStore:
 
     @property
     def ram_bytes(self) -> int:
-        return (len(self.hot) + len(self.cache)) * self.chunk_bytes
-
-    def _hot_start(self) -> int:
-        return max(self.head, next(iter(self.hot)) * self.chunk_rows) if self.hot else self.tail
+        """Bytes of RAM held for rows: the ring and the cold-chunk cache."""
+        return (self.ring_chunks + self.cache_chunks) * self.chunk_bytes
 
     def stats(self) -> dict[str, int]:
         """Rows stored, in RAM and on disk; bytes in RAM; rows durable."""
@@ -198,6 +213,11 @@ class ReplayStore:
             "added": self.tail,
         }
 
+    def _ring_rows(self, cid: int) -> slice:
+        R = self.chunk_rows
+        slot = cid % self.ring_chunks
+        return slice(slot * R, (slot + 1) * R)
+
     # -- adding -----------------------------------------------------------------------------------
 
     def add(self, batch: Batch) -> None:
@@ -206,45 +226,42 @@ class ReplayStore:
         if n == 0:
             return
         start = 0
-        if n > self.capacity:  # only the newest rows could stay anyway
+        if n > self.capacity:  # only the newest rows can stay anyway
             start = n - self.capacity
             self.tail += start
-            self.hot.clear()
-            self.dirty.clear()
+            self._drop_below_head()
         R = self.chunk_rows
         first = self.tail
         while start < n:
             cid, pos = divmod(self.tail, R)
-            chunk = self.hot.get(cid)
-            if chunk is None:
-                chunk = self.hot[cid] = {k: np.zeros((R, *f.shape), f.dtype) for k, f in self.schema.items()}
+            if pos == 0:  # a new chunk: make room for it in the ring
+                while cid - self.hot_lo >= self.ring_chunks:
+                    self._spill_oldest()
             k = min(R - pos, n - start)
+            rows = self._ring_rows(cid)
             for name in self.schema:
-                chunk[name][pos : pos + k] = batch[name][start : start + k]
+                self.ring[name][rows.start + pos : rows.start + pos + k] = batch[name][start : start + k]
             self.dirty.add(cid)
             self.tail += k
             start += k
+            self._drop_below_head()
         if self.tree is not None:
             new = np.arange(max(first, self.head), self.tail)
             self.tree.set(new % self.capacity, np.full(len(new), self.max_priority**self.alpha))
-        self._drop_below_head()
-        self._spill()
 
     def _drop_below_head(self) -> None:
         R, head = self.chunk_rows, self.head
-        for cid in [c for c in self.hot if (c + 1) * R <= head]:
-            del self.hot[cid]
-            self.dirty.discard(cid)
-        for cid in [c for c in self.cache if (c + 1) * R <= head]:
-            del self.cache[cid]
+        while self.hot_lo * R + R <= head and self.hot_lo * R < self.tail:
+            self.dirty.discard(self.hot_lo)
+            self.hot_lo += 1
+        for cid in [c for c in self.cached if (c + 1) * R <= head]:
+            del self.cached[cid]
         self.working = [c for c in self.working if (c + 1) * R > head]
 
-    def _spill(self) -> None:
-        while len(self.hot) * self.chunk_bytes > self.hot_budget and len(self.hot) > 1:
-            cid = next(iter(self.hot))
-            if cid in self.dirty:
-                self._write_chunk(cid)
-            del self.hot[cid]
+    def _spill_oldest(self) -> None:
+        if self.hot_lo in self.dirty:
+            self._write_chunk(self.hot_lo)
+        self.hot_lo += 1
 
     # -- storage ----------------------------------------------------------------------------------
 
@@ -306,10 +323,10 @@ class ReplayStore:
         slot = cid % self.slots
         if self.persisted_head < (cid - self.slots + 1) * R:
             self._write_meta()  # the slot's previous chunk must be dropped on disk before we overwrite it
-        chunk = self.hot[cid]
+        rows = self._ring_rows(cid)
         try:
             for name, arr in self.arrays.items():
-                arr[slot * R : (slot + 1) * R] = chunk[name]
+                arr[slot * R : (slot + 1) * R] = self.ring[name][rows]
         except OSError as err:
             where = f"replay path {self.path}"
             if err.errno == errno.ENOSPC:
@@ -318,7 +335,7 @@ class ReplayStore:
                 ) from None
             raise ReplayError(f"{where}: writing chunk {cid} failed ({err})") from None
         self.dirty.discard(cid)
-        self.cache.pop(cid, None)
+        self.cached.pop(cid, None)
         end = min(self.tail, (cid + 1) * R)
         if cid * R <= self.durable_tail:
             self.durable_tail = max(self.durable_tail, end)
@@ -353,10 +370,9 @@ class ReplayStore:
         group = zarr.open_group(str(self.path), mode="a")
         self.arrays = {name: group[name] for name in self.schema}
         self.persisted_head = self.head
-        partial = self.tail % self.chunk_rows
-        if partial:  # keep filling the last chunk in RAM
-            cid = self.tail // self.chunk_rows
-            self.hot[cid] = self._read_cold_chunk(cid)
+        self.hot_lo = self.tail // self.chunk_rows
+        if self.tail % self.chunk_rows:  # keep filling the last chunk in RAM
+            self._read_cold_chunk(self.hot_lo, self.ring, self._ring_rows(self.hot_lo))
         if self.tree is not None:
             saved = self.path / PRIORITIES
             leaves = np.load(saved) if saved.exists() else np.zeros(self.capacity)
@@ -367,35 +383,51 @@ class ReplayStore:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def _read_cold_chunk(self, cid: int) -> dict[str, np.ndarray]:
+    def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
         R, slot = self.chunk_rows, cid % self.slots
-        return {name: np.asarray(arr[slot * R : (slot + 1) * R]) for name, arr in self.arrays.items()}
+        for name, arr in self.arrays.items():
+            into[name][rows] = arr[slot * R : (slot + 1) * R]
 
-    def _chunk(self, cid: int) -> dict[str, np.ndarray]:
-        chunk = self.hot.get(cid)
-        if chunk is not None:
-            return chunk
-        chunk = self.cache.get(cid)
-        if chunk is None:
-            chunk = self.cache[cid] = self._read_cold_chunk(cid)
-            while len(self.cache) > self.cache_chunks:
-                self.cache.popitem(last=False)
+    def _cache_slot(self, cid: int) -> int:
+        """The cache slot holding cold chunk ``cid``, reading it (whole) if needed; LRU eviction."""
+        slot = self.cached.get(cid)
+        if slot is not None:
+            self.cached.move_to_end(cid)
+            return slot
+        if len(self.cached) < self.cache_chunks:
+            used = set(self.cached.values())
+            slot = next(i for i in range(self.cache_chunks) if i not in used)
         else:
-            self.cache.move_to_end(cid)
-        return chunk
+            _, slot = self.cached.popitem(last=False)
+        R = self.chunk_rows
+        self._read_cold_chunk(cid, self.cache, slice(slot * R, (slot + 1) * R))
+        self.cached[cid] = slot
+        return slot
 
     def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows by global index (each must be stored), reading each chunk involved once."""
+        """Rows by global index (each must be stored): one gather per field from RAM, cold chunks read whole."""
         indices = np.asarray(indices, np.int64)
         if len(indices) and (indices.min() < self.head or indices.max() >= self.tail):
             raise ReplayError(f"indices must lie in the stored range [{self.head}, {self.tail})")
+        R = self.chunk_rows
+        hot = indices >= self._hot_start()
+        if hot.all():
+            pos = indices % (self.ring_chunks * R)
+            return {name: ring[pos] for name, ring in self.ring.items()}
         out = {k: np.empty((len(indices), *f.shape), f.dtype) for k, f in self.schema.items()}
-        cids, offsets = np.divmod(indices, self.chunk_rows)
-        for cid in np.unique(cids):
-            sel = np.flatnonzero(cids == cid)
-            chunk = self._chunk(int(cid))
-            for name in self.schema:
-                out[name][sel] = chunk[name][offsets[sel]]
+        h = np.flatnonzero(hot)
+        pos = indices[h] % (self.ring_chunks * R)
+        for name, ring in self.ring.items():
+            out[name][h] = ring[pos]
+        cold = np.flatnonzero(~hot)
+        cids, offsets = np.divmod(indices[cold], R)
+        unique = np.unique(cids)
+        for group in np.array_split(unique, math.ceil(len(unique) / self.cache_chunks)):
+            slots = {int(c): self._cache_slot(int(c)) for c in group}
+            sel = np.flatnonzero(np.isin(cids, group))
+            pos = np.array([slots[int(c)] for c in cids[sel]], np.int64) * R + offsets[sel]
+            for name, cache in self.cache.items():
+                out[name][cold[sel]] = cache[pos]
         return out
 
     # -- sampling ---------------------------------------------------------------------------------
@@ -428,13 +460,14 @@ class ReplayStore:
     def _cold_rows(self, n: int, hot_start: int) -> np.ndarray:
         R = self.chunk_rows
         first, last = self.head // R, (hot_start - 1) // R  # cold chunk ids, inclusive
-        n_chunks = last - first + 1
-        size = min(self.cold_per_sample, n_chunks, self.cache_chunks)
+        size = min(self.cold_per_sample, last - first + 1)
         self.working = [c for c in self.working if first <= c <= last]
-        if len(self.working) >= size:  # rotate: replace a few members by random cold chunks
-            for i in self.rng.choice(len(self.working), min(self.cold_refresh, size), replace=False):
-                self.working[i] = -1
-            self.working = [c for c in self.working if c >= 0]
+        self.refresh_due += self.cold_refresh
+        replace = min(int(self.refresh_due), len(self.working))
+        self.refresh_due -= int(self.refresh_due)
+        if replace and len(self.working) >= size:  # rotate: a few members give way to random cold chunks
+            gone = set(self.rng.choice(len(self.working), replace, replace=False).tolist())
+            self.working = [c for i, c in enumerate(self.working) if i not in gone]
         while len(self.working) < size:
             cid = int(self.rng.integers(first, last + 1))
             if cid not in self.working:

@@ -1,0 +1,255 @@
+"""Replay store: bit-exact round trips past the memory budget, sampling statistics, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dagrl.replay import NStep, ReplayError, ReplayStore, Schema
+
+SCHEMA = Schema({"obs": ("float32", (17,)), "action": ("int64", ()), "reward": ("float32", ()), "done": ("bool", ())})
+
+
+def rows(start: int, n: int) -> dict[str, np.ndarray]:
+    """Rows whose content is a function of their global index, with random-looking bits."""
+    idx = np.arange(start, start + n)
+    rng = np.random.default_rng(idx[0] if n else 0)
+    obs = rng.standard_normal((n, 17)).astype(np.float32)
+    obs[:, 0] = idx  # exact in float32 below 2**24
+    return {"obs": obs, "action": idx, "reward": (idx * 0.5).astype(np.float32), "done": idx % 7 == 0}
+
+
+def fill(store: ReplayStore, total: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Add ``total`` rows in irregular batches; return everything added, concatenated."""
+    rng = np.random.default_rng(seed)
+    added, start = [], store.tail
+    while start < store.tail + 0 or sum(len(a["action"]) for a in added) < total:
+        n = int(min(rng.integers(1, 3000), total - sum(len(a["action"]) for a in added)))
+        batch = rows(start, n)
+        store.add(batch)
+        added.append(batch)
+        start += n
+    return {k: np.concatenate([a[k] for a in added]) for k in SCHEMA}
+
+
+def assert_holds(store: ReplayStore, reference: dict[str, np.ndarray], first_index: int = 0) -> None:
+    got = store.read(np.arange(store.head, store.tail))
+    lo, hi = store.head - first_index, store.tail - first_index
+    for k in SCHEMA:
+        np.testing.assert_array_equal(got[k], reference[k][lo:hi], err_msg=k)
+
+
+def test_ten_times_the_memory_budget_comes_back_bit_exact(tmp_path):
+    budget = 3 * 2**20  # 3 MiB of RAM
+    capacity = 10 * budget // SCHEMA.row_bytes  # 30 MiB of rows
+    store = ReplayStore(SCHEMA, capacity, budget, tmp_path / "r", chunk_rows=1024)
+    ref = fill(store, int(capacity * 1.7))  # wraps around: the oldest 0.7 x capacity are dropped
+    assert len(store) == capacity and store.head == int(capacity * 0.7)
+    assert store.ram_bytes <= budget
+    assert store.cold_rows > 0.85 * capacity
+    assert_holds(store, ref)
+    store.flush()
+    reopened = ReplayStore(SCHEMA, capacity, budget, tmp_path / "r", chunk_rows=1024)
+    assert (reopened.head, reopened.tail) == (store.head, store.tail)
+    assert_holds(reopened, ref)
+    more = rows(reopened.tail, 5000)  # and it goes on from the insert position
+    reopened.add(more)
+    np.testing.assert_array_equal(reopened.read(np.arange(reopened.tail - 5000, reopened.tail))["obs"], more["obs"])
+
+
+def test_ram_only_store_and_oversized_batches():
+    store = ReplayStore(SCHEMA, 1000, 2**20, chunk_rows=64)
+    ref = fill(store, 3500)
+    assert len(store) == 1000
+    assert_holds(store, ref)
+    big = rows(store.tail, 2500)  # larger than the capacity: its newest 1000 rows stay
+    store.add(big)
+    np.testing.assert_array_equal(store.read(np.arange(store.head, store.tail))["action"], big["action"][-1000:])
+
+
+def batch_means_pvalue(per_call: np.ndarray, expected: np.ndarray, groups: int = 60) -> float:
+    """Chi-square of bin frequencies against ``expected``, with standard errors from batch means.
+
+    Draws inside one call are not independent (cold rows come from a few cached chunks), so the
+    plain multinomial chi-square does not apply; the mean frequency over groups of calls does.
+    """
+    g = per_call[: len(per_call) // groups * groups].reshape(groups, -1, per_call.shape[1]).sum(1)
+    freq = g / g.sum(1, keepdims=True)
+    se = freq.std(0, ddof=1) / np.sqrt(groups)
+    t2 = ((freq.mean(0) - expected) / se) ** 2
+    return float(stats.chi2.sf(t2.sum(), len(expected) - 1))  # t ~ N(0, 1) for this many groups
+
+
+def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path):
+    store = ReplayStore(SCHEMA, 20_000, 400_000, tmp_path / "u", chunk_rows=256, seed=1)
+    fill(store, 26_000)
+    assert store.cold_rows > 10_000 and store.hot_rows > 500
+    bins = 20
+    per_call = np.zeros((1800, bins))
+    hot_start = store.tail - store.hot_rows
+    hot_draws = 0
+    for i in range(len(per_call)):
+        s = store.sample(256)
+        per_call[i] = np.bincount((s.indices - store.head) * bins // len(store), minlength=bins)
+        hot_draws += int((s.indices >= hot_start).sum())
+        np.testing.assert_array_equal(s.data["action"], s.indices)  # the rows are the rows sampled
+    uniform = np.full(bins, 1 / bins)
+    assert batch_means_pvalue(per_call, uniform) > 1e-3, per_call.sum(0)
+    assert abs(hot_draws / per_call.sum() - store.hot_rows / len(store)) < 0.01
+    # the test has teeth: a sampler that favours the newest half of the rows by 10 % fails it
+    tilted = per_call.copy()
+    tilted[:, bins // 2 :] *= 1.1
+    assert batch_means_pvalue(tilted, uniform) < 1e-6
+
+
+def test_prioritized_sampling_follows_priorities_with_correct_weights(tmp_path):
+    store = ReplayStore(SCHEMA, 5000, 200_000, tmp_path / "p", chunk_rows=256, prioritized=True, alpha=1.0,
+                        beta=0.5, beta_steps=10**9, seed=2)  # fmt: skip
+    fill(store, 6000)
+    live = np.arange(store.head, store.tail)
+    priority = (live % 10 + 1).astype(float)  # class c has priority c + 1
+    store.update_priorities(live, priority)
+    counts = np.zeros(10)
+    for _ in range(150):
+        s = store.sample(256)
+        counts += np.bincount(s.indices % 10, minlength=10)
+        p = store.probabilities(s.indices)
+        p_min = (1 + 1e-6) / store.tree.total  # class 0: priority 1 (+ the store's epsilon), alpha 1
+        np.testing.assert_allclose(s.weights, (len(store) * p) ** -0.5 / (len(store) * p_min) ** -0.5, rtol=1e-5)
+    share = np.bincount(live % 10, weights=priority, minlength=10)
+    assert stats.chisquare(counts, share / share.sum() * counts.sum()).pvalue > 1e-3
+    assert abs(s.weights[s.indices % 10 == 0].max(initial=1.0) - 1.0) < 1e-5  # min priority gets weight 1
+
+
+def test_priorities_survive_reopen(tmp_path):
+    store = ReplayStore(SCHEMA, 2000, 100_000, tmp_path / "q", chunk_rows=128, prioritized=True)
+    fill(store, 1500)
+    store.update_priorities(np.array([3, 700]), np.array([50.0, 0.0]))
+    store.flush()
+    again = ReplayStore(SCHEMA, 2000, 100_000, tmp_path / "q", chunk_rows=128, prioritized=True)
+    np.testing.assert_allclose(again.probabilities(np.array([3, 700])), store.probabilities(np.array([3, 700])))
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        ({**rows(0, 4), "extra": np.zeros(4)}, "unexpected ['extra']"),
+        ({k: v for k, v in rows(0, 4).items() if k != "reward"}, "missing ['reward']"),
+        ({**rows(0, 4), "reward": np.zeros(4)}, "field reward: expected dtype float32, got float64"),
+        ({**rows(0, 4), "obs": np.zeros((4, 16), np.float32)}, "field obs: expected shape (N, 17)"),
+        ({**rows(0, 4), "action": np.arange(3)}, "field action: 3 rows"),
+    ],
+)
+def test_bad_batches_are_refused_and_leave_the_store_consistent(batch, message):
+    store = ReplayStore(SCHEMA, 100, 2**20, chunk_rows=16)
+    store.add(rows(0, 10))
+    with pytest.raises(ReplayError, match=re.escape(message)):
+        store.add(batch)
+    assert len(store) == 10
+    store.add(rows(10, 5))
+    np.testing.assert_array_equal(store.read(np.arange(15))["action"], np.arange(15))
+
+
+def test_bad_sampling_and_sizes(tmp_path):
+    store = ReplayStore(SCHEMA, 100, 2**20, chunk_rows=16)
+    with pytest.raises(ReplayError, match="empty"):
+        store.sample(1)
+    store.add(rows(0, 10))
+    with pytest.raises(ReplayError, match="only 10 stored"):
+        store.sample(11)
+    with pytest.raises(ReplayError, match="smaller than one chunk"):
+        ReplayStore(SCHEMA, 10_000, 1000, tmp_path / "x", chunk_rows=64)
+    with pytest.raises(ReplayError, match="no path was given"):
+        ReplayStore(SCHEMA, 10**6, 2**20, chunk_rows=64)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ReplayError, match="not writable"):
+        ReplayStore(SCHEMA, 100, 2**20, blocker / "sub", chunk_rows=16)
+    with pytest.raises(ReplayError, match="stored capacity"):
+        ReplayStore(SCHEMA, 100, 2**20, tmp_path / "y", chunk_rows=16).flush()
+        ReplayStore(SCHEMA, 200, 2**20, tmp_path / "y", chunk_rows=16)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_full_disk_is_a_clear_error_and_loses_nothing_acknowledged(tiny_disk):
+    store = ReplayStore(SCHEMA, 50_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    ref_batches, start, flushed = [], 0, 0
+    with pytest.raises(ReplayError, match="disk full"):
+        while True:
+            b = rows(start, 500)
+            store.add(b)
+            ref_batches.append(b)
+            start += 500
+            store.flush()
+            flushed = start
+    ref = {k: np.concatenate([b[k] for b in ref_batches]) for k in SCHEMA}
+    reopened = ReplayStore(SCHEMA, 50_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    assert reopened.tail >= flushed > 0
+    assert_holds(reopened, ref)
+
+
+def test_nstep_matches_a_hand_computation():
+    ns = NStep(n=3, gamma=0.9, num_envs=2)
+    out = []
+    rewards = [[1, 10], [2, 20], [3, 30], [4, 40]]
+    ends = [[False, False], [False, True], [False, False], [False, False]]
+    for t in range(4):
+        out.append(ns.push(np.full((2, 1), t), np.array([t, t]), np.array(rewards[t], float), np.full((2, 1), t + 1),
+                           np.array(ends[t]), np.zeros(2, bool)))  # fmt: skip
+    env0 = [o for o in out if len(o["reward"])]
+    r = np.concatenate([o["reward"] for o in env0])
+    # t=1: env 1 ends -> (10 + .9*20) and 20;  t=2: env 0's first 3-step row 1 + .9*2 + .81*3;
+    # t=3: env 0 from t=1: 2 + .9*3 + .81*4, and env 1 (new episode from t=2) not yet 3 long
+    np.testing.assert_allclose(sorted(r), sorted([28.0, 20.0, 5.23, 7.94]), rtol=1e-6)
+    d = np.concatenate([o["discount"] for o in env0])
+    assert sorted(np.round(d, 3)) == sorted([0.81, 0.9, 0.729, 0.729])
+
+
+def test_a_sigkilled_writer_loses_nothing_it_flushed(tmp_path):
+    """A real SIGKILL while the writer is adding and spilling; everything flushed before is intact."""
+    script = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+from tests.test_replay_store import SCHEMA, rows
+from dagrl.replay import ReplayStore
+store = ReplayStore(SCHEMA, 40_000, 300_000, {str(tmp_path / "k")!r}, chunk_rows=512)
+start = 0
+while True:
+    store.add(rows(start, 700))
+    start += 700
+    if start % 4900 == 0:
+        store.flush()
+        print(start, flush=True)
+"""
+    proc = subprocess.Popen(["python", "-c", script], stdout=subprocess.PIPE, text=True)
+    flushed = 0
+    for line in proc.stdout:
+        flushed = int(line)
+        if flushed >= 60_000:  # past the capacity: slots are being reused
+            break
+    proc.kill()  # SIGKILL, mid-add or mid-spill
+    proc.wait()
+    store = ReplayStore(SCHEMA, 40_000, 300_000, tmp_path / "k", chunk_rows=512)
+    assert store.tail >= flushed
+    got = store.read(np.arange(store.head, store.tail))
+    np.testing.assert_array_equal(got["action"], np.arange(store.head, store.tail))
+    for start in range(store.head - store.head % 700, store.tail, 700):  # content, not just indices
+        expect = rows(start, 700)
+        lo, hi = max(start, store.head), min(start + 700, store.tail)
+        np.testing.assert_array_equal(
+            got["obs"][lo - store.head : hi - store.head], expect["obs"][lo - start : hi - start]
+        )
