@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if build_needs_cluster(spec.policy):
             client = stack.enter_context(connect(cluster, n_actors))
             log.info("dashboard: %s", client.dashboard_link)
-        policy = build_policy(graph, client, seed_offset=offset)
+        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
         stack.callback(policy.close)
         for a in policy.actors():
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])

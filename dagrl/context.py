@@ -47,6 +47,8 @@ class RoleContext:
     device: str = "cpu"
     observation_space: Any = None
     action_space: Any = None
+    path: str | None = None
+    """Directory for this replica's on-disk data (e.g. a replay store); ``None``: keep it in RAM."""
 
     def make_envs(self) -> Any:
         """A gymnasium vector env of ``num_envs`` copies, autoreset in the same step.

@@ -45,6 +45,9 @@ class RoleSpec:
     """Environments stepped by each replica (sampler roles)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Dask resources each replica needs, e.g. ``{CPU: 1}`` or ``{GPU: 1}``."""
+    path: str | None = None
+    """Where the role keeps data on disk (replay stores); replica i uses ``<path>/<i>``. Default:
+    ``<run dir>/<role>-<i>``."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

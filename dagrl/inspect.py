@@ -12,6 +12,8 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
     src_many, dst_many = roles[edge.src.role].many, roles[edge.dst.role].many
     if edge.src.role == edge.dst.role:
         kind = "local"
+    elif dst_many and src_many:
+        kind = "shard"
     elif dst_many:
         kind = "broadcast"
     else:

@@ -14,8 +14,8 @@ from dagrl.runtime.rundir import RunDir
 def train(graph_file: str, tmp_path: Any, overrides: list[str] = (), client: Any = None) -> tuple[dict, RunDir]:
     """Train a graph to its stop condition and return the summary and run directory."""
     graph = load_graph(graph_file, [*overrides, f"runs_dir={tmp_path}"])
-    policy = build_policy(graph, client)
     rundir = RunDir.create(tmp_path, graph.name)
+    policy = build_policy(graph, client, run_dir=rundir.path)
     try:
         summary = Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
     finally:

@@ -15,16 +15,18 @@ POLICIES: dict[str, type[Policy]] = {"single": Single, "sync": Sync, "async": As
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 
 
-def build_policy(graph: Any, client: Any = None, seed_offset: int = 0) -> Policy:
+def build_policy(graph: Any, client: Any = None, seed_offset: int = 0, run_dir: Any = None) -> Policy:
     """Start the role hosts a graph asks for and wrap them in its policy.
 
-    ``client`` is a ``distributed.Client`` for every policy but ``single``.
+    ``client`` is a ``distributed.Client`` for every policy but ``single``; ``run_dir`` is where
+    roles without their own ``path`` keep on-disk data.
     """
+    run_dir = None if run_dir is None else str(run_dir)
     cls = POLICIES[graph.spec.policy]
     if cls.distributed:
         if client is None:
             raise ValueError(f"policy {cls.name} needs a Dask client")
-        hosts = start_actors(client, graph, seed_offset)
+        hosts = start_actors(client, graph, seed_offset, run_dir=run_dir)
     else:
-        hosts = start_local(graph, seed_offset)
+        hosts = start_local(graph, seed_offset, run_dir)
     return cls(graph, hosts)

@@ -4,7 +4,9 @@ Values move between roles by one rule, the same in-process and across actors:
 
 * into the same role: replica ``r`` gets replica ``r``'s value;
 * from a single-instance role into a replicated one: broadcast (every replica gets it);
-* from a replicated role into a single-instance one: gathered, a list with one item per replica.
+* from a replicated role into a single-instance one: gathered, a list with one item per replica;
+* from a replicated role into another replicated one: sharded, replica ``k`` of ``K`` gets the list
+  of source replicas ``i`` with ``i % K == k`` (two samplers feeding two replay shards: one each).
 
 ``single`` runs this over in-process hosts, ``sync`` over Dask actors, so with the same seeds they
 compute the same numbers.
@@ -21,17 +23,6 @@ from dagrl.policies.base import Policy, StepResult
 
 class Lockstep(Policy):
     name = "lockstep"
-
-    @classmethod
-    def check(cls, algorithm: Any) -> None:
-        roles = algorithm.roles
-        for edge in algorithm.graph.edges:
-            src, dst = edge.src, edge.dst
-            if src.role != dst.role and roles[src.role].many and roles[dst.role].many:
-                raise TypeError(
-                    f"{src.name} ({src.role}, replicated) feeds {dst.name} ({dst.role}, replicated): "
-                    "lockstep policies cannot pair replicas of two different roles"
-                )
 
     def step(self) -> StepResult:
         graph = self.graph.algorithm.graph
@@ -67,6 +58,7 @@ class Lockstep(Policy):
                 args.append(values[arg.id])
             elif not roles[arg.role].many:
                 args.append(values[arg.id][0])
-            else:  # refused by check()
-                raise AssertionError(f"{arg.name} -> {node.name}")
+            else:
+                shards = len(self.hosts[node.role])
+                args.append(values[arg.id][replica::shards])
         return args

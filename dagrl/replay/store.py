@@ -353,6 +353,15 @@ class ReplayStore:
             os.replace(tmp, self.path / PRIORITIES)
         self._write_meta()
 
+    def state_dict(self) -> dict[str, int]:
+        """Checkpoint hook of a replay role: flush (the data stays in the store), return its counts."""
+        if self.path is not None:
+            self.flush()
+        return self.stats()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Nothing to load: a store reopened at its path already holds everything flushed."""
+
     def _restore(self, meta: dict[str, Any]) -> None:
         import zarr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,14 @@ def role_seed(graph: Graph, role: str, index: int, offset: int = 0) -> int:
     return graph.spec.seed + 100_003 * position + 1_009 * index + offset
 
 
-def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0) -> RoleContext:
+def role_path(graph: Graph, role: str, index: int, run_dir: str | None) -> str | None:
+    rspec = graph.role(role)
+    if rspec.path is not None:
+        return os.path.join(rspec.path, str(index))
+    return None if run_dir is None else os.path.join(run_dir, f"{role}-{index}")
+
+
+def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_dir: str | None = None) -> RoleContext:
     rspec = graph.role(role)
     return RoleContext(
         role=role,
@@ -78,11 +86,12 @@ def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0) -> R
         num_envs=rspec.envs,
         observation_space=graph.observation_space,
         action_space=graph.action_space,
+        path=role_path(graph, role, index, run_dir),
     )
 
 
-def _host_args(graph: Graph, role: str, index: int, seed_offset: int) -> tuple[tuple, dict]:
-    args = (graph.spec.algorithm, role, role_context(graph, role, index, seed_offset), graph.config)
+def _host_args(graph: Graph, role: str, index: int, seed_offset: int, run_dir: str | None) -> tuple[tuple, dict]:
+    args = (graph.spec.algorithm, role, role_context(graph, role, index, seed_offset, run_dir), graph.config)
     kwargs = {
         "wants_gpu": graph.role(role).gpus > 0,
         "gpu_fallback": graph.spec.gpu_fallback,
@@ -91,20 +100,20 @@ def _host_args(graph: Graph, role: str, index: int, seed_offset: int) -> tuple[t
     return args, kwargs
 
 
-def start_local(graph: Graph, seed_offset: int = 0) -> dict[str, list[Handle]]:
+def start_local(graph: Graph, seed_offset: int = 0, run_dir: str | None = None) -> dict[str, list[Handle]]:
     """Every role replica as an in-process :class:`RoleHost`."""
     hosts: dict[str, list[Handle]] = {}
     for role in graph.algorithm.roles:
         hosts[role] = []
         for i in range(graph.role(role).replicas):
-            args, kwargs = _host_args(graph, role, i, seed_offset)
+            args, kwargs = _host_args(graph, role, i, seed_offset, run_dir)
             hosts[role].append(Handle(role, i, RoleHost(*args, **kwargs)))
     _log_devices(hosts)
     return hosts
 
 
 def start_actors(
-    client: Any, graph: Graph, seed_offset: int = 0, roles: list[str] | None = None
+    client: Any, graph: Graph, seed_offset: int = 0, roles: list[str] | None = None, run_dir: str | None = None
 ) -> dict[str, list[Handle]]:
     """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
@@ -113,7 +122,7 @@ def start_actors(
     futures = {}
     run = uuid.uuid4().hex[:8]
     for (role, i), addr in placement.items():
-        args, kwargs = _host_args(graph, role, i, seed_offset)
+        args, kwargs = _host_args(graph, role, i, seed_offset, run_dir)
         futures[(role, i)] = client.submit(
             RoleHost,
             *args,
