@@ -86,7 +86,7 @@ def batch_means_pvalue(per_call: np.ndarray, expected: np.ndarray, groups: int =
 
 
 def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path):
-    store = ReplayStore(SCHEMA, 20_000, 400_000, tmp_path / "u", chunk_rows=256, seed=1)
+    store = ReplayStore(SCHEMA, 20_000, 400_000, tmp_path / "u", chunk_rows=256, cold_refresh=1.0, seed=1)
     fill(store, 26_000)
     assert store.cold_rows > 10_000 and store.hot_rows > 500
     bins = 20

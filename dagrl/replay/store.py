@@ -21,11 +21,14 @@ exactly by priority and reads each distinct cold chunk it hits once, through the
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import math
 import os
-from collections.abc import Mapping
+import queue
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,8 +100,9 @@ class ReplayStore:
     cold_chunks_per_sample, cold_refresh
         Uniform sampling draws cold rows from a working set of this many cached chunks (default:
         the whole cache), replacing ``cold_refresh`` of them by random cold chunks per call
-        (fractions allowed: 0.25 is one chunk read every four calls). More refresh: batches closer
-        to i.i.d.; less: fewer disk reads.
+        (fractions allowed: 0.25 is one chunk every four calls). More refresh: batches closer to
+        i.i.d.; less: fewer disk reads. With ``prefetch`` (default) a background thread reads the
+        incoming chunks ahead, so a sample call waits on disk only when it falls behind that rate.
 
     Examples
     --------
@@ -124,7 +128,8 @@ class ReplayStore:
         beta: float = 0.4,
         beta_steps: int = 100_000,
         cold_chunks_per_sample: int | None = None,
-        cold_refresh: float = 1.0,
+        cold_refresh: float = 0.25,
+        prefetch: bool = True,
         seed: int = 0,
     ):
         if capacity < 1:
@@ -172,7 +177,12 @@ class ReplayStore:
         self.samples_drawn = 0
         self.tree = PriorityTree(self.capacity) if prioritized else None
         self.max_priority = 1.0
-        self.arrays: dict[str, Any] = {}
+        self.rows: Any = None  # the zarr array of packed rows
+        self.offsets = np.cumsum([0] + [f.row_bytes for f in schema.values()])
+        self.prefetch = prefetch and self.path is not None and self.cache_chunks > 2
+        self.ready: queue.Queue = queue.Queue(maxsize=2)
+        self.prefetcher: threading.Thread | None = None
+        self.closing = threading.Event()
         if self.path is not None:
             self._open_storage()
 
@@ -281,21 +291,21 @@ class ReplayStore:
             self._restore(json.loads(meta_path.read_text()))
             return
         group = zarr.open_group(str(self.path), mode="a")
-        for name, f in self.schema.items():
-            self.arrays[name] = group.create_array(
-                name,
-                shape=(self.slots * self.chunk_rows, *f.shape),
-                chunks=(self.chunk_rows, *f.shape),
-                dtype=f.dtype,
-                compressors=_compressors(self.codec),
-                fill_value=0,
-                overwrite=True,
-            )
+        # One array of packed rows, so a chunk is one zarr read (six arrays cost ~5x more per chunk).
+        self.rows = group.create_array(
+            "rows",
+            shape=(self.slots * self.chunk_rows, self.schema.row_bytes),
+            chunks=(self.chunk_rows, self.schema.row_bytes),
+            dtype="uint8",
+            compressors=_compressors(self.codec),
+            fill_value=0,
+            overwrite=True,
+        )
         self._write_meta()
 
     def _meta(self) -> dict[str, Any]:
         return {
-            "format": 1,
+            "format": 2,
             "schema": self.schema.to_json(),
             "capacity": self.capacity,
             "chunk_rows": self.chunk_rows,
@@ -312,9 +322,20 @@ class ReplayStore:
     def _write_meta(self) -> None:
         assert self.path is not None
         tmp = self.path / (META + ".tmp")
-        tmp.write_text(json.dumps(self._meta()))
-        os.replace(tmp, self.path / META)
+        with self._storage_errors("metadata"):  # a failed write leaves the previous meta.json in place
+            tmp.write_text(json.dumps(self._meta()))
+            os.replace(tmp, self.path / META)
         self.persisted_head = self.head
+
+    @contextlib.contextmanager
+    def _storage_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            where = f"replay path {self.path}"
+            if err.errno == errno.ENOSPC:
+                raise ReplayError(f"{where}: disk full while writing {what}; nothing acknowledged was lost") from None
+            raise ReplayError(f"{where}: writing {what} failed ({err})") from None
 
     def _write_chunk(self, cid: int) -> None:
         if self.path is None:
@@ -325,8 +346,7 @@ class ReplayStore:
             self._write_meta()  # the slot's previous chunk must be dropped on disk before we overwrite it
         rows = self._ring_rows(cid)
         try:
-            for name, arr in self.arrays.items():
-                arr[slot * R : (slot + 1) * R] = self.ring[name][rows]
+            self.rows[slot * R : (slot + 1) * R] = self._pack(rows)
         except OSError as err:
             where = f"replay path {self.path}"
             if err.errno == errno.ENOSPC:
@@ -349,8 +369,9 @@ class ReplayStore:
             self._write_chunk(cid)
         if self.tree is not None:
             tmp = self.path / (PRIORITIES + ".tmp.npy")
-            np.save(tmp, self.tree.leaves())
-            os.replace(tmp, self.path / PRIORITIES)
+            with self._storage_errors("priorities"):
+                np.save(tmp, self.tree.leaves())
+                os.replace(tmp, self.path / PRIORITIES)
         self._write_meta()
 
     def state_dict(self) -> dict[str, int]:
@@ -376,8 +397,7 @@ class ReplayStore:
         self.floor = meta["head"]
         self.max_priority = meta.get("max_priority", 1.0)
         self.samples_drawn = meta.get("samples_drawn", 0)
-        group = zarr.open_group(str(self.path), mode="a")
-        self.arrays = {name: group[name] for name in self.schema}
+        self.rows = zarr.open_group(str(self.path), mode="a")["rows"]
         self.persisted_head = self.head
         self.hot_lo = self.tail // self.chunk_rows
         if self.tail % self.chunk_rows:  # keep filling the last chunk in RAM
@@ -392,10 +412,25 @@ class ReplayStore:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
+    def _pack(self, rows: slice) -> np.ndarray:
+        buf = np.empty((rows.stop - rows.start, self.schema.row_bytes), np.uint8)
+        for name, lo, hi in zip(self.schema, self.offsets[:-1], self.offsets[1:], strict=True):
+            buf[:, lo:hi] = self.ring[name][rows].reshape(len(buf), -1).view(np.uint8)
+        return buf
+
+    def _unpack(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        return {
+            name: np.ascontiguousarray(buf[:, lo:hi]).view(f.dtype).reshape(len(buf), *f.shape)
+            for (name, f), lo, hi in zip(self.schema.items(), self.offsets[:-1], self.offsets[1:], strict=True)
+        }
+
+    def _load_chunk(self, cid: int) -> dict[str, np.ndarray]:
         R, slot = self.chunk_rows, cid % self.slots
-        for name, arr in self.arrays.items():
-            into[name][rows] = arr[slot * R : (slot + 1) * R]
+        return self._unpack(np.asarray(self.rows[slot * R : (slot + 1) * R]))
+
+    def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
+        for name, values in self._load_chunk(cid).items():
+            into[name][rows] = values
 
     def _cache_slot(self, cid: int) -> int:
         """The cache slot holding cold chunk ``cid``, reading it (whole) if needed; LRU eviction."""
@@ -470,22 +505,80 @@ class ReplayStore:
         R = self.chunk_rows
         first, last = self.head // R, (hot_start - 1) // R  # cold chunk ids, inclusive
         size = min(self.cold_per_sample, last - first + 1)
-        self.working = [c for c in self.working if first <= c <= last]
-        self.refresh_due += self.cold_refresh
-        replace = min(int(self.refresh_due), len(self.working))
-        self.refresh_due -= int(self.refresh_due)
-        if replace and len(self.working) >= size:  # rotate: a few members give way to random cold chunks
-            gone = set(self.rng.choice(len(self.working), replace, replace=False).tolist())
-            self.working = [c for i, c in enumerate(self.working) if i not in gone]
-        while len(self.working) < size:
+        self.working = [c for c in self.working if first <= c <= last and c in self.cached]
+        while len(self.working) < size:  # (re)fill: synchronous reads, at the start only
             cid = int(self.rng.integers(first, last + 1))
             if cid not in self.working:
+                self._cache_slot(cid)
                 self.working.append(cid)
+        self.refresh_due = min(self.refresh_due + self.cold_refresh, size)
+        while self.refresh_due >= 1:  # rotate: a random member gives way to a random cold chunk
+            # prefetched chunks when ready; more than one rotation behind, read now (the rate is a promise)
+            incoming = self._next_cold_chunk(first, last, wait=self.refresh_due >= 2)
+            if incoming is None:
+                break
+            self.refresh_due -= 1
+            cid, data = incoming
+            if cid in self.cached:
+                continue
+            out = int(self.rng.integers(len(self.working)))
+            slot = self.cached.pop(self.working[out])
+            for name, values in data.items():
+                self.cache[name][slot * R : (slot + 1) * R] = values
+            self.cached[cid] = slot
+            self.working[out] = cid
         ws = np.array(self.working)
         lo = np.maximum(ws * R, self.head)
         hi = np.minimum((ws + 1) * R, hot_start)
         which = self.rng.choice(len(ws), n, p=(hi - lo) / (hi - lo).sum())
         return lo[which] + (self.rng.random(n) * (hi - lo)[which]).astype(np.int64)
+
+    def _next_cold_chunk(self, first: int, last: int, wait: bool) -> tuple[int, dict[str, np.ndarray]] | None:
+        """A random cold chunk's rows: prefetched if one is ready, else read now if ``wait``, else None."""
+        if not self.prefetch:
+            wait = True
+        if self.prefetch and self.prefetcher is None:
+            self.prefetcher = threading.Thread(target=self._prefetch_loop, name="dagrl-replay-prefetch", daemon=True)
+            self.prefetcher.start()
+        while self.prefetch:
+            try:
+                cid, data = self.ready.get_nowait()
+            except queue.Empty:
+                break
+            if first <= cid <= last:  # still stored and cold (head only moves on), so read intact
+                return cid, data
+        if not wait:
+            return None
+        cid = int(self.rng.integers(first, last + 1))
+        return cid, self._load_chunk(cid)
+
+    def _prefetch_loop(self) -> None:
+        """Read random cold chunks ahead of need, so sampling never waits on disk."""
+        rng = np.random.default_rng(int(self.rng.integers(2**63)))
+        R = self.chunk_rows
+        while not self.closing.is_set():
+            first, last = self.head // R, (self._hot_start() - 1) // R
+            if last < first:
+                self.closing.wait(0.05)
+                continue
+            cid = int(rng.integers(first, last + 1))
+            try:
+                item = (cid, self._load_chunk(cid))
+            except Exception:  # a slot being rewritten as the chunk drops out: pick another
+                continue
+            while not self.closing.is_set():
+                try:
+                    self.ready.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+
+    def close(self) -> None:
+        """Stop the prefetch thread (the store stays readable; flush first to keep unflushed rows)."""
+        self.closing.set()
+        if self.prefetcher is not None:
+            self.prefetcher.join(timeout=5)
+            self.prefetcher = None
 
     def _prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         tree = self.tree

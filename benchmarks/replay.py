@@ -1,0 +1,202 @@
+"""Replay add/sample throughput and bytes on disk: dagrl's store vs a numpy ring and np.memmap.
+
+    dagrl bench replay [--vector-rows 400000] [--image-rows 6000] [--seconds 3]
+
+Two kinds of rows: vector observations (17 float32, HalfCheetah-sized) and image observations
+(84x84x4 uint8 real Pong frames: ALE grayscale, resized, 4 stacked; ``pip install ale-py``).
+Each row holds obs, action, reward, next_obs, terminated, truncated. Setups, side by side:
+
+* numpy ring: preallocated arrays, ``arr[idx]`` per field (the upper bound);
+* np.memmap: the same arrays in files, random rows read from them (page cache warm);
+* dagrl, all in RAM: ReplayStore whose budget holds everything;
+* dagrl, 90 % spilled: a budget of 10 % of the data (a quarter of it cold-chunk cache), the
+  rest in zarr (blosc-zstd).
+
+Adds come in batches of 256 rows; sampling draws batches of 256 uniformly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import emit, table
+
+from dagrl.replay import ReplayStore, Schema
+
+BATCH = 256
+
+
+def vector_rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    obs = np.cumsum(rng.standard_normal((n + 1, 17)).astype(np.float32) * 0.1, axis=0)  # smooth, like a body's state
+    return {
+        "obs": obs[:-1],
+        "action": rng.uniform(-1, 1, (n, 6)).astype(np.float32),
+        "reward": rng.standard_normal(n).astype(np.float32),
+        "next_obs": obs[1:],
+        "terminated": np.zeros(n, bool),
+        "truncated": (np.arange(n) % 1000) == 999,
+    }
+
+
+def image_rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Pong-v5", obs_type="grayscale", frameskip=4, repeat_action_probability=0.0)
+    rows_idx, cols_idx = np.linspace(0, 209, 84).astype(int), np.linspace(0, 159, 84).astype(int)
+
+    def small(frame: np.ndarray) -> np.ndarray:
+        return frame[rows_idx][:, cols_idx]
+
+    frame, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    stack = [small(frame)] * 4
+    frames = np.zeros((n + 1, 84, 84, 4), np.uint8)
+    frames[0] = np.stack(stack, -1)
+    actions, rewards, terms, truncs = (
+        np.zeros(n, np.int64),
+        np.zeros(n, np.float32),
+        np.zeros(n, bool),
+        np.zeros(n, bool),
+    )
+    for t in range(n):
+        actions[t] = env.action_space.sample()
+        frame, rewards[t], terms[t], truncs[t], _ = env.step(actions[t])
+        if terms[t] or truncs[t]:
+            frame, _ = env.reset()
+        stack = [*stack[1:], small(frame)]
+        frames[t + 1] = np.stack(stack, -1)
+    return {
+        "obs": frames[:-1],
+        "action": actions,
+        "reward": rewards,
+        "next_obs": frames[1:],
+        "terminated": terms,
+        "truncated": truncs,
+    }
+
+
+def schema_of(data: dict[str, np.ndarray]) -> Schema:
+    return Schema({k: (v.dtype, v.shape[1:]) for k, v in data.items()})
+
+
+def timed_adds(add, data: dict[str, np.ndarray]) -> float:
+    n = len(data["reward"])
+    t0 = time.perf_counter()
+    for s in range(0, n, BATCH):
+        add({k: v[s : s + BATCH] for k, v in data.items()})
+    return n / (time.perf_counter() - t0)
+
+
+def timed_samples(sample, seconds: float) -> float:
+    sample()  # warm-up
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        sample()
+        done += BATCH
+    return done / (time.perf_counter() - t0)
+
+
+def measure(name: str, data: dict[str, np.ndarray], seconds: float, root: Path) -> dict:
+    n = len(data["reward"])
+    schema = schema_of(data)
+    raw_bytes = n * schema.row_bytes
+    rng = np.random.default_rng(0)
+    out: dict = {"rows": n, "row_bytes": schema.row_bytes}
+
+    ring = {k: np.zeros_like(v) for k, v in data.items()}
+    pos = [0]
+
+    def ring_add(b):
+        k = len(b["reward"])
+        for f, v in b.items():
+            ring[f][pos[0] : pos[0] + k] = v
+        pos[0] = (pos[0] + k) % n
+
+    out["numpy ring"] = {"add": timed_adds(ring_add, data)}
+    out["numpy ring"]["sample"] = timed_samples(
+        lambda: {f: a[rng.integers(0, n, BATCH)] for f, a in ring.items()}, seconds
+    )
+
+    mm_dir = root / f"{name}-memmap"
+    mm_dir.mkdir()
+    mm = {f: np.lib.format.open_memmap(mm_dir / f"{f}.npy", "w+", v.dtype, v.shape) for f, v in data.items()}
+    pos[0] = 0
+
+    def mm_add(b):
+        k = len(b["reward"])
+        for f, v in b.items():
+            mm[f][pos[0] : pos[0] + k] = v
+        pos[0] += k
+
+    out["np.memmap"] = {"add": timed_adds(mm_add, data)}
+    for a in mm.values():
+        a.flush()
+    out["np.memmap"]["sample"] = timed_samples(
+        lambda: {f: a[np.sort(rng.integers(0, n, BATCH))] for f, a in mm.items()}, seconds
+    )
+
+    ram = ReplayStore(schema, n, 2 * raw_bytes + (64 << 20))
+    out["dagrl, all in RAM"] = {"add": timed_adds(ram.add, data)}
+    out["dagrl, all in RAM"]["sample"] = timed_samples(lambda: ram.sample(BATCH), seconds)
+    ram = None  # free it before the next setup
+
+    path = root / f"{name}-zarr"
+    spilled = ReplayStore(schema, n, raw_bytes // 10, path)
+    out["dagrl, 90 % spilled"] = {"add": timed_adds(spilled.add, data)}
+    out["dagrl, 90 % spilled"]["sample"] = timed_samples(lambda: spilled.sample(BATCH), seconds)
+    spilled.flush()
+    disk = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    on_disk_rows = spilled.durable_tail - spilled.head
+    out["cold_fraction"] = spilled.cold_rows / len(spilled)
+    out["disk_bytes_per_row"] = disk / on_disk_rows
+    out["compression"] = schema.row_bytes / out["disk_bytes_per_row"]
+    out["ram_bytes"] = spilled.ram_bytes
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vector-rows", type=int, default=400_000)
+    p.add_argument("--image-rows", type=int, default=6_000)
+    p.add_argument("--seconds", type=float, default=3.0)
+    args = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="dagrl-bench-replay-"))
+    results = {}
+    try:
+        results["vector"] = measure("vector", vector_rows(args.vector_rows), args.seconds, root)
+        results["image"] = measure("image", image_rows(args.image_rows), args.seconds, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    setups = ["numpy ring", "np.memmap", "dagrl, all in RAM", "dagrl, 90 % spilled"]
+    for kind, r in results.items():
+        print(f"\n{kind} rows: {r['rows']:,} x {r['row_bytes']:,} B; batches of {BATCH}")
+        base = r["numpy ring"]["sample"]
+        rows = [
+            {
+                "setup": s,
+                "add rows/s": r[s]["add"],
+                "sample rows/s": r[s]["sample"],
+                "sample vs ring": r[s]["sample"] / base,
+            }
+            for s in setups
+        ]
+        print(table(rows, ["setup", "add rows/s", "sample rows/s", "sample vs ring"]))
+        ram, spill = r["dagrl, all in RAM"]["sample"], r["dagrl, 90 % spilled"]["sample"]
+        print(
+            f"all-in-RAM sampling {ram / base:.2f} x the numpy ring (target >= 0.9); "
+            f"{r['cold_fraction']:.0%} spilled: {spill / ram:.2f} x all-in-RAM (target >= 0.5); "
+            f"on disk {r['disk_bytes_per_row']:,.0f} B/row, {r['compression']:.1f} x smaller than raw"
+        )
+    emit("replay", results)
+
+
+if __name__ == "__main__":
+    main()
