@@ -91,7 +91,7 @@ class ReplayStore:
     cache_bytes
         Part of the budget for cold chunks read back for sampling (default: a quarter).
     chunk_rows
-        Rows per chunk (default: about 1 MiB per chunk).
+        Rows per chunk (default: about 1 MiB, at most a 16th of the cache, 16 to 4096 rows).
     codec
         ``blosc-zstd`` (default: good on float vectors and on images), ``blosc-lz4``, ``zstd`` or ``none``.
     prioritized
@@ -138,10 +138,12 @@ class ReplayStore:
             raise ReplayError(f"codec must be one of {CODECS}, got {codec!r}")
         self.schema, self.capacity, self.codec = schema, int(capacity), codec
         self.path = None if path is None else Path(path)
-        self.chunk_rows = int(chunk_rows or default_chunk_rows(schema.row_bytes))
-        self.chunk_bytes = self.chunk_rows * schema.row_bytes
         self.memory_budget = int(memory_budget)
         self.cache_bytes = int(memory_budget // 4 if cache_bytes is None else cache_bytes)
+        # chunks of about 1 MiB, but small enough that the cache holds 16 (a varied working set)
+        target = max(1, min(1 << 20, self.cache_bytes // 16))
+        self.chunk_rows = int(chunk_rows or default_chunk_rows(schema.row_bytes, target))
+        self.chunk_bytes = self.chunk_rows * schema.row_bytes
         self.hot_budget = self.memory_budget - self.cache_bytes
         if self.hot_budget < self.chunk_bytes:
             raise ReplayError(
@@ -467,9 +469,9 @@ class ReplayStore:
         cids, offsets = np.divmod(indices[cold], R)
         unique = np.unique(cids)
         for group in np.array_split(unique, math.ceil(len(unique) / self.cache_chunks)):
-            slots = {int(c): self._cache_slot(int(c)) for c in group}
-            sel = np.flatnonzero(np.isin(cids, group))
-            pos = np.array([slots[int(c)] for c in cids[sel]], np.int64) * R + offsets[sel]
+            slots = np.array([self._cache_slot(int(c)) for c in group])
+            sel = np.flatnonzero((cids >= group[0]) & (cids <= group[-1]))
+            pos = slots[np.searchsorted(group, cids[sel])] * R + offsets[sel]
             for name, cache in self.cache.items():
                 out[name][cold[sel]] = cache[pos]
         return out
@@ -488,20 +490,28 @@ class ReplayStore:
         self.samples_drawn += 1
         if self.tree is not None:
             indices, weights = self._prioritized(n)
-        else:
-            indices, weights = self._uniform(n), np.ones(n, np.float32)
-        return Sample(self.read(indices), indices, weights)
+            return Sample(self.read(indices), indices, weights)
+        indices, data = self._uniform(n)
+        return Sample(data, indices, np.ones(n, np.float32))
 
-    def _uniform(self, n: int) -> np.ndarray:
+    def _uniform(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Uniform draws, gathered straight from where they sit: ring positions and cache slots."""
         hot_start = self._hot_start()
         n_hot = self.rng.binomial(n, self.hot_rows / len(self))
-        picks = [self.rng.integers(hot_start, self.tail, n_hot)]
-        n_cold = n - n_hot
-        if n_cold:
-            picks.append(self._cold_rows(n_cold, hot_start))
-        return np.concatenate(picks)
+        hot = self.rng.integers(hot_start, self.tail, n_hot)
+        ring_pos = hot % (self.ring_chunks * self.chunk_rows)
+        if n_hot == n:
+            return hot, {name: ring[ring_pos] for name, ring in self.ring.items()}
+        cold, cache_pos = self._cold_rows(n - n_hot, hot_start)
+        data = {}
+        for name, f in self.schema.items():
+            out = data[name] = np.empty((n, *f.shape), f.dtype)
+            out[:n_hot] = self.ring[name][ring_pos]
+            out[n_hot:] = self.cache[name][cache_pos]
+        return np.concatenate([hot, cold]), data
 
-    def _cold_rows(self, n: int, hot_start: int) -> np.ndarray:
+    def _cold_rows(self, n: int, hot_start: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` cold rows drawn from the working set: global indices and positions in the cache."""
         R = self.chunk_rows
         first, last = self.head // R, (hot_start - 1) // R  # cold chunk ids, inclusive
         size = min(self.cold_per_sample, last - first + 1)
@@ -528,10 +538,14 @@ class ReplayStore:
             self.cached[cid] = slot
             self.working[out] = cid
         ws = np.array(self.working)
+        slots = np.array([self.cached[c] for c in self.working])
         lo = np.maximum(ws * R, self.head)
-        hi = np.minimum((ws + 1) * R, hot_start)
-        which = self.rng.choice(len(ws), n, p=(hi - lo) / (hi - lo).sum())
-        return lo[which] + (self.rng.random(n) * (hi - lo)[which]).astype(np.int64)
+        sizes = np.minimum((ws + 1) * R, hot_start) - lo  # edge chunks may be partly dropped or hot
+        ends = np.cumsum(sizes)
+        u = self.rng.integers(0, ends[-1], n)
+        which = np.searchsorted(ends, u, side="right")
+        rows = lo[which] + u - (ends[which] - sizes[which])
+        return rows, slots[which] * R + rows - ws[which] * R
 
     def _next_cold_chunk(self, first: int, last: int, wait: bool) -> tuple[int, dict[str, np.ndarray]] | None:
         """A random cold chunk's rows: prefetched if one is ready, else read now if ``wait``, else None."""
