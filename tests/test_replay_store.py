@@ -228,23 +228,32 @@ from tests.test_replay_store import SCHEMA, rows
 from dagrl.replay import ReplayStore
 store = ReplayStore(SCHEMA, 40_000, 300_000, {str(tmp_path / "k")!r}, chunk_rows=512)
 start = 0
+print("ring", store.ring_chunks * store.chunk_rows, flush=True)
 while True:
     store.add(rows(start, 700))
     start += 700
     if start % 4900 == 0:
         store.flush()
-        print(start, flush=True)
+        print("flushed", start, flush=True)
+    else:
+        print("added", start, flush=True)
 """
     proc = subprocess.Popen(["python", "-c", script], stdout=subprocess.PIPE, text=True)
-    flushed = 0
+    flushed = added = ring_rows = 0
     for line in proc.stdout:
-        flushed = int(line)
-        if flushed >= 60_000:  # past the capacity: slots are being reused
+        what, count = line.split()
+        if what == "ring":
+            ring_rows = int(count)
+            continue
+        added = int(count)
+        flushed = added if what == "flushed" else flushed
+        if added >= 60_000 and what == "added":  # past the capacity: slots are being reused
             break
     proc.kill()  # SIGKILL, mid-add or mid-spill
     proc.wait()
     store = ReplayStore(SCHEMA, 40_000, 300_000, tmp_path / "k", chunk_rows=512)
     assert store.tail >= flushed
+    assert store.tail >= added - ring_rows  # at most the RAM part of acknowledged adds is gone
     got = store.read(np.arange(store.head, store.tail))
     np.testing.assert_array_equal(got["action"], np.arange(store.head, store.tail))
     for start in range(store.head - store.head % 700, store.tail, 700):  # content, not just indices

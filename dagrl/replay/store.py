@@ -6,10 +6,11 @@ tier holds the newest chunks in RAM; when it outgrows its share of the memory bu
 whole chunks are written to a zarr store (one array per field, a ring of chunk-sized slots, one
 writer) and dropped from RAM.
 
-Crash safety: a ``meta.json`` beside the zarr arrays says which rows are durable; it is replaced
-atomically *after* a chunk's data is written, and before a slot still holding a stored chunk would
-be overwritten. So a process killed at any point (SIGKILL included) leaves every row that was
-flushed or spilled readable and intact; only rows added since are lost.
+Crash safety: a ``meta.json`` beside the zarr array says which rows are durable; it is replaced
+atomically after chunk data is written (at the end of the ``add`` that spilled, or of ``flush``),
+and before a slot still holding a stored chunk would be overwritten. So a process killed at any
+point (SIGKILL included) leaves every row that was flushed, or spilled by a completed ``add``,
+readable and intact; only rows still in RAM are lost.
 
 Sampling never reads cold rows one by one (a random row costs a whole chunk read in zarr): uniform
 sampling draws cold rows from a working set of whole chunks kept in a bounded cache, a few of which
@@ -175,6 +176,7 @@ class ReplayStore:
         self.working: list[int] = []  # cold chunk ids uniform sampling draws from
         self.refresh_due = 0.0
         self.persisted_head = 0
+        self.meta_due = False
         self.floor = 0
         self.samples_drawn = 0
         self.tree = PriorityTree(self.capacity) if prioritized else None
@@ -260,6 +262,8 @@ class ReplayStore:
         if self.tree is not None:
             new = np.arange(max(first, self.head), self.tail)
             self.tree.set(new % self.capacity, np.full(len(new), self.max_priority**self.alpha))
+        if self.meta_due:  # chunks spilled by this call are durable from here on
+            self._write_meta()
 
     def _drop_below_head(self) -> None:
         R, head = self.chunk_rows, self.head
@@ -272,7 +276,8 @@ class ReplayStore:
 
     def _spill_oldest(self) -> None:
         if self.hot_lo in self.dirty:
-            self._write_chunk(self.hot_lo)
+            self._write_chunk(self.hot_lo, meta=False)
+            self.meta_due = True
         self.hot_lo += 1
 
     # -- storage ----------------------------------------------------------------------------------
@@ -328,6 +333,7 @@ class ReplayStore:
             tmp.write_text(json.dumps(self._meta()))
             os.replace(tmp, self.path / META)
         self.persisted_head = self.head
+        self.meta_due = False
 
     @contextlib.contextmanager
     def _storage_errors(self, what: str) -> Iterator[None]:
@@ -339,7 +345,7 @@ class ReplayStore:
                 raise ReplayError(f"{where}: disk full while writing {what}; nothing acknowledged was lost") from None
             raise ReplayError(f"{where}: writing {what} failed ({err})") from None
 
-    def _write_chunk(self, cid: int) -> None:
+    def _write_chunk(self, cid: int, meta: bool = True) -> None:
         if self.path is None:
             raise ReplayError("store has no path: cannot spill beyond the memory budget")
         R = self.chunk_rows
@@ -361,7 +367,8 @@ class ReplayStore:
         end = min(self.tail, (cid + 1) * R)
         if cid * R <= self.durable_tail:
             self.durable_tail = max(self.durable_tail, end)
-        self._write_meta()
+        if meta:
+            self._write_meta()
 
     def flush(self) -> None:
         """Make every stored row durable: write dirty RAM chunks, priorities and metadata."""
