@@ -25,3 +25,4 @@ bench:
 	$(PIP) install -e ".[bench]"
 	$(PYTHON) -m dagrl bench sampling
 	$(PYTHON) -m dagrl bench ppo-cartpole
+	$(PYTHON) -m dagrl bench replay
