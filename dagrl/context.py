@@ -49,6 +49,8 @@ class RoleContext:
     action_space: Any = None
     path: str | None = None
     """Directory for this replica's on-disk data (e.g. a replay store); ``None``: keep it in RAM."""
+    memory_bytes: int | None = None
+    """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
 
     def make_envs(self) -> Any:
         """A gymnasium vector env of ``num_envs`` copies, autoreset in the same step.

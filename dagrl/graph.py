@@ -48,8 +48,12 @@ class RoleSpec:
     path: str | None = None
     """Where the role keeps data on disk (replay stores); replica i uses ``<path>/<i>``. Default:
     ``<run dir>/<role>-<i>``."""
+    memory: str | None = None
+    """RAM each replica may use for data, e.g. ``2GiB`` (a replay store's memory budget)."""
 
     def __post_init__(self) -> None:
+        if self.memory is not None:
+            self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.envs < 1:
@@ -61,6 +65,17 @@ class RoleSpec:
     @property
     def gpus(self) -> float:
         return self.resources.get("GPU", 0.0)
+
+    @property
+    def memory_bytes(self) -> int | None:
+        if self.memory is None:
+            return None
+        from dask.utils import parse_bytes
+
+        try:
+            return int(parse_bytes(self.memory))
+        except (ValueError, TypeError):
+            raise ValueError(f"memory must be a size like 512MiB or 2GB, got {self.memory!r}") from None
 
 
 @dataclass
@@ -107,6 +122,15 @@ class GraphSpec:
     """``async`` only: rollouts collected with weights older than this many updates are dropped."""
     rollouts_per_update: int = 1
     """``async`` only: rollouts the learner consumes per update."""
+    update_ratio: float | None = None
+    """``apex`` only: learner rounds per sampler collect; default one per N collects (N samplers),
+    the schedule of ``single``/``sync``."""
+    rate_limit: bool = True
+    """``apex`` only: enforce ``update_ratio`` both ways (false: samplers and learner run free)."""
+    max_lead: int | None = None
+    """``apex`` only: collects samplers may run ahead of the ratio (default: 2 per sampler)."""
+    publish_every: int = 1
+    """``apex`` only: learner rounds between weight pushes to the samplers."""
     gpu_fallback: bool = True
     """A role asking for ``GPU`` runs on CPU (with a log line) where none exists; false: an error."""
     torch_threads: int = 1
@@ -184,6 +208,10 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "max_staleness", f"must be >= 0, got {spec.max_staleness}")
     if spec.rollouts_per_update < 1:
         raise ConfigError(where, "rollouts_per_update", f"must be >= 1, got {spec.rollouts_per_update}")
+    if spec.update_ratio is not None and spec.update_ratio <= 0:
+        raise ConfigError(where, "update_ratio", f"must be > 0, got {spec.update_ratio}")
+    if spec.publish_every < 1:
+        raise ConfigError(where, "publish_every", f"must be >= 1, got {spec.publish_every}")
     if spec.torch_threads < 1:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")

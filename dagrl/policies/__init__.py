@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagrl.policies.apex import Apex
 from dagrl.policies.asynchronous import Async
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.single import Single
 from dagrl.policies.sync import Sync
 from dagrl.runtime.hosts import start_actors, start_local
 
-POLICIES: dict[str, type[Policy]] = {"single": Single, "sync": Sync, "async": Async}
+POLICIES: dict[str, type[Policy]] = {"single": Single, "sync": Sync, "async": Async, "apex": Apex}
 
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 

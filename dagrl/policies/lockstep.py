@@ -48,17 +48,19 @@ class Lockstep(Policy):
 
     def _inputs(self, node: Node, replica: int, values: dict[int, list[Any]]) -> list[Any]:
         roles = self.graph.algorithm.roles
-        args = []
-        for arg in node.inputs:
-            if not isinstance(arg, Node):
-                args.append(arg)
-            elif arg.role == node.role:
-                args.append(values[arg.id][replica])
-            elif roles[arg.role].many and not roles[node.role].many:
-                args.append(values[arg.id])
-            elif not roles[arg.role].many:
-                args.append(values[arg.id][0])
-            else:
-                shards = len(self.hosts[node.role])
-                args.append(values[arg.id][replica::shards])
-        return args
+        shards = len(self.hosts[node.role])
+        return [
+            route(values[arg.id], arg.role, node.role, roles, replica, shards) if isinstance(arg, Node) else arg
+            for arg in node.inputs
+        ]
+
+
+def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards: int) -> Any:
+    """What replica ``replica`` (of ``shards``) of role ``dst`` receives of role ``src``'s outputs."""
+    if src == dst:
+        return outs[replica]
+    if roles[src].many and not roles[dst].many:
+        return list(outs)
+    if not roles[src].many:
+        return outs[0]
+    return outs[replica::shards]

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from dagrl.replay.nstep import NStep
+from dagrl.replay.role import ReplayState, Transitions, replay_state
 from dagrl.replay.schema import Field, ReplayError, Schema
 from dagrl.replay.store import ReplayStore, Sample
 
-__all__ = ["Field", "NStep", "ReplayError", "ReplayStore", "Sample", "Schema"]
+__all__ = [
+    "Field",
+    "NStep",
+    "ReplayError",
+    "ReplayState",
+    "ReplayStore",
+    "Sample",
+    "Schema",
+    "Transitions",
+    "replay_state",
+]

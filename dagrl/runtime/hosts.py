@@ -87,6 +87,7 @@ def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_
         observation_space=graph.observation_space,
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),
+        memory_bytes=rspec.memory_bytes,
     )
 
 

@@ -1,0 +1,261 @@
+"""Double DQN with a target network and an epsilon schedule, as fragments over a replay role.
+
+Samplers act epsilon-greedily with the weights they were given and return transitions; the replay
+role stores them (``dagrl.replay.role``); the learner samples and makes ``gradient_steps`` updates.
+With ``per_sampler_epsilon`` every sampler keeps a fixed epsilon of its own, as in Ape-X:
+``eps_i = apex_eps ** (1 + apex_alpha * i / (N - 1))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.context import Episodes, RoleContext
+from dagrl.fragment import fragment, iteration, role
+from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    steps: int = 64
+    """Env steps per env per ``collect`` call."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    batch_size: int = 64
+    """Transitions per gradient step."""
+    gradient_steps: int = 32
+    """Gradient steps per ``update`` call (per iteration under single/sync)."""
+    buffer_size: int = 50_000
+    """Replay capacity in transitions."""
+    learning_starts: int = 1_000
+    """Transitions stored before learning begins."""
+    target_update: int = 100
+    """Gradient steps between copies of the online network into the target network."""
+    eps_start: float = 1.0
+    """Epsilon at the start of the schedule."""
+    eps_end: float = 0.05
+    """Epsilon at the end of the schedule."""
+    eps_steps: int = 10_000
+    """Env steps (per sampler) over which epsilon decays linearly."""
+    per_sampler_epsilon: bool = False
+    """Ape-X: a fixed epsilon per sampler instead of the schedule."""
+    apex_eps: float = 0.4
+    apex_alpha: float = 7.0
+    hidden: int = 128
+    """Width of the two hidden layers."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clip."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------------
+
+
+def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int) -> nn.Module:
+    if not isinstance(act_space, gym.spaces.Discrete):
+        raise TypeError(f"DQN needs a discrete action space, got {act_space}")
+    n_obs = int(np.prod(obs_space.shape))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(n_obs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, int(act_space.n)),
+    )  # fmt: skip
+
+
+Weights = dict[str, np.ndarray]
+Metrics = dict[str, float]
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    q: nn.Module
+    rng: np.random.Generator
+    obs: np.ndarray
+    ep_return: np.ndarray
+    ep_length: np.ndarray
+    index: int
+    replicas: int
+    steps_done: int = 0
+
+    def epsilon(self) -> float:
+        c = self.cfg
+        if c.per_sampler_epsilon:
+            spread = self.index / (self.replicas - 1) if self.replicas > 1 else 0.0
+            return c.apex_eps ** (1 + c.apex_alpha * spread)
+        frac = min(1.0, self.steps_done / max(c.eps_steps, 1))
+        return c.eps_start + frac * (c.eps_end - c.eps_start)
+
+
+@dataclass
+class LearnerState:
+    cfg: Config
+    q: nn.Module
+    target: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    gradient_steps: int = 0
+
+    def state_dict(self) -> dict:
+        return {
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "gradient_steps": self.gradient_steps,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.q.load_state_dict(sd["q"])
+        self.target.load_state_dict(sd["target"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.gradient_steps = sd["gradient_steps"]
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    n = envs.num_envs
+    rng = np.random.default_rng(ctx.seed)
+    return SamplerState(cfg, envs, q, rng, obs, np.zeros(n), np.zeros(n, np.int64), ctx.index, ctx.replicas)
+
+
+@role("replay", many=True)
+def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    return replay_state(
+        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
+        learning_starts=cfg.learning_starts,
+    )  # fmt: skip
+
+
+@role("learner")
+def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
+    device = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+        target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+    target.load_state_dict(q.state_dict())
+    optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr)
+    return LearnerState(cfg, q, target, optimizer, device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="learner")
+def publish(state: LearnerState) -> Weights:
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.q.state_dict().items()}
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Weights) -> Transitions:
+    """``steps`` epsilon-greedy steps of every env; ``next_obs`` is the true last observation."""
+    envs, n = state.envs, state.envs.num_envs
+    state.q.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    rows: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    returns, lengths = [], []
+    for _ in range(state.cfg.steps):
+        with torch.no_grad():
+            greedy = state.q(torch.as_tensor(state.obs, dtype=torch.float32)).argmax(1).numpy()
+        explore = state.rng.random(n) < state.epsilon()
+        action = np.where(explore, state.rng.integers(0, envs.single_action_space.n, n), greedy)
+        obs, reward, terminated, truncated, info = envs.step(action)
+        next_obs = obs.copy()
+        done = terminated | truncated
+        for i in np.flatnonzero(done):  # the autoreset obs is the next episode's: keep the true last one
+            next_obs[i] = info["final_obs"][i]
+        for k, v in zip(rows, (state.obs, action, reward, next_obs, terminated, truncated), strict=True):
+            rows[k].append(v)
+        state.obs = obs
+        state.ep_return += reward
+        state.ep_length += 1
+        returns.extend(state.ep_return[done])
+        lengths.extend(state.ep_length[done])
+        state.ep_return[done], state.ep_length[done] = 0.0, 0
+        state.steps_done += n
+    space = envs.single_observation_space
+    data = {
+        "obs": np.concatenate(rows["obs"]).astype(space.dtype),
+        "action": np.concatenate(rows["action"]).astype(envs.single_action_space.dtype),
+        "reward": np.concatenate(rows["reward"]).astype(np.float32),
+        "next_obs": np.concatenate(rows["next_obs"]).astype(space.dtype),
+        "terminated": np.concatenate(rows["terminated"]),
+        "truncated": np.concatenate(rows["truncated"]),
+    }
+    episodes = Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
+    return Transitions(data, episodes, state.cfg.steps * n)
+
+
+@fragment(role="learner")
+def update(state: LearnerState, samples: list[Sample | None]) -> Metrics:
+    """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts)."""
+    samples = [s for s in samples if s is not None]
+    if not samples:
+        return {"perf/frames": 0.0}
+    cfg, dev = state.cfg, state.device
+    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
+    losses, qs = [], []
+    for start in range(0, len(data["reward"]) - cfg.batch_size + 1, cfg.batch_size):
+        b = {k: v[start : start + cfg.batch_size] for k, v in data.items()}
+        with torch.no_grad():
+            next_action = state.q(b["next_obs"].float()).argmax(1, keepdim=True)
+            next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
+            target = b["reward"] + cfg.gamma * (1.0 - b["terminated"].float()) * next_q
+        q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
+        loss = nn.functional.smooth_l1_loss(q, target)
+        state.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(state.q.parameters(), cfg.max_grad_norm)
+        state.optimizer.step()
+        state.gradient_steps += 1
+        if state.gradient_steps % cfg.target_update == 0:
+            state.target.load_state_dict(state.q.state_dict())
+        losses.append(loss.item())
+        qs.append(q.mean().item())
+    return {
+        "losses/td": float(np.mean(losses)),
+        "losses/q_mean": float(np.mean(qs)),
+        "perf/frames": float(len(losses) * cfg.batch_size),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    transitions = collect(weights)
+    stored = add(transitions)
+    return update(sample(stored))
