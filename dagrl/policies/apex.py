@@ -25,9 +25,8 @@ import numpy as np
 
 from dagrl.context import Episodes
 from dagrl.fragment import Node
-from dagrl.policies.base import Policy, StepResult
+from dagrl.policies.base import Policy, StepResult, call_with_cached_args
 from dagrl.policies.lockstep import route
-from dagrl.runtime.host import Ref
 from dagrl.runtime.hosts import Handle
 
 
@@ -161,11 +160,8 @@ class Apex(Policy):
                         self.cond.wait(0.2)
                     self.collects_started += 1
                     version, args = self.current
-                if version != sent:
-                    for i, a in enumerate(args):
-                        handle.put(f"arg{i}", a).result()
-                    sent = version
-                out = handle.call(self.stream.name, *[Ref(f"arg{i}") for i in range(len(args))]).result()
+                out = call_with_cached_args(handle, self.stream.name, version, args, sent)
+                sent = version
                 results = {}
                 for node in self.insert:
                     shards = self.hosts[node.role]

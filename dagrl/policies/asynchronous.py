@@ -19,8 +19,7 @@ import time
 from typing import Any
 
 from dagrl.fragment import Node
-from dagrl.policies.base import Policy, StepResult
-from dagrl.runtime.host import Ref
+from dagrl.policies.base import Policy, StepResult, call_with_cached_args
 from dagrl.runtime.hosts import Handle
 
 
@@ -137,11 +136,8 @@ class Async(Policy):
             while not self.stopping.is_set():
                 with self.lock:
                     version, args = self.current
-                if version != sent:
-                    for i, a in enumerate(args):
-                        handle.put(f"arg{i}", a).result()
-                    sent = version
-                out = handle.call(self.stream.name, *[Ref(f"arg{i}") for i in range(len(args))]).result()
+                out = call_with_cached_args(handle, self.stream.name, version, args, sent)
+                sent = version
                 while not self.stopping.is_set():
                     try:
                         self.inbox.put((version, out), timeout=0.2)
