@@ -16,8 +16,15 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
         kind = "shard"
     elif dst_many:
         kind = "broadcast"
-    else:
+    elif src_many:
         kind = "gather"
+    else:
+        kind = "direct"
+    if graph.spec.policy == "split-learner":
+        from dagrl.policies.split_learner import SplitLearner
+
+        if (edge.src.id, edge.dst.id) in SplitLearner.delayed_edges(graph.algorithm):
+            kind = "direct, one round late"
     if graph.spec.policy == "async" and (src_many or dst_many):
         bound = graph.spec.max_staleness
         kind = (

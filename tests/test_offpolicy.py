@@ -81,3 +81,45 @@ def test_apex_epsilons_follow_the_apex_formula():
     sched = dqn.sampler(RoleContext("sampler", 0, 1, 0, "CartPole-v1"), dqn.Config(eps_steps=100))
     sched.steps_done = 50
     assert sched.epsilon() == pytest.approx(1.0 + 0.5 * (0.05 - 1.0))
+
+
+SAC_BUDGET = 25_000  # env steps; seed 1 reached -200 at 7.0k (single), 8.4k (apex), 7.6k (split-learner)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["single", "apex", "split"])
+def test_sac_reaches_minus_250_on_pendulum(variant, client, graphs_dir, tmp_path):
+    summary, _ = train(
+        f"{graphs_dir}/sac-pendulum-{variant}.yaml", tmp_path,
+        [f"stop.env_steps={SAC_BUDGET}", "stop.wall_time_s=280", "stop.mean_return=-250"],
+        client if variant != "single" else None,
+    )  # fmt: skip
+    assert summary["stop_reason"] == "mean_return", summary
+    assert summary["mean_return"] >= -250
+
+
+def test_split_learner_delays_only_the_critic_to_actor_edge(graphs_dir):
+    from dagrl.policies.split_learner import SplitLearner
+
+    g = load_graph(f"{graphs_dir}/sac-pendulum-split.yaml")
+    edges = {
+        (g.algorithm.graph.nodes[s].name, g.algorithm.graph.nodes[d].name)
+        for s, d in SplitLearner.delayed_edges(g.algorithm)
+    }
+    assert edges == {("update_critic", "update_actor")}
+
+
+def test_split_learner_refuses_an_algorithm_with_one_learner(graphs_dir, tmp_path, capsys):
+    from dagrl.cli import main
+
+    code = main(
+        [
+            "run",
+            f"{graphs_dir}/dqn-cartpole-apex.yaml",
+            "--set",
+            "policy=split-learner",
+            "--set",
+            f"runs_dir={tmp_path}",
+        ]
+    )
+    assert code == 2 and "split-learner needs two learner roles" in capsys.readouterr().err

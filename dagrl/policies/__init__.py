@@ -8,10 +8,17 @@ from dagrl.policies.apex import Apex
 from dagrl.policies.asynchronous import Async
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.single import Single
+from dagrl.policies.split_learner import SplitLearner
 from dagrl.policies.sync import Sync
 from dagrl.runtime.hosts import start_actors, start_local
 
-POLICIES: dict[str, type[Policy]] = {"single": Single, "sync": Sync, "async": Async, "apex": Apex}
+POLICIES: dict[str, type[Policy]] = {
+    "single": Single,
+    "sync": Sync,
+    "async": Async,
+    "apex": Apex,
+    "split-learner": SplitLearner,
+}
 
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 

@@ -92,6 +92,11 @@ class Apex(Policy):
         outs = self.latest[arg.id] if arg.id in self.latest else self.values[arg.id]
         return route(outs, arg.role, node.role, self.roles, replica, len(self.hosts[node.role]))
 
+    def _learn_round(self) -> None:
+        """One learner round: the fragments after the stream, in order."""
+        for node in self.learn:
+            self.values[node.id] = self._run(node, self._learner_arg)
+
     def _refresh(self) -> None:
         for node in self.before:
             self.values[node.id] = self._run(node, self._learner_arg)
@@ -119,8 +124,7 @@ class Apex(Policy):
                 raise self.error
             arrived, self.arrived = self.arrived, []
         t0 = time.perf_counter()
-        for node in self.learn:
-            self.values[node.id] = self._run(node, self._learner_arg)
+        self._learn_round()
         update_time = time.perf_counter() - t0
         with self.cond:
             self.rounds += 1

@@ -1,0 +1,387 @@
+"""Soft Actor-Critic (twin Q, target networks, automatic entropy tuning) for continuous actions.
+
+Written with two learner roles, as Spreeze splits them: the ``critic`` role holds the twin Q
+networks and their targets, the ``actor`` role holds the policy and the entropy temperature. They
+exchange weights once per update call (``gradient_steps`` steps): the critic computes targets with
+the actor's weights it was given, the actor its loss with the critic's. Under ``single`` both roles
+live in one process; a distribution policy may put them on two devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.context import Episodes, RoleContext
+from dagrl.fragment import fragment, iteration, role
+from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    steps: int = 16
+    """Env steps per env per ``collect`` call."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak factor of the target Q networks."""
+    policy_lr: float = 1e-3
+    """Adam learning rate of the policy and the temperature."""
+    q_lr: float = 1e-3
+    """Adam learning rate of the Q networks."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    gradient_steps: int = 16
+    """Gradient steps per update call; the two roles exchange weights after each call."""
+    buffer_size: int = 100_000
+    """Replay capacity."""
+    learning_starts: int = 1_000
+    """Transitions stored before learning begins; samplers act uniformly at random until then."""
+    alpha: float | None = None
+    """Fixed entropy temperature; ``None`` tunes it toward ``-action_dim`` entropy."""
+    hidden: int = 128
+    """Width of the two hidden layers of every network."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
+    )
+
+
+class Policy(nn.Module):
+    """Tanh-squashed Gaussian, scaled to the action bounds."""
+
+    def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: int):
+        super().__init__()
+        if not isinstance(act_space, gym.spaces.Box):
+            raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
+        n_act = int(np.prod(act_space.shape))
+        self.net = _mlp(int(np.prod(obs_space.shape)), 2 * n_act, hidden)
+        self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
+        self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
+        log_std = -5 + 3.5 * (torch.tanh(log_std) + 1)  # in [-5, 2]
+        std = log_std.exp()
+        noise = torch.randn(mean.shape, generator=gen, device=mean.device)
+        u = mean + std * noise
+        squashed = torch.tanh(u)
+        log_prob = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+        log_prob = log_prob - torch.log(self.scale * (1 - squashed**2) + 1e-6).sum(-1)
+        return squashed * self.scale + self.bias, log_prob
+
+
+class TwinQ(nn.Module):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
+        super().__init__()
+        n_in = int(np.prod(obs_space.shape)) + int(np.prod(act_space.shape))
+        self.q1, self.q2 = _mlp(n_in, 1, hidden), _mlp(n_in, 1, hidden)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs.flatten(1), act.flatten(1)], -1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+Weights = dict[str, np.ndarray]
+Metrics = dict[str, float]
+
+
+def to_numpy(module: nn.Module) -> Weights:
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def load(module: nn.Module, weights: Weights) -> None:
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+
+
+@dataclass
+class ActorWeights:
+    policy: Weights
+    alpha: float
+
+
+@dataclass
+class CriticOut:
+    q: Weights
+    metrics: Metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    policy: Policy
+    gen: torch.Generator
+    obs: np.ndarray
+    ep_return: np.ndarray
+    ep_length: np.ndarray
+    random_steps: int
+    steps_done: int = 0
+
+
+@dataclass
+class CriticState:
+    cfg: Config
+    q: TwinQ
+    target: TwinQ
+    policy: Policy  # the actor's, as of the last exchange
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    device: torch.device
+    steps: int = 0
+
+    def state_dict(self) -> dict:
+        return {
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.q.load_state_dict(sd["q"])
+        self.target.load_state_dict(sd["target"])
+        self.optimizer.load_state_dict(sd["opt"])
+        self.steps = sd["steps"]
+
+
+@dataclass
+class ActorState:
+    cfg: Config
+    policy: Policy
+    q: TwinQ  # the critic's, as of the last exchange
+    optimizer: torch.optim.Optimizer
+    log_alpha: torch.Tensor
+    alpha_optimizer: torch.optim.Optimizer
+    target_entropy: float
+    gen: torch.Generator
+    device: torch.device
+    steps: int = 0
+
+    def alpha(self) -> float:
+        return self.cfg.alpha if self.cfg.alpha is not None else float(self.log_alpha.detach().exp())
+
+    def state_dict(self) -> dict:
+        return {
+            "policy": self.policy.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "log_alpha": self.log_alpha.detach().cpu(),
+            "alpha_opt": self.alpha_optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.policy.load_state_dict(sd["policy"])
+        self.optimizer.load_state_dict(sd["opt"])
+        with torch.no_grad():
+            self.log_alpha.copy_(sd["log_alpha"])
+        self.alpha_optimizer.load_state_dict(sd["alpha_opt"])
+        self.steps = sd["steps"]
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs.action_space.seed(ctx.seed)
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    n = envs.num_envs
+    random_steps = cfg.learning_starts // max(ctx.replicas, 1)
+    gen = torch.Generator().manual_seed(ctx.seed)
+    return SamplerState(cfg, envs, policy, gen, obs, np.zeros(n), np.zeros(n, np.int64), random_steps)
+
+
+@role("replay", many=True)
+def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    return replay_state(
+        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
+        learning_starts=cfg.learning_starts,
+    )  # fmt: skip
+
+
+@role("critic")
+def critic(ctx: RoleContext, cfg: Config) -> CriticState:
+    dev = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    target.load_state_dict(q.state_dict())
+    opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr)
+    return CriticState(cfg, q, target, policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+
+
+@role("actor")
+def actor(ctx: RoleContext, cfg: Config) -> ActorState:
+    dev = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    log_alpha = torch.zeros(1, device=dev, requires_grad=True)
+    return ActorState(
+        cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr), log_alpha,
+        torch.optim.Adam([log_alpha], lr=cfg.policy_lr), -float(np.prod(ctx.action_space.shape)),
+        torch.Generator(device=dev).manual_seed(ctx.seed), dev,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="actor")
+def publish(state: ActorState) -> ActorWeights:
+    return ActorWeights(to_numpy(state.policy), state.alpha())
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
+    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the policy."""
+    envs, n = state.envs, state.envs.num_envs
+    load(state.policy, weights.policy)
+    rows: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    returns, lengths = [], []
+    for _ in range(state.cfg.steps):
+        if state.steps_done < state.random_steps:
+            action = envs.action_space.sample()
+        else:
+            with torch.no_grad():
+                action = state.policy(torch.as_tensor(state.obs, dtype=torch.float32), state.gen)[0].numpy()
+        obs, reward, terminated, truncated, info = envs.step(action)
+        next_obs = obs.copy()
+        done = terminated | truncated
+        for i in np.flatnonzero(done):
+            next_obs[i] = info["final_obs"][i]
+        for k, v in zip(rows, (state.obs, action, reward, next_obs, terminated, truncated), strict=True):
+            rows[k].append(v)
+        state.obs = obs
+        state.ep_return += reward
+        state.ep_length += 1
+        returns.extend(state.ep_return[done])
+        lengths.extend(state.ep_length[done])
+        state.ep_return[done], state.ep_length[done] = 0.0, 0
+        state.steps_done += n
+    obs_dtype, act_dtype = envs.single_observation_space.dtype, envs.single_action_space.dtype
+    data = {
+        "obs": np.concatenate(rows["obs"]).astype(obs_dtype),
+        "action": np.concatenate(rows["action"]).astype(act_dtype),
+        "reward": np.concatenate(rows["reward"]).astype(np.float32),
+        "next_obs": np.concatenate(rows["next_obs"]).astype(obs_dtype),
+        "terminated": np.concatenate(rows["terminated"]),
+        "truncated": np.concatenate(rows["truncated"]),
+    }
+    episodes = Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
+    return Transitions(data, episodes, state.cfg.steps * n)
+
+
+def _batches(samples: list[Sample | None], size: int, dev: torch.device) -> list[dict[str, torch.Tensor]]:
+    samples = [s for s in samples if s is not None]
+    if not samples:
+        return []
+    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
+    n = len(data["reward"])
+    return [{k: v[i : i + size].float() for k, v in data.items()} for i in range(0, n - size + 1, size)]
+
+
+@fragment(role="critic")
+def update_critic(state: CriticState, samples: list[Sample | None], actor_weights: ActorWeights) -> CriticOut:
+    """Twin-Q regression on soft Bellman targets, computed with the actor's weights as given."""
+    cfg = state.cfg
+    load(state.policy, actor_weights.policy)
+    losses = []
+    for b in _batches(samples, cfg.batch_size, state.device):
+        with torch.no_grad():
+            next_action, next_logp = state.policy(b["next_obs"], state.gen)
+            tq1, tq2 = state.target(b["next_obs"], next_action)
+            soft = torch.min(tq1, tq2) - actor_weights.alpha * next_logp
+            target = b["reward"] + cfg.gamma * (1 - b["terminated"]) * soft
+        q1, q2 = state.q(b["obs"], b["action"])
+        loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        with torch.no_grad():
+            for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
+                tp.lerp_(p, cfg.tau)
+        state.steps += 1
+        losses.append(loss.item())
+    metrics = {"losses/q": float(np.mean(losses))} if losses else {}
+    return CriticOut(to_numpy(state.q), metrics)
+
+
+@fragment(role="actor")
+def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
+    """Policy steps against the critic's Q as given; temperature steps toward the target entropy."""
+    cfg = state.cfg
+    batches = _batches(samples, cfg.batch_size, state.device)
+    if not batches:
+        return {"perf/frames": 0.0}
+    load(state.q, critic_out.q)
+    losses, alpha_losses, entropies = [], [], []
+    for b in batches:
+        action, logp = state.policy(b["obs"], state.gen)
+        q1, q2 = state.q(b["obs"], action)
+        loss = (state.alpha() * logp - torch.min(q1, q2)).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        if cfg.alpha is None:
+            alpha_loss = -(state.log_alpha * (logp.detach() + state.target_entropy)).mean()
+            state.alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            state.alpha_optimizer.step()
+            alpha_losses.append(alpha_loss.item())
+        state.steps += 1
+        losses.append(loss.item())
+        entropies.append(-logp.mean().item())
+    return {
+        **critic_out.metrics,
+        "losses/policy": float(np.mean(losses)),
+        "losses/alpha": float(np.mean(alpha_losses)) if alpha_losses else 0.0,
+        "charts/alpha": state.alpha(),
+        "charts/entropy": float(np.mean(entropies)),
+        "perf/frames": float(len(batches) * cfg.batch_size),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@iteration
+def train_iteration():
+    actor_weights = publish()
+    stored = add(collect(actor_weights))
+    batch = sample(stored)
+    return update_actor(batch, update_critic(batch, actor_weights))
