@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import Episodes, RoleContext
+from dagrl.context import RoleContext
 from dagrl.fragment import fragment, iteration, role
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
 
 # ---------------------------------------------------------------------------------------------------
@@ -94,8 +95,7 @@ class SamplerState:
     q: nn.Module
     rng: np.random.Generator
     obs: np.ndarray
-    ep_return: np.ndarray
-    ep_length: np.ndarray
+    recorder: Recorder
     index: int
     replicas: int
     steps_done: int = 0
@@ -140,9 +140,8 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
-    n = envs.num_envs
     rng = np.random.default_rng(ctx.seed)
-    return SamplerState(cfg, envs, q, rng, obs, np.zeros(n), np.zeros(n, np.int64), ctx.index, ctx.replicas)
+    return SamplerState(cfg, envs, q, rng, obs, Recorder(envs.num_envs), ctx.index, ctx.replicas)
 
 
 @role("replay", many=True)
@@ -181,38 +180,14 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
     """``steps`` epsilon-greedy steps of every env; ``next_obs`` is the true last observation."""
     envs, n = state.envs, state.envs.num_envs
     state.q.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    rows: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
-    returns, lengths = [], []
     for _ in range(state.cfg.steps):
         with torch.no_grad():
             greedy = state.q(torch.as_tensor(state.obs, dtype=torch.float32)).argmax(1).numpy()
         explore = state.rng.random(n) < state.epsilon()
         action = np.where(explore, state.rng.integers(0, envs.single_action_space.n, n), greedy)
-        obs, reward, terminated, truncated, info = envs.step(action)
-        next_obs = obs.copy()
-        done = terminated | truncated
-        for i in np.flatnonzero(done):  # the autoreset obs is the next episode's: keep the true last one
-            next_obs[i] = info["final_obs"][i]
-        for k, v in zip(rows, (state.obs, action, reward, next_obs, terminated, truncated), strict=True):
-            rows[k].append(v)
-        state.obs = obs
-        state.ep_return += reward
-        state.ep_length += 1
-        returns.extend(state.ep_return[done])
-        lengths.extend(state.ep_length[done])
-        state.ep_return[done], state.ep_length[done] = 0.0, 0
+        state.obs = state.recorder.step(envs, state.obs, action)
         state.steps_done += n
-    space = envs.single_observation_space
-    data = {
-        "obs": np.concatenate(rows["obs"]).astype(space.dtype),
-        "action": np.concatenate(rows["action"]).astype(envs.single_action_space.dtype),
-        "reward": np.concatenate(rows["reward"]).astype(np.float32),
-        "next_obs": np.concatenate(rows["next_obs"]).astype(space.dtype),
-        "terminated": np.concatenate(rows["terminated"]),
-        "truncated": np.concatenate(rows["truncated"]),
-    }
-    episodes = Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
-    return Transitions(data, episodes, state.cfg.steps * n)
+    return state.recorder.take(envs)
 
 
 @fragment(role="learner")

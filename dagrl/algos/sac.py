@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import Episodes, RoleContext
+from dagrl.context import RoleContext
 from dagrl.fragment import fragment, iteration, role
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,8 +140,7 @@ class SamplerState:
     policy: Policy
     gen: torch.Generator
     obs: np.ndarray
-    ep_return: np.ndarray
-    ep_length: np.ndarray
+    recorder: Recorder
     random_steps: int
     steps_done: int = 0
 
@@ -211,10 +211,9 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
     envs.action_space.seed(ctx.seed)
     policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
-    n = envs.num_envs
     random_steps = cfg.learning_starts // max(ctx.replicas, 1)
     gen = torch.Generator().manual_seed(ctx.seed)
-    return SamplerState(cfg, envs, policy, gen, obs, np.zeros(n), np.zeros(n, np.int64), random_steps)
+    return SamplerState(cfg, envs, policy, gen, obs, Recorder(envs.num_envs), random_steps)
 
 
 @role("replay", many=True)
@@ -267,41 +266,17 @@ def publish(state: ActorState) -> ActorWeights:
 @fragment(role="sampler")
 def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
     """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the policy."""
-    envs, n = state.envs, state.envs.num_envs
+    envs = state.envs
     load(state.policy, weights.policy)
-    rows: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
-    returns, lengths = [], []
     for _ in range(state.cfg.steps):
         if state.steps_done < state.random_steps:
             action = envs.action_space.sample()
         else:
             with torch.no_grad():
                 action = state.policy(torch.as_tensor(state.obs, dtype=torch.float32), state.gen)[0].numpy()
-        obs, reward, terminated, truncated, info = envs.step(action)
-        next_obs = obs.copy()
-        done = terminated | truncated
-        for i in np.flatnonzero(done):
-            next_obs[i] = info["final_obs"][i]
-        for k, v in zip(rows, (state.obs, action, reward, next_obs, terminated, truncated), strict=True):
-            rows[k].append(v)
-        state.obs = obs
-        state.ep_return += reward
-        state.ep_length += 1
-        returns.extend(state.ep_return[done])
-        lengths.extend(state.ep_length[done])
-        state.ep_return[done], state.ep_length[done] = 0.0, 0
-        state.steps_done += n
-    obs_dtype, act_dtype = envs.single_observation_space.dtype, envs.single_action_space.dtype
-    data = {
-        "obs": np.concatenate(rows["obs"]).astype(obs_dtype),
-        "action": np.concatenate(rows["action"]).astype(act_dtype),
-        "reward": np.concatenate(rows["reward"]).astype(np.float32),
-        "next_obs": np.concatenate(rows["next_obs"]).astype(obs_dtype),
-        "terminated": np.concatenate(rows["terminated"]),
-        "truncated": np.concatenate(rows["truncated"]),
-    }
-    episodes = Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
-    return Transitions(data, episodes, state.cfg.steps * n)
+        state.obs = state.recorder.step(envs, state.obs, action)
+        state.steps_done += envs.num_envs
+    return state.recorder.take(envs)
 
 
 def _batches(samples: list[Sample | None], size: int, dev: torch.device) -> list[dict[str, torch.Tensor]]:
