@@ -83,14 +83,16 @@ def test_apex_epsilons_follow_the_apex_formula():
     assert sched.epsilon() == pytest.approx(1.0 + 0.5 * (0.05 - 1.0))
 
 
-SAC_BUDGET = 25_000  # env steps; seed 1 reached -200 at 7.0k (single), 8.4k (apex), 7.6k (split-learner)
+SAC_BUDGET = 25_000  # env steps; seed 1 reached -200 at 7.0k (SAC single), 8.4k (apex), 7.6k (split), TD3 8.6k
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["single", "apex", "split"])
-def test_sac_reaches_minus_250_on_pendulum(variant, client, graphs_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("algo", "variant"), [("sac", "single"), ("sac", "apex"), ("sac", "split"), ("td3", "single"), ("td3", "apex")]
+)
+def test_sac_and_td3_reach_minus_250_on_pendulum(algo, variant, client, graphs_dir, tmp_path):
     summary, _ = train(
-        f"{graphs_dir}/sac-pendulum-{variant}.yaml", tmp_path,
+        f"{graphs_dir}/{algo}-pendulum-{variant}.yaml", tmp_path,
         [f"stop.env_steps={SAC_BUDGET}", "stop.wall_time_s=280", "stop.mean_return=-250"],
         client if variant != "single" else None,
     )  # fmt: skip

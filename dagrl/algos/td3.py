@@ -1,0 +1,336 @@
+"""TD3: twin Q with clipped double-Q targets, delayed policy updates, target policy smoothing.
+
+Two learner roles, as in ``sac.py``: the ``critic`` role keeps the twin Q networks, their targets
+and a target copy of the policy (Polyak-averaged toward the policy weights it receives); the
+``actor`` role keeps the deterministic policy and makes one step per ``policy_delay`` critic steps.
+They exchange weights once per update call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.context import RoleContext
+from dagrl.fragment import fragment, iteration, role
+from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.record import Recorder
+from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    steps: int = 16
+    """Env steps per env per ``collect`` call."""
+    gamma: float = 0.98
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak factor of the target networks."""
+    lr: float = 1e-3
+    """Adam learning rate of the policy and the Q networks."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    gradient_steps: int = 16
+    """Critic steps per update call; the two roles exchange weights after each call."""
+    policy_delay: int = 2
+    """Critic steps per policy step."""
+    exploration_noise: float = 0.1
+    """Std of the Gaussian action noise of samplers, relative to the action range's half-width."""
+    target_noise: float = 0.2
+    """Std of the target-policy smoothing noise (relative)."""
+    target_noise_clip: float = 0.5
+    """Clip of the smoothing noise (relative)."""
+    buffer_size: int = 100_000
+    """Replay capacity."""
+    learning_starts: int = 1_000
+    """Transitions stored before learning begins; samplers act uniformly at random until then."""
+    hidden: int = 128
+    """Width of the two hidden layers of every network."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
+    )
+
+
+class Policy(nn.Module):
+    """Deterministic, tanh-squashed and scaled to the action bounds."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
+        super().__init__()
+        if not isinstance(act_space, gym.spaces.Box):
+            raise TypeError(f"TD3 needs a continuous (Box) action space, got {act_space}")
+        self.net = _mlp(int(np.prod(obs_space.shape)), int(np.prod(act_space.shape)), hidden)
+        self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
+        self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs.flatten(1))) * self.scale + self.bias
+
+
+class TwinQ(nn.Module):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
+        super().__init__()
+        n_in = int(np.prod(obs_space.shape)) + int(np.prod(act_space.shape))
+        self.q1, self.q2 = _mlp(n_in, 1, hidden), _mlp(n_in, 1, hidden)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs.flatten(1), act.flatten(1)], -1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+Weights = dict[str, np.ndarray]
+Metrics = dict[str, float]
+
+
+def to_numpy(module: nn.Module) -> Weights:
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def as_tensors(weights: Weights, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(v, device=device) for k, v in weights.items()}
+
+
+@dataclass
+class CriticOut:
+    q: Weights
+    metrics: Metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    policy: Policy
+    rng: np.random.Generator
+    obs: np.ndarray
+    recorder: Recorder
+    random_steps: int
+    steps_done: int = 0
+
+
+@dataclass
+class CriticState:
+    cfg: Config
+    q: TwinQ
+    target: TwinQ
+    target_policy: Policy
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    device: torch.device
+    steps: int = 0
+    synced: bool = False  # the target policy starts as a copy of the first policy weights received
+
+    def state_dict(self) -> dict:
+        return {
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "target_policy": self.target_policy.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.q.load_state_dict(sd["q"])
+        self.target.load_state_dict(sd["target"])
+        self.target_policy.load_state_dict(sd["target_policy"])
+        self.optimizer.load_state_dict(sd["opt"])
+        self.steps = sd["steps"]
+        self.synced = True
+
+
+@dataclass
+class ActorState:
+    cfg: Config
+    policy: Policy
+    q: TwinQ  # the critic's, as of the last exchange
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    steps: int = 0
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.policy.load_state_dict(sd["policy"])
+        self.optimizer.load_state_dict(sd["opt"])
+        self.steps = sd["steps"]
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs.action_space.seed(ctx.seed)
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    random_steps = cfg.learning_starts // max(ctx.replicas, 1)
+    rng = np.random.default_rng(ctx.seed)
+    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs), random_steps)
+
+
+@role("replay", many=True)
+def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    return replay_state(
+        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
+        learning_starts=cfg.learning_starts,
+    )  # fmt: skip
+
+
+@role("critic")
+def critic(ctx: RoleContext, cfg: Config) -> CriticState:
+    dev = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        target_policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    target.load_state_dict(q.state_dict())
+    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
+    return CriticState(cfg, q, target, target_policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+
+
+@role("actor")
+def actor(ctx: RoleContext, cfg: Config) -> ActorState:
+    dev = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    return ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr), dev)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="actor")
+def publish(state: ActorState) -> Weights:
+    return to_numpy(state.policy)
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Weights) -> Transitions:
+    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the
+    policy plus Gaussian noise, clipped to the action bounds."""
+    envs, space = state.envs, state.envs.single_action_space
+    state.policy.load_state_dict(as_tensors(weights, torch.device("cpu")))
+    half = (space.high - space.low) / 2
+    for _ in range(state.cfg.steps):
+        if state.steps_done < state.random_steps:
+            action = envs.action_space.sample()
+        else:
+            with torch.no_grad():
+                action = state.policy(torch.as_tensor(state.obs, dtype=torch.float32)).numpy()
+            noise = state.rng.normal(0.0, state.cfg.exploration_noise, action.shape) * half
+            action = np.clip(action + noise, space.low, space.high).astype(space.dtype)
+        state.obs = state.recorder.step(envs, state.obs, action)
+        state.steps_done += envs.num_envs
+    return state.recorder.take(envs)
+
+
+def _batches(samples: list[Sample | None], size: int, dev: torch.device) -> list[dict[str, torch.Tensor]]:
+    samples = [s for s in samples if s is not None]
+    if not samples:
+        return []
+    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
+    n = len(data["reward"])
+    return [{k: v[i : i + size].float() for k, v in data.items()} for i in range(0, n - size + 1, size)]
+
+
+@fragment(role="critic")
+def update_critic(state: CriticState, samples: list[Sample | None], policy_weights: Weights) -> CriticOut:
+    """Clipped double-Q regression; the target policy drifts toward the policy weights as given."""
+    cfg = state.cfg
+    given = as_tensors(policy_weights, state.device)
+    policy = state.target_policy
+    if not state.synced:
+        policy.load_state_dict(given)
+        state.synced = True
+    half = policy.scale
+    losses = []
+    for b in _batches(samples, cfg.batch_size, state.device):
+        with torch.no_grad():
+            noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
+            noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
+            low, high = policy.bias - half, policy.bias + half
+            next_action = torch.max(torch.min(policy(b["next_obs"]) + noise, high), low)
+            tq1, tq2 = state.target(b["next_obs"], next_action)
+            target = b["reward"] + cfg.gamma * (1 - b["terminated"]) * torch.min(tq1, tq2)
+        q1, q2 = state.q(b["obs"], b["action"])
+        loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        state.steps += 1
+        if state.steps % cfg.policy_delay == 0:
+            with torch.no_grad():
+                for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
+                    tp.lerp_(p, cfg.tau)
+                for name, tp in policy.state_dict().items():
+                    if tp.is_floating_point() and name in given:
+                        tp.lerp_(given[name], cfg.tau)
+        losses.append(loss.item())
+    return CriticOut(to_numpy(state.q), {"losses/q": float(np.mean(losses))} if losses else {})
+
+
+@fragment(role="actor")
+def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
+    """One deterministic policy-gradient step per ``policy_delay`` batches, against the given Q1."""
+    cfg = state.cfg
+    every = _batches(samples, cfg.batch_size, state.device)
+    batches = every[:: cfg.policy_delay]
+    if not batches:
+        return {"perf/frames": 0.0}
+    state.q.load_state_dict(as_tensors(critic_out.q, state.device))
+    losses = []
+    for b in batches:
+        loss = -state.q(b["obs"], state.policy(b["obs"]))[0].mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        state.steps += 1
+        losses.append(loss.item())
+    return {
+        **critic_out.metrics,
+        "losses/policy": float(np.mean(losses)),
+        "perf/frames": float(len(every) * cfg.batch_size),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@iteration
+def train_iteration():
+    policy_weights = publish()
+    stored = add(collect(policy_weights))
+    batch = sample(stored)
+    return update_actor(batch, update_critic(batch, policy_weights))
