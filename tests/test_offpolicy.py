@@ -125,3 +125,25 @@ def test_split_learner_refuses_an_algorithm_with_one_learner(graphs_dir, tmp_pat
         ]
     )
     assert code == 2 and "split-learner needs two learner roles" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dqn_with_prioritized_replay_learns_and_moves_priorities(graphs_dir, tmp_path):
+    from dagrl.runtime.driver import Trainer
+    from dagrl.runtime.progress import Progress
+    from dagrl.runtime.rundir import RunDir
+
+    g = load_graph(
+        f"{graphs_dir}/dqn-cartpole-single.yaml",
+        ["hyperparameters.prioritized=true", f"stop.env_steps={BUDGET}", f"runs_dir={tmp_path}"],
+    )
+    rundir = RunDir.create(tmp_path, g.name)
+    policy = build_policy(g, run_dir=rundir.path)
+    try:
+        summary = Trainer(g, policy, rundir, progress=Progress(enabled=False)).run()
+        store = policy.hosts["replay"][0].target.state.store
+        p = store.probabilities(np.arange(store.head, store.tail))
+    finally:
+        policy.close()
+    assert summary["stop_reason"] == "mean_return", summary
+    assert store.prioritized and p.max() > 5 * p.min()  # TD errors reached the store's priorities

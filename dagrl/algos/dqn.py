@@ -19,7 +19,7 @@ from dagrl.context import RoleContext
 from dagrl.fragment import fragment, iteration, role
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
-from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+from dagrl.replay.role import UpdateResult, add, reprioritize, sample
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -58,6 +58,12 @@ class Config:
     """Width of the two hidden layers."""
     max_grad_norm: float = 10.0
     """Global gradient-norm clip."""
+    prioritized: bool = False
+    """Prioritized replay (proportional, |TD error|), importance-weighted loss."""
+    per_alpha: float = 0.6
+    per_beta: float = 0.4
+    per_beta_steps: int = 10_000
+    """Sample calls over which the importance-weight exponent anneals to 1."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden"):
@@ -81,7 +87,6 @@ def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int) -> nn.Mod
 
 
 Weights = dict[str, np.ndarray]
-Metrics = dict[str, float]
 
 # ---------------------------------------------------------------------------------------------------
 # Role states
@@ -149,7 +154,8 @@ def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
     schema = Schema.transitions(ctx.observation_space, ctx.action_space)
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
-        learning_starts=cfg.learning_starts,
+        learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
+        beta_steps=cfg.per_beta_steps,
     )  # fmt: skip
 
 
@@ -191,13 +197,16 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
 
 
 @fragment(role="learner")
-def update(state: LearnerState, samples: list[Sample | None]) -> Metrics:
-    """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts)."""
-    samples = [s for s in samples if s is not None]
-    if not samples:
-        return {"perf/frames": 0.0}
+def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
+    """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts);
+    returns |TD error| per sampled row and shard, for prioritized replay."""
+    present = [s for s in samples if s is not None]
+    if not present:
+        return UpdateResult({"perf/frames": 0.0})
     cfg, dev = state.cfg, state.device
-    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
+    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
+    weights = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
+    td = np.zeros(len(weights), np.float64)
     losses, qs = [], []
     for start in range(0, len(data["reward"]) - cfg.batch_size + 1, cfg.batch_size):
         b = {k: v[start : start + cfg.batch_size] for k, v in data.items()}
@@ -206,7 +215,9 @@ def update(state: LearnerState, samples: list[Sample | None]) -> Metrics:
             next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
             target = b["reward"] + cfg.gamma * (1.0 - b["terminated"].float()) * next_q
         q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
-        loss = nn.functional.smooth_l1_loss(q, target)
+        w = weights[start : start + cfg.batch_size]
+        loss = (w * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
+        td[start : start + cfg.batch_size] = (q - target).abs().detach().cpu().numpy()
         state.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(state.q.parameters(), cfg.max_grad_norm)
@@ -216,11 +227,19 @@ def update(state: LearnerState, samples: list[Sample | None]) -> Metrics:
             state.target.load_state_dict(state.q.state_dict())
         losses.append(loss.item())
         qs.append(q.mean().item())
-    return {
+    metrics = {
         "losses/td": float(np.mean(losses)),
         "losses/q_mean": float(np.mean(qs)),
         "perf/frames": float(len(losses) * cfg.batch_size),
     }
+    priorities, at = [], 0
+    for s in samples:  # one entry per shard, in shard order
+        if s is None:
+            priorities.append(None)
+            continue
+        priorities.append((s.indices, td[at : at + len(s)]))
+        at += len(s)
+    return UpdateResult(metrics, priorities)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -233,4 +252,4 @@ def train_iteration():
     weights = publish()
     transitions = collect(weights)
     stored = add(transitions)
-    return update(sample(stored))
+    return reprioritize(update(sample(stored)))

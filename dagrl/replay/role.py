@@ -29,12 +29,22 @@ class Transitions:
 
 
 @dataclass
+class UpdateResult:
+    """A learner's metrics plus new priorities for the rows it sampled, one entry per replay shard."""
+
+    metrics: dict[str, float]
+    priorities: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
+
+
+@dataclass
 class ReplayState:
     store: ReplayStore
     batch_size: int
     batches: int
     """Batches per ``sample`` call: the gradient steps of one ``update`` call."""
     learning_starts: int
+    shard: int = 0
+    """This replica's index: which part of an :class:`UpdateResult` is its own."""
 
     def state_dict(self) -> dict[str, int]:
         return self.store.state_dict()
@@ -56,7 +66,7 @@ def replay_state(
     """A replay role's state: a store at the role's path, with its memory budget from the graph."""
     budget = ctx.memory_bytes or min(DEFAULT_MEMORY, 2 * capacity * schema.row_bytes + (8 << 20))
     store = ReplayStore(schema, capacity, budget, ctx.path, seed=ctx.seed, **store_options)
-    return ReplayState(store, batch_size, batches, learning_starts)
+    return ReplayState(store, batch_size, batches, learning_starts, ctx.index)
 
 
 @fragment(role="replay")
@@ -82,3 +92,12 @@ def sample(state: ReplayState, stored: int) -> Sample | None:
         np.concatenate([p.indices for p in parts]),
         np.concatenate([p.weights for p in parts]),
     )
+
+
+@fragment(role="replay")
+def reprioritize(state: ReplayState, result: UpdateResult) -> dict[str, float]:
+    """Give this shard's sampled rows their new priorities (PER); pass the metrics on."""
+    mine = result.priorities[state.shard] if state.shard < len(result.priorities) else None
+    if mine is not None and state.store.prioritized:
+        state.store.update_priorities(*mine)
+    return result.metrics
