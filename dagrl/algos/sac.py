@@ -18,6 +18,7 @@ from torch import nn
 
 from dagrl.context import RoleContext
 from dagrl.fragment import fragment, iteration, role
+from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -63,12 +64,6 @@ class Config:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
-    )
-
-
 class Policy(nn.Module):
     """Tanh-squashed Gaussian, scaled to the action bounds."""
 
@@ -77,7 +72,7 @@ class Policy(nn.Module):
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
         n_act = int(np.prod(act_space.shape))
-        self.net = _mlp(int(np.prod(obs_space.shape)), 2 * n_act, hidden)
+        self.net = mlp(int(np.prod(obs_space.shape)), 2 * n_act, hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
@@ -93,27 +88,7 @@ class Policy(nn.Module):
         return squashed * self.scale + self.bias, log_prob
 
 
-class TwinQ(nn.Module):
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
-        super().__init__()
-        n_in = int(np.prod(obs_space.shape)) + int(np.prod(act_space.shape))
-        self.q1, self.q2 = _mlp(n_in, 1, hidden), _mlp(n_in, 1, hidden)
-
-    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.flatten(1), act.flatten(1)], -1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-
-Weights = dict[str, np.ndarray]
 Metrics = dict[str, float]
-
-
-def to_numpy(module: nn.Module) -> Weights:
-    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
-
-
-def load(module: nn.Module, weights: Weights) -> None:
-    module.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
 
 
 @dataclass
@@ -267,7 +242,7 @@ def publish(state: ActorState) -> ActorWeights:
 def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
     """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the policy."""
     envs = state.envs
-    load(state.policy, weights.policy)
+    state.policy.load_state_dict(as_tensors(weights.policy))
     for _ in range(state.cfg.steps):
         if state.steps_done < state.random_steps:
             action = envs.action_space.sample()
@@ -279,22 +254,13 @@ def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
     return state.recorder.take(envs)
 
 
-def _batches(samples: list[Sample | None], size: int, dev: torch.device) -> list[dict[str, torch.Tensor]]:
-    samples = [s for s in samples if s is not None]
-    if not samples:
-        return []
-    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
-    n = len(data["reward"])
-    return [{k: v[i : i + size].float() for k, v in data.items()} for i in range(0, n - size + 1, size)]
-
-
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], actor_weights: ActorWeights) -> CriticOut:
     """Twin-Q regression on soft Bellman targets, computed with the actor's weights as given."""
     cfg = state.cfg
-    load(state.policy, actor_weights.policy)
+    state.policy.load_state_dict(as_tensors(actor_weights.policy))
     losses = []
-    for b in _batches(samples, cfg.batch_size, state.device):
+    for b in minibatches(samples, cfg.batch_size, state.device):
         with torch.no_grad():
             next_action, next_logp = state.policy(b["next_obs"], state.gen)
             tq1, tq2 = state.target(b["next_obs"], next_action)
@@ -318,10 +284,10 @@ def update_critic(state: CriticState, samples: list[Sample | None], actor_weight
 def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
     """Policy steps against the critic's Q as given; temperature steps toward the target entropy."""
     cfg = state.cfg
-    batches = _batches(samples, cfg.batch_size, state.device)
+    batches = minibatches(samples, cfg.batch_size, state.device)
     if not batches:
         return {"perf/frames": 0.0}
-    load(state.q, critic_out.q)
+    state.q.load_state_dict(as_tensors(critic_out.q))
     losses, alpha_losses, entropies = [], [], []
     for b in batches:
         action, logp = state.policy(b["obs"], state.gen)

@@ -17,6 +17,7 @@ from torch import nn
 
 from dagrl.context import RoleContext
 from dagrl.fragment import fragment, iteration, role
+from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -66,12 +67,6 @@ class Config:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
-    )
-
-
 class Policy(nn.Module):
     """Deterministic, tanh-squashed and scaled to the action bounds."""
 
@@ -79,7 +74,7 @@ class Policy(nn.Module):
         super().__init__()
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"TD3 needs a continuous (Box) action space, got {act_space}")
-        self.net = _mlp(int(np.prod(obs_space.shape)), int(np.prod(act_space.shape)), hidden)
+        self.net = mlp(int(np.prod(obs_space.shape)), int(np.prod(act_space.shape)), hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
@@ -87,27 +82,7 @@ class Policy(nn.Module):
         return torch.tanh(self.net(obs.flatten(1))) * self.scale + self.bias
 
 
-class TwinQ(nn.Module):
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
-        super().__init__()
-        n_in = int(np.prod(obs_space.shape)) + int(np.prod(act_space.shape))
-        self.q1, self.q2 = _mlp(n_in, 1, hidden), _mlp(n_in, 1, hidden)
-
-    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.flatten(1), act.flatten(1)], -1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-
-Weights = dict[str, np.ndarray]
 Metrics = dict[str, float]
-
-
-def to_numpy(module: nn.Module) -> Weights:
-    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
-
-
-def as_tensors(weights: Weights, device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(v, device=device) for k, v in weights.items()}
 
 
 @dataclass
@@ -254,15 +229,6 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
     return state.recorder.take(envs)
 
 
-def _batches(samples: list[Sample | None], size: int, dev: torch.device) -> list[dict[str, torch.Tensor]]:
-    samples = [s for s in samples if s is not None]
-    if not samples:
-        return []
-    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in samples]), device=dev) for k in samples[0].data}
-    n = len(data["reward"])
-    return [{k: v[i : i + size].float() for k, v in data.items()} for i in range(0, n - size + 1, size)]
-
-
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], policy_weights: Weights) -> CriticOut:
     """Clipped double-Q regression; the target policy drifts toward the policy weights as given."""
@@ -274,7 +240,7 @@ def update_critic(state: CriticState, samples: list[Sample | None], policy_weigh
         state.synced = True
     half = policy.scale
     losses = []
-    for b in _batches(samples, cfg.batch_size, state.device):
+    for b in minibatches(samples, cfg.batch_size, state.device):
         with torch.no_grad():
             noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
             noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
@@ -303,7 +269,7 @@ def update_critic(state: CriticState, samples: list[Sample | None], policy_weigh
 def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
     """One deterministic policy-gradient step per ``policy_delay`` batches, against the given Q1."""
     cfg = state.cfg
-    every = _batches(samples, cfg.batch_size, state.device)
+    every = minibatches(samples, cfg.batch_size, state.device)
     batches = every[:: cfg.policy_delay]
     if not batches:
         return {"perf/frames": 0.0}
