@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
+import statistics
+import time
 from typing import Any
 
 
@@ -37,3 +40,28 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 def emit(name: str, result: dict[str, Any]) -> None:
     """The last line of every benchmark: one JSON object, for scripts and BENCHMARKS.md."""
     print(json.dumps({"benchmark": name, "machine": machine(), **result}))
+
+
+def sb3_to_target(model, budget: int, target: float, window: int) -> dict[str, Any]:
+    """Train a Stable-Baselines3 model until the mean of its last ``window`` episode returns reaches
+    ``target`` (or ``budget`` env steps); wall time from the start of ``learn()``."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StopAtTarget(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.returns: collections.deque[float] = collections.deque(maxlen=window)
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+            return not self.solved()
+
+        def solved(self) -> bool:
+            return len(self.returns) == window and statistics.mean(self.returns) >= target
+
+    cb = StopAtTarget()
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=cb)
+    return {"wall_s": time.perf_counter() - t0, "env_steps": model.num_timesteps, "solved": cb.solved()}

@@ -16,12 +16,11 @@ Dask, driver), which for lockstep policies is ``wall - learner - samplers``.
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import tempfile
 import time
 
-from _common import emit, table
+from _common import emit, sb3_to_target, table
 
 from dagrl.clusters import LocalClusterSpec, local_cluster
 from dagrl.graph import load_graph
@@ -36,19 +35,7 @@ TARGET, WINDOW = 475.0, 20
 def sb3(seed: int, budget: int) -> dict:
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-
-    class StopAtTarget(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.returns: collections.deque[float] = collections.deque(maxlen=WINDOW)
-
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                if "episode" in info:
-                    self.returns.append(info["episode"]["r"])
-            return not (len(self.returns) == WINDOW and statistics.mean(self.returns) >= TARGET)
 
     torch.set_num_threads(1)
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
@@ -56,12 +43,7 @@ def sb3(seed: int, budget: int) -> dict:
         "MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
         learning_rate=1e-3, clip_range=0.2, ent_coef=0.0, seed=seed, device="cpu",
     )  # fmt: skip
-    cb = StopAtTarget()
-    t0 = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=cb)
-    wall = time.perf_counter() - t0
-    solved = len(cb.returns) == WINDOW and statistics.mean(cb.returns) >= TARGET
-    return {"wall_s": wall, "env_steps": model.num_timesteps, "solved": solved}
+    return sb3_to_target(model, budget, TARGET, WINDOW)
 
 
 def dagrl(policy: str, seed: int, budget: int, client, root: str) -> dict:

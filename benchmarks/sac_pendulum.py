@@ -14,14 +14,13 @@ pair of 16 steps, in-process, with the same 16 steps written as one plain torch 
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import tempfile
 import time
 
 import numpy as np
 import torch
-from _common import emit, table
+from _common import emit, sb3_to_target, table
 
 from dagrl.algos import sac
 from dagrl.clusters import LocalClusterSpec, local_cluster
@@ -39,34 +38,14 @@ GRAPHS = {"single": "sac-pendulum-single", "apex": "sac-pendulum-apex", "split":
 
 def sb3(seed: int, budget: int) -> dict:
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-
-    class StopAtTarget(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.returns: collections.deque[float] = collections.deque(maxlen=WINDOW)
-
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                if "episode" in info:
-                    self.returns.append(info["episode"]["r"])
-            return not (len(self.returns) == WINDOW and statistics.mean(self.returns) >= TARGET)
 
     env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed)
     model = SAC(
         "MlpPolicy", env, learning_rate=1e-3, batch_size=BATCH, gamma=0.99, tau=0.005, learning_starts=1000,
         policy_kwargs={"net_arch": [128, 128]}, seed=seed, device="cpu",
     )  # fmt: skip
-    cb = StopAtTarget()
-    t0 = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=cb)
-    wall = time.perf_counter() - t0
-    return {
-        "wall_s": wall,
-        "env_steps": model.num_timesteps,
-        "solved": len(cb.returns) == WINDOW and statistics.mean(cb.returns) >= TARGET,
-    }
+    return sb3_to_target(model, budget, TARGET, WINDOW)
 
 
 def dagrl(name: str, seed: int, budget: int, client, root: str) -> dict:
