@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagrl.clusters import SlurmError
 from dagrl.runtime.driver import TrainingError
 from dagrl.runtime.placement import PlacementError
 from dagrl.schema import ConfigError
@@ -55,6 +56,10 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     cluster = load_cluster(args.cluster, args.scheduler)
     if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
         validate_device_request(graph, torch.cuda.is_available())
+    if rundir is None and args.run_dir is not None:
+        rundir = RunDir(args.run_dir)
+        if not rundir.path.is_dir():
+            raise ConfigError("--run-dir", "", f"{args.run_dir} does not exist")
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
     rundir.write_config(graph.to_dict())
@@ -75,15 +80,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             "resuming at iteration %d, %d env steps", resume["counters"]["iteration"], resume["counters"]["env_steps"]
         )
     offset = resume["counters"]["iteration"] if resume else 0
-    n_actors = sum(r.replicas for r in spec.roles.values())
     with contextlib.ExitStack() as stack:
         client = None
         if build_needs_cluster(spec.policy):
-            client = stack.enter_context(connect(cluster, n_actors))
+            client = stack.enter_context(connect(cluster, graph, rundir.path))
             log.info("dashboard: %s", client.dashboard_link)
         policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
         stack.callback(policy.close)
-        for a in policy.actors():
+        actors = policy.actors()
+        rundir.write_json("actors.json", actors)
+        for a in actors:
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=not args.quiet))
         summary = trainer.run()
@@ -156,6 +162,22 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--scheduler", help="attach to a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress line, warnings only")
+    run.add_argument("--run-dir", help="write into this existing run directory (used by dagrl submit)")
+
+    submit = sub.add_parser("submit", help="train on SLURM in the background: returns a job id and run directory")
+    submit.add_argument("graph")
+    submit.add_argument("--cluster", required=True, help="clusters/*.yaml of kind slurm")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--dry-run", action="store_true", help="print every sbatch script; submit nothing")
+
+    status = sub.add_parser("status", help="state, progress and dashboard tunnel of a submitted run")
+    status.add_argument("run", metavar="RUN_DIR")
+    logs = sub.add_parser("logs", help="follow the driver log of a submitted run")
+    logs.add_argument("run", metavar="RUN_DIR")
+    logs.add_argument("--no-follow", dest="follow", action="store_false", help="print what is there and exit")
+    logs.add_argument("--workers", action="store_true", help="print the worker jobs' logs instead")
+    cancel = sub.add_parser("cancel", help="cancel every SLURM job of a submitted run")
+    cancel.add_argument("run", metavar="RUN_DIR")
 
     graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
     graph.add_argument("graph")
@@ -167,12 +189,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "bench":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
     _setup_logging(getattr(args, "quiet", False))
     try:
+        if args.command in SUBMIT_COMMANDS:
+            from dagrl import submit
+
+            return getattr(submit, f"cmd_{args.command}")(args)
         if args.command == "run":
             return cmd_run(args)
         if args.command == "graph":
@@ -183,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except PlacementError as err:
         print(f"dagrl: error: placement: {err}", file=sys.stderr)
+        return 2
+    except SlurmError as err:
+        print(f"dagrl: error: SLURM: {err}", file=sys.stderr)
         return 2
     except TrainingError as err:
         print(f"dagrl: training stopped: {err}", file=sys.stderr)

@@ -3,7 +3,9 @@
 Launching is a flat dispatch over ``kind``:
 
 * ``local``: an embedded LocalCluster of worker *processes*, started and stopped by dagrl (default);
-* ``scheduler``: attach to a running Dask scheduler at ``address``.
+* ``scheduler``: attach to a running Dask scheduler at ``address``;
+* ``slurm``: a scheduler in this process and one SLURM job per role actor, in per-role pools
+  (:mod:`dagrl.slurm`); ``dagrl submit`` runs that process itself as a SLURM job.
 
 Example ``clusters/local.yaml``::
 
@@ -27,7 +29,11 @@ from dagrl.schema import ConfigError, from_dict, read_yaml
 
 log = logging.getLogger("dagrl")
 
-__all__ = ["LocalClusterSpec", "SchedulerSpec", "connect", "load_cluster"]
+__all__ = ["LocalClusterSpec", "SchedulerSpec", "SlurmError", "SlurmSpec", "connect", "load_cluster"]
+
+
+class SlurmError(RuntimeError):
+    """SLURM refused something (sbatch's own reason, on one line), or its jobs did not start."""
 
 
 @dataclass
@@ -42,6 +48,9 @@ class LocalClusterSpec:
     """Where the Dask dashboard listens; loopback unless you name another address (``:0`` picks a free port)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Resources every worker advertises; ``GPU`` defaults to the number of CUDA devices seen here."""
+    gpu_workers: int | Literal["auto"] = "auto"
+    """Workers that each own one GPU (``CUDA_VISIBLE_DEVICES`` pinned, advertising ``GPU=1``); the
+    other workers are CPU-only. ``auto``: one per CUDA device seen here (none on a CPU machine)."""
     profile: bool = False
     """Dask's statistical profiler in each worker; it samples every thread's stack every 10 ms, which
     cost Python-heavy samplers ~15-20 % of their throughput here, so it is off unless asked for."""
@@ -51,6 +60,8 @@ class LocalClusterSpec:
             raise ValueError(f"workers must be >= 1 or auto, got {self.workers}")
         if self.threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if self.gpu_workers != "auto" and self.gpu_workers < 0:
+            raise ValueError(f"gpu_workers must be >= 0 or auto, got {self.gpu_workers}")
 
 
 @dataclass
@@ -64,8 +75,90 @@ class SchedulerSpec:
             raise ValueError(f"address must look like tcp://HOST:PORT, got {self.address!r}")
 
 
-ClusterSpec = LocalClusterSpec | SchedulerSpec
-_KINDS: dict[str, type] = {"local": LocalClusterSpec, "scheduler": SchedulerSpec}
+@dataclass
+class PoolSpec:
+    """One kind of SLURM worker job; every role actor gets a job of the pool its resources fit."""
+
+    cores: int = 1
+    memory: str = "4GiB"
+    gpus: int = 0
+    """GPUs per job: ``--gres=gpu:N``, and the worker advertises ``GPU=N``."""
+    partition: str | None = None
+    """Overrides the cluster's partition for this pool (e.g. a GPU partition)."""
+    account: str | None = None
+    walltime: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    """Further resources the pool's workers advertise (``SSD: 1``)."""
+    job_extra: list[str] = field(default_factory=list)
+    """Extra ``#SBATCH`` options, e.g. ``--constraint=a100``."""
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"cores must be >= 1, got {self.cores}")
+        if self.gpus < 0:
+            raise ValueError(f"gpus must be >= 0, got {self.gpus}")
+        parse_memory(self.memory)
+
+
+@dataclass
+class DriverJobSpec:
+    """The job ``dagrl submit`` runs the driver (and the Dask scheduler) in."""
+
+    cores: int = 1
+    memory: str = "4GiB"
+    walltime: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"cores must be >= 1, got {self.cores}")
+        parse_memory(self.memory)
+
+
+@dataclass
+class SlurmSpec:
+    kind: Literal["slurm"]
+    pools: dict[str, PoolSpec]
+    """Named job shapes; each role goes to the pool its resource annotations fit."""
+    partition: str | None = None
+    account: str | None = None
+    walltime: str = "01:00:00"
+    driver: DriverJobSpec = field(default_factory=DriverJobSpec)
+    prologue: list[str] = field(default_factory=list)
+    """Shell lines run first in every job (``module load cuda``, ``conda activate dagrl``)."""
+    python: str | None = None
+    """Python on the compute nodes; default: the one running dagrl now."""
+    interface: str | None = None
+    """Network interface scheduler and workers talk over (``ib0``); default: the hostname's address."""
+    log_directory: str | None = None
+    """Where job logs go; default ``<run dir>/logs``."""
+    tls: bool = True
+    """Scheduler, workers and client talk TLS with certificates generated per run."""
+    dashboard_address: str = "127.0.0.1:8787"
+    """Loopback on the driver's node unless you name another address; reach it with an ssh tunnel."""
+    start_timeout_s: float = 600.0
+    """How long to wait for every worker job to start before giving up (jobs queued behind others)."""
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("pools: name at least one pool, e.g. pools: {cpu: {cores: 1, memory: 4GiB}}")
+        for name in self.pools:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"pools: pool names are letters, digits, - and _, got {name!r}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
+
+
+def parse_memory(text: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except (ValueError, TypeError):
+        raise ValueError(f"memory must look like 4GiB or 512MB, got {text!r}") from None
+
+
+ClusterSpec = LocalClusterSpec | SchedulerSpec | SlurmSpec
+_KINDS: dict[str, type] = {"local": LocalClusterSpec, "scheduler": SchedulerSpec, "slurm": SlurmSpec}
 
 
 def load_cluster(path: str | Path | None = None, scheduler: str | None = None) -> ClusterSpec:
@@ -78,7 +171,13 @@ def load_cluster(path: str | Path | None = None, scheduler: str | None = None) -
     kind = data.get("kind", "local")
     if kind not in _KINDS:
         raise ConfigError(path, "kind", f"unknown cluster kind {kind!r} (expected one of: {', '.join(_KINDS)})")
-    return from_dict(_KINDS[kind], data, path)
+    spec = from_dict(_KINDS[kind], data, path)
+    if kind == "slurm":
+        try:
+            import dask_jobqueue  # noqa: F401
+        except ImportError:
+            raise ConfigError(path, "kind", "slurm needs dask-jobqueue: pip install 'dagrl[slurm]'") from None
+    return spec
 
 
 def cuda_count() -> int:
@@ -91,15 +190,21 @@ def cuda_count() -> int:
 
 
 @contextlib.contextmanager
-def connect(spec: ClusterSpec, n_actors: int) -> Iterator[Any]:
-    """Yield a ``distributed.Client`` for ``spec``; a cluster started here is closed on exit."""
+def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) -> Iterator[Any]:
+    """Yield a ``distributed.Client`` for ``spec``, sized for ``graph``; a cluster started here is closed on exit."""
     from distributed import Client
 
     if isinstance(spec, SchedulerSpec):
         with Client(spec.address, direct_to_workers=True) as client:
             yield client
         return
-    cluster = local_cluster(spec, n_actors)
+    if isinstance(spec, SlurmSpec):
+        from dagrl import slurm
+
+        with slurm.cluster(spec, graph, run_dir) as client:
+            yield client
+        return
+    cluster = local_cluster(spec, sum(r.replicas for r in graph.spec.roles.values()))
     try:
         with Client(cluster, direct_to_workers=True) as client:
             yield client
@@ -116,18 +221,35 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     import dask
     from distributed import LocalCluster
 
-    n_workers = n_actors if spec.workers == "auto" else spec.workers
-    resources = dict(spec.resources)
-    if "GPU" not in resources and cuda_count():
-        resources["GPU"] = float(cuda_count())
+    gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
+    n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
     with dask.config.set({"distributed.worker.profile.enabled": spec.profile}):
-        return LocalCluster(
-            n_workers=n_workers,
+        cluster = LocalCluster(
+            n_workers=n_workers - gpus,
             threads_per_worker=spec.threads_per_worker,
             processes=True,
             memory_limit=spec.memory_per_worker,
-            resources=resources or None,
+            resources=dict(spec.resources) or None,
             dashboard_address=spec.dashboard_address,
             host="127.0.0.1",
             preload=["dagrl.runtime.preload"],
         )
+        if gpus:
+            add_gpu_workers(cluster, gpus, spec.resources)
+        return cluster
+
+
+def add_gpu_workers(cluster: Any, count: int, resources: dict[str, float]) -> None:
+    """Add ``count`` workers to a LocalCluster, worker ``i`` seeing only CUDA device ``i`` and advertising ``GPU=1``.
+
+    LocalCluster starts identical workers; it is a SpecCluster, so differently shaped workers are
+    further entries of its ``worker_spec``.
+    """
+    template = cluster.new_spec
+    for i in range(count):
+        options = dict(template["options"])
+        options["resources"] = {**resources, "GPU": 1.0}
+        options["env"] = {**options.get("env", {}), "CUDA_VISIBLE_DEVICES": str(i)}
+        cluster.worker_spec[f"gpu-{i}"] = {"cls": template["cls"], "options": options}
+    cluster.sync(cluster._correct_state)
+    cluster.wait_for_workers(len(cluster.worker_spec))

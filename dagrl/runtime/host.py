@@ -39,6 +39,10 @@ def resolve_device(wants_gpu: bool, fallback: bool) -> tuple[str, str]:
     return "cpu", "GPU requested but no CUDA device here: falling back to CPU"
 
 
+_REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+"""Where a role really runs, as its own process sees it (``actors.json``, ``dagrl status``)."""
+
+
 class RoleHost:
     """Hosts one role instance: builds its state with the algorithm's factory, runs its fragments.
 
@@ -109,4 +113,5 @@ class RoleHost:
             "pid": os.getpid(),
             "calls": self.calls,
             "busy_s": dict(self.busy_s),
+            "env": {k: os.environ[k] for k in _REPORTED_ENV if k in os.environ},
         }

@@ -24,14 +24,30 @@ class RunDir:
 
     @classmethod
     def create(cls, root: str | Path, name: str) -> RunDir:
+        run = cls.new_path(root, name)
+        run.path.mkdir(parents=True)
+        return run
+
+    @classmethod
+    def new_path(cls, root: str | Path, name: str) -> RunDir:
+        """A fresh ``<root>/<name>-<timestamp>`` not created yet."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(root) / f"{name}-{stamp}"
         n = 1
         while path.exists():
             n += 1
             path = Path(root) / f"{name}-{stamp}-{n}"
-        path.mkdir(parents=True)
         return cls(path)
+
+    def write_json(self, name: str, data: Any) -> None:
+        """Replace ``<run>/<name>`` atomically (status files read by ``dagrl status``)."""
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(self.path / name)
+
+    def read_json(self, name: str) -> Any:
+        path = self.path / name
+        return json.loads(path.read_text()) if path.exists() else None
 
     @property
     def config_path(self) -> Path:

@@ -1,0 +1,169 @@
+"""A real single-node SLURM for the tests: Debian's slurm-wlm and munge, on loopback, as root.
+
+``SlurmNode(tmp).start()`` installs the packages where they are missing, writes a configuration
+(one node, more CPUs than the machine has through ``config_overrides``, one fake GPU backed by
+``/dev/null``), starts munged, slurmctld and slurmd, and waits until the node is idle.
+``stop()`` cancels every job and stops the daemons. ``SLURM_CONF`` points commands (and the jobs
+they submit) at this configuration.
+
+Also usable by hand to try ``dagrl submit`` on one machine::
+
+    python tests/slurm_node.py /tmp/slurm     # starts it, prints the export line
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PACKAGES = ["slurm-wlm", "slurm-client", "munge"]
+NODE_CPUS = 8
+NODE_MEMORY_MB = 16000
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def install() -> None:
+    """apt-get the SLURM and munge packages unless their daemons are already on PATH."""
+    if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError("SLURM is not installed and installing it needs root (apt-get install slurm-wlm munge)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
+        out = _run(cmd, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+class SlurmNode:
+    def __init__(self, root: str | Path, cpus: int = NODE_CPUS):
+        self.root = Path(root)
+        self.cpus = cpus
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.root / "slurm.conf"
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def write_config(self) -> None:
+        for d in ("state", "spool", "log", "munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        r = self.root
+        self.conf.write_text(
+            f"""ClusterName=dagrltest
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort=6817
+SlurmdPort=6818
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+GresTypes=gpu
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout=60
+NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={NODE_MEMORY_MB} Gres=gpu:1 State=UNKNOWN
+PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+        (self.root / "gres.conf").write_text(f"NodeName={self.host} Name=gpu File=/dev/null\n")
+
+    def start(self, timeout: float = 60.0) -> SlurmNode:
+        install()
+        self.write_config()
+        os.environ.update(self.env)
+        sock = self.root / "munge" / "munge.socket.2"
+        self._spawn(
+            [
+                "munged",
+                "--force",
+                "--foreground",
+                f"--socket={sock}",
+                f"--pid-file={self.root}/munge/munged.pid",
+                f"--log-file={self.root}/log/munged.log",
+                f"--seed-file={self.root}/munge/munged.seed",
+            ]
+        )
+        self._wait(lambda: sock.exists(), 10, "munged did not create its socket")
+        # slurm's auth plugin finds munged through AuthInfo; point it at our socket
+        text = self.conf.read_text().replace("AuthType=auth/munge", f"AuthType=auth/munge\nAuthInfo=socket={sock}")
+        self.conf.write_text(text)
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._spawn(["slurmd", "-D", "-f", str(self.conf)])
+        self._wait(self._idle, timeout, "the SLURM node did not become idle")
+        return self
+
+    def _spawn(self, cmd: list[str]) -> None:
+        log = open(self.root / "log" / f"{Path(cmd[0]).name}.out", "ab")  # noqa: SIM115 (lives with the daemon)
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def _idle(self) -> bool:
+        for p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args[0]} exited with {p.returncode}; see {self.root}/log")
+        out = _run(["sinfo", "-h", "-N", "-o", "%t"], env={**os.environ, **self.env})
+        return out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc")
+
+    @staticmethod
+    def _wait(ready, timeout: float, message: str) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if ready():
+                return
+            time.sleep(0.25)
+        raise RuntimeError(message)
+
+    def jobs(self) -> list[str]:
+        """Ids of jobs still pending or running."""
+        out = _run(["squeue", "-h", "-o", "%i %T"], env={**os.environ, **self.env})
+        return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        _run(["scancel", "--full", "--user=root"], env={**os.environ, **self.env})
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        self.procs.clear()
+
+
+if __name__ == "__main__":
+    node = SlurmNode(sys.argv[1] if len(sys.argv) > 1 else "/tmp/dagrl-slurm").start()
+    print(f"SLURM is up; in your shell: export SLURM_CONF={node.conf}")
+    print("Ctrl-C stops it")
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        node.stop()

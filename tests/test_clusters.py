@@ -1,0 +1,131 @@
+"""Cluster files: validation before anything starts, pool choice per role, the desktop GPU layout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dagrl.clusters import LocalClusterSpec, connect, load_cluster
+from dagrl.graph import load_graph
+from dagrl.schema import ConfigError
+
+
+def write(tmp_path, text: str, name: str = "c.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["local", "desktop-gpu", "slurm", "scheduler"])
+def test_shipped_cluster_files_load(name):
+    spec = load_cluster(f"clusters/{name}.yaml")
+    assert spec.kind in ("local", "slurm", "scheduler")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("kind: slurm\npools: {}\n", "pools"),
+        ("kind: slurm\npools: {cpu: {cores: 0}}\n", "pools.cpu: cores"),
+        ("kind: slurm\npools: {cpu: {memory: lots}}\n", "pools.cpu: memory"),
+        ("kind: slurm\npools: {cpu: {cores: 1}}\nwalltme: 1\n", "walltme"),
+        ("kind: pbs\n", "kind"),
+        ("kind: local\ngpu_workers: -1\n", "gpu_workers"),
+    ],
+)
+def test_bad_cluster_files_name_file_and_key(tmp_path, text, key):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_cluster(path)
+    assert str(err.value).startswith(f"{path}: {key}"), err.value
+
+
+def test_roles_go_to_the_pool_their_resources_fit(tmp_path):
+    from dagrl.slurm import assign_pools
+
+    spec = load_cluster("clusters/slurm.yaml")
+    graph = load_graph("graphs/sac-pendulum-split.yaml")
+    pools = assign_pools(spec, graph.spec.roles)
+    assert pools == {"sampler": "sampler", "replay": "sampler", "critic": "learner", "actor": "learner"}
+
+
+def test_a_role_no_pool_fits_is_an_error_naming_it(tmp_path):
+    cluster = write(tmp_path, "kind: slurm\npools: {cpu: {cores: 2}}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "dagrl", "submit", "graphs/sac-pendulum-split.yaml", "--cluster", cluster, "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"dagrl: error: {cluster}: pools: role critic needs GPU=1 and no pool offers it (pools: cpu: CPU=2)"
+    )
+
+
+def test_dry_run_needs_no_slurm_and_writes_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    env = dict(os.environ, PATH="/nonexistent")  # no sbatch anywhere
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dagrl",
+            "submit",
+            "graphs/sac-pendulum-split.yaml",
+            "--cluster",
+            "clusters/slurm.yaml",
+            "--set",
+            f"runs_dir={runs}",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("#SBATCH --gres=gpu:1") == 2  # critic and actor jobs
+    assert out.stdout.count("(worker job)") == 5 and out.stdout.count("(driver job)") == 1
+    assert "#SBATCH -p cpu" in out.stdout and "conda activate dagrl" in out.stdout
+    assert not runs.exists()
+
+
+def test_submit_wants_a_slurm_cluster():
+    out = subprocess.run(
+        [sys.executable, "-m", "dagrl", "submit", "graphs/ppo-cartpole.yaml", "--cluster", "clusters/local.yaml"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "clusters/local.yaml: kind: dagrl submit needs a cluster of kind slurm" in out.stderr
+
+
+def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
+    """One worker per GPU (pinned with CUDA_VISIBLE_DEVICES, advertising GPU=1), CPU workers for the rest."""
+    from dagrl.policies import build_policy
+
+    graph = load_graph("graphs/sac-pendulum-split.yaml")
+    spec = LocalClusterSpec(gpu_workers=2, dashboard_address=":0")
+    with connect(spec, graph) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        gpu = {a for a, w in workers.items() if w["resources"].get("GPU")}
+        assert len(gpu) == 2 and len(workers) == 5  # one per role replica
+        policy = build_policy(graph, client)
+        try:
+            by_role = {(a["role"], a["index"]): a for a in policy.actors()}
+        finally:
+            policy.close()
+    for role in ("critic", "actor"):
+        assert by_role[(role, 0)]["address"] in gpu
+    assert {
+        by_role[("critic", 0)]["env"]["CUDA_VISIBLE_DEVICES"],
+        by_role[("actor", 0)]["env"]["CUDA_VISIBLE_DEVICES"],
+    } == {
+        "0",
+        "1",
+    }
+    for role in ("sampler", "replay"):
+        assert by_role[(role, 0)]["address"] not in gpu
+        assert "CUDA_VISIBLE_DEVICES" not in by_role[(role, 0)]["env"]

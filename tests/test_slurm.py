@@ -1,0 +1,187 @@
+"""``dagrl submit | status | logs | cancel`` against a real single-node SLURM (tests/slurm_node.py).
+
+The SLURM node has one fake GPU (gres backed by /dev/null): a job that asked for it sees
+``SLURM_JOB_GPUS``; the learner still runs on the CPU (no CUDA here) and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_node import SlurmNode
+
+pytestmark = pytest.mark.slurm
+
+CLUSTER = """kind: slurm
+partition: {partition}
+walltime: "00:15:00"
+interface: lo
+tls: true
+dashboard_address: 127.0.0.1:0
+start_timeout_s: 120
+driver: {{cores: 1, memory: 1GiB}}
+pools:
+  gpu: {{cores: 1, memory: 1GiB, gpus: 1}}
+  cpu: {{cores: 1, memory: 1GiB}}
+"""
+
+TINY = ["--set", "roles.learner.resources={GPU: 1}", "--set", "checkpoint.every=2"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    node = SlurmNode(tmp_path_factory.mktemp("slurm")).start()
+    yield node
+    node.stop()
+
+
+def cluster_file(tmp_path: Path, partition: str = "debug") -> str:
+    path = tmp_path / f"slurm-{partition}.yaml"
+    path.write_text(CLUSTER.format(partition=partition))
+    return str(path)
+
+
+def dagrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dagrl", *args], capture_output=True, text=True, timeout=timeout, env=os.environ
+    )
+
+
+def submit(tmp_path: Path, *extra: str, partition: str = "debug") -> tuple[subprocess.CompletedProcess, Path | None]:
+    out = dagrl(
+        "submit",
+        "graphs/ppo-cartpole-sync.yaml",
+        "--cluster",
+        cluster_file(tmp_path, partition),
+        "--set",
+        f"runs_dir={tmp_path / 'runs'}",
+        *TINY,
+        *extra,
+    )
+    match = re.search(r"run directory (\S+)", out.stdout)
+    return out, Path(match.group(1)) if match else None
+
+
+def status(run: Path) -> str:
+    out = dagrl("status", str(run))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def driver_state(run: Path) -> str:
+    return re.search(r"driver +job \d+: (\S+)", status(run)).group(1)
+
+
+def normalise(text: str, run: Path, scheduler: str | None = None) -> str:
+    text = text.replace(str(run), "RUN").replace(run.name, "RUN")
+    return text.replace(scheduler, "SCHEDULER") if scheduler else text
+
+
+def dry_run_scripts(stdout: str) -> dict[str, str]:
+    parts = re.split(r"^# ---- (\S+)\.sh \(.*\) ----$", stdout, flags=re.M)
+    scripts = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+    scripts = {k: v.split("\n# dry run:")[0].strip() for k, v in scripts.items()}
+    return scripts
+
+
+def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path):
+    dry = dagrl(
+        "submit",
+        "graphs/ppo-cartpole-sync.yaml",
+        "--cluster",
+        cluster_file(tmp_path),
+        "--set",
+        f"runs_dir={tmp_path / 'runs'}",
+        *TINY,
+        "--set",
+        "stop.iterations=4",
+        "--dry-run",
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a dry run wrote files"
+    dry_run = Path(re.search(r"run directory would be (\S+)", dry.stdout).group(1))
+    planned = dry_run_scripts(dry.stdout)
+    assert set(planned) == {"driver", "gpu-0", "cpu-0", "cpu-1"}
+    assert "--gres=gpu:1" in planned["gpu-0"] and "--gres" not in planned["cpu-0"]
+
+    t0 = time.monotonic()
+    out, run = submit(tmp_path, "--set", "stop.iterations=4")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t0 < 30, "submit must return at once, not wait for training"
+    assert re.search(r"submitted job \d+", out.stdout)
+
+    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert state == "COMPLETED", f"driver ended {state}:\n{log}"
+    assert "done (iterations)" in log
+
+    # metrics and a checkpoint, written by the driver job into the run directory
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run / "checkpoints").glob("ckpt-*.pt"))
+    assert "iteration 4" in status(run)
+
+    # where each role really ran, as its own process saw it
+    actors = json.loads((run / "actors.json").read_text())
+    submitted = json.loads((run / "submit.json").read_text())
+    jobs = {a["env"]["SLURM_JOB_ID"] for a in actors}
+    assert len(jobs) == 3 and submitted["driver_job"] not in jobs, "one job per actor, none in the driver's job"
+    for a in actors:
+        if a["role"] == "learner":
+            assert a["env"]["SLURM_JOB_NAME"].endswith("-gpu") and a["env"]["SLURM_JOB_GPUS"] == "0", a
+        else:
+            assert a["env"]["SLURM_JOB_NAME"].endswith("-cpu") and "SLURM_JOB_GPUS" not in a["env"], a
+        assert a["address"].startswith("tls://"), "TLS was asked for"
+
+    # --dry-run printed exactly what was submitted (modulo run directory and scheduler address)
+    scheduler = json.loads((run / "cluster.json").read_text())["scheduler"]
+    for name, text in planned.items():
+        sent = (run / "jobs" / f"{name}.sh").read_text().strip()
+        sent = normalise(sent, run, scheduler)
+        expected = normalise(text, dry_run).replace("tls://SCHEDULER-ADDRESS:PORT", "SCHEDULER")
+        assert sent == expected, f"{name}.sh differs from the dry run"
+    assert not slurm.jobs(), "jobs left behind after a finished run"
+
+
+def test_status_and_cancel_a_running_job(slurm, tmp_path):
+    out, run = submit(tmp_path, "--set", "stop.iterations=100000", "--set", "stop.wall_time_s=600")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: (run / "metrics.jsonl").exists(), 120, "the first metrics")
+    text = status(run)
+    assert re.search(r"driver +job \d+: RUNNING", text), text
+    assert re.search(r"progress iteration \d+", text)
+    assert re.search(r"ssh -N -L 8787:127\.0\.0\.1:\d+ ", text), text
+    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text
+
+    cancel = dagrl("cancel", str(run))
+    assert cancel.returncode == 0, cancel.stderr
+    assert not slurm.jobs(), "cancel left jobs behind"
+    assert driver_state(run) == "CANCELLED"
+
+
+def test_bad_partition_is_one_line_from_slurm_and_leaves_nothing(slurm, tmp_path):
+    out, run = submit(tmp_path, "--set", "stop.iterations=2", partition="nosuchpartition")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Invalid partition name specified" in lines[0]
+    assert run is None and not (tmp_path / "runs").exists()
+    assert not slurm.jobs()
