@@ -60,10 +60,50 @@ class RoleContext:
         """
         import gymnasium as gym
 
-        return gym.make_vec(
+        envs = gym.make_vec(
             self.env_id,
             num_envs=self.num_envs,
             vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
             **self.env_kwargs,
         )
+        return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
+
+
+class EnvError(RuntimeError):
+    """An env raised inside ``reset`` or ``step``; the message names the env id and the role replica,
+    and carries the env's own traceback (which does not survive pickling as ``__cause__``)."""
+
+    def __init__(self, message: str, traceback_text: str = ""):
+        super().__init__(message, traceback_text)
+        self.message, self.traceback_text = message, traceback_text
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NamedEnvErrors:
+    """Wraps a vector env so an exception inside it becomes an :class:`EnvError` naming env and role."""
+
+    def __init__(self, envs: Any, env_id: str, owner: str):
+        self._envs, self._env_id, self._owner = envs, env_id, owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._envs, name)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        return self._guard("reset", args, kwargs)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._guard("step", args, kwargs)
+
+    def _guard(self, method: str, args: tuple, kwargs: dict) -> Any:
+        import traceback
+
+        try:
+            return getattr(self._envs, method)(*args, **kwargs)
+        except Exception as err:
+            raise EnvError(
+                f"env {self._env_id} raised in {method}() on {self._owner}: {type(err).__name__}: {err}",
+                "".join(traceback.format_exception(err)).rstrip(),
+            ) from err

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,26 @@ class CheckpointSpec:
 
 
 @dataclass
+class SupervisionSpec:
+    """What happens when a role actor's worker dies, hangs or its fragment raises (see docs/architecture.md)."""
+
+    max_restarts: int = 3
+    """Restarts of one role allowed within ``window_s``; one more is a crash loop and stops the run."""
+    window_s: float = 600.0
+    hang_timeout_s: float = 600.0
+    """A fragment call running longer than this counts as a hung role: its worker is restarted."""
+    poll_s: float = 1.0
+    """How often a waiting call checks that the actor's worker is still alive."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for key in ("window_s", "hang_timeout_s", "poll_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
+
+
+@dataclass
 class GraphSpec:
     algorithm: str
     """Algorithm module: ``ppo`` for ``dagrl.algos.ppo``, or a dotted path to your own module."""
@@ -118,6 +139,7 @@ class GraphSpec:
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     stop: StopSpec = field(default_factory=StopSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    supervision: SupervisionSpec = field(default_factory=SupervisionSpec)
     max_staleness: int = 4
     """``async`` only: rollouts collected with weights older than this many updates are dropped."""
     rollouts_per_update: int = 1
@@ -222,8 +244,14 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
 def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     import gymnasium as gym
 
+    module, _, name = env.id.rpartition(":")
+    if module:  # gymnasium's "package.module:Env-v0": importing the module registers the env
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(where, "env.id", f"cannot import {module!r} for {env.id!r} ({err})") from None
     try:
-        gym.spec(env.id)
+        gym.spec(name)
     except gym.error.Error as err:
         raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err})") from None
     try:

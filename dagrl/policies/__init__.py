@@ -10,7 +10,8 @@ from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.single import Single
 from dagrl.policies.split_learner import SplitLearner
 from dagrl.policies.sync import Sync
-from dagrl.runtime.hosts import start_actors, start_local
+from dagrl.runtime.hosts import start_actors, start_local, start_one
+from dagrl.runtime.supervisor import Supervisor
 
 POLICIES: dict[str, type[Policy]] = {
     "single": Single,
@@ -35,6 +36,11 @@ def build_policy(graph: Any, client: Any = None, seed_offset: int = 0, run_dir: 
         if client is None:
             raise ValueError(f"policy {cls.name} needs a Dask client")
         hosts = start_actors(client, graph, seed_offset, run_dir=run_dir)
-    else:
-        hosts = start_local(graph, seed_offset, run_dir)
-    return cls(graph, hosts)
+        policy = cls(graph, hosts)
+
+        def start(role: str, index: int, address: str, offset: int) -> Any:
+            return start_one(client, graph, role, index, address, offset, run_dir)
+
+        policy.supervisor = Supervisor(client, graph, hosts, start, seed_offset)
+        return policy
+    return cls(graph, start_local(graph, seed_offset, run_dir))

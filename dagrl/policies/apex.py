@@ -28,6 +28,7 @@ from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult, call_with_cached_args
 from dagrl.policies.lockstep import route
 from dagrl.runtime.hosts import Handle
+from dagrl.runtime.supervisor import RoleFailure
 
 
 class Apex(Policy):
@@ -124,7 +125,12 @@ class Apex(Policy):
                 raise self.error
             arrived, self.arrived = self.arrived, []
         t0 = time.perf_counter()
-        self._learn_round()
+        while True:
+            try:
+                self._learn_round()
+                break
+            except RoleFailure as failure:  # a replay shard died: reopen it from its store, redo the round
+                self.replace_in_place(failure)
         update_time = time.perf_counter() - t0
         with self.cond:
             self.rounds += 1
@@ -164,14 +170,17 @@ class Apex(Policy):
                         self.cond.wait(0.2)
                     self.collects_started += 1
                     version, args = self.current
-                out = call_with_cached_args(handle, self.stream.name, version, args, sent)
-                sent = version
-                results = {}
-                for node in self.insert:
-                    shards = self.hosts[node.role]
-                    shard = index % len(shards)
-                    node_args = [[out] if a is self.stream else self._learner_arg(a, node, shard) for a in node.inputs]
-                    results[node.id] = (shard, shards[shard].call(node.name, *node_args).result())
+                try:
+                    out = call_with_cached_args(handle, self.stream.name, version, args, sent)
+                    sent = version
+                    results = self._insert(index, out)
+                except RoleFailure as failure:  # the sampler or its replay shard died: replace, collect again
+                    self.replace_in_place(failure)
+                    with self.cond:
+                        self.collects_started -= 1
+                    if failure.handle is handle:
+                        handle, sent = self.hosts[self.stream.role][index], -1
+                    continue
                 with self.cond:
                     for node_id, (shard, value) in results.items():
                         self.latest[node_id][shard] = value
@@ -184,6 +193,19 @@ class Apex(Policy):
             with self.cond:
                 self.error = err
                 self.cond.notify_all()
+
+    def _insert(self, index: int, out: Any) -> dict[int, tuple[int, Any]]:
+        """The stream's consumers (replay ``add``) on sampler ``index``'s shard."""
+        results = {}
+        for node in self.insert:
+            shards = self.hosts[node.role]
+            shard = index % len(shards)
+            node_args = [[out] if a is self.stream else self._learner_arg(a, node, shard) for a in node.inputs]
+            results[node.id] = (shard, shards[shard].call(node.name, *node_args).result())
+        return results
+
+    def after_restore(self) -> None:
+        self._refresh()
 
     def close(self) -> None:
         self.stopping.set()

@@ -21,6 +21,7 @@ from typing import Any
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult, call_with_cached_args
 from dagrl.runtime.hosts import Handle
+from dagrl.runtime.supervisor import RoleFailure
 
 
 class Async(Policy):
@@ -136,7 +137,11 @@ class Async(Policy):
             while not self.stopping.is_set():
                 with self.lock:
                     version, args = self.current
-                out = call_with_cached_args(handle, self.stream.name, version, args, sent)
+                try:
+                    out = call_with_cached_args(handle, self.stream.name, version, args, sent)
+                except RoleFailure as failure:  # this sampler died: a new one gets weights with its first call
+                    handle, sent = self.replace_in_place(failure), -1
+                    continue
                 sent = version
                 while not self.stopping.is_set():
                     try:
@@ -146,6 +151,9 @@ class Async(Policy):
                         continue
         except BaseException as err:  # handed to the driver thread, which raises it
             self.error = err
+
+    def after_restore(self) -> None:
+        self._refresh()
 
     def close(self) -> None:
         self.stopping.set()

@@ -10,6 +10,7 @@ import numpy as np
 from dagrl.context import Episodes
 from dagrl.runtime.host import Ref
 from dagrl.runtime.hosts import Handle
+from dagrl.runtime.supervisor import RoleFailure
 
 
 @dataclass
@@ -47,6 +48,18 @@ class Policy:
     def __init__(self, graph: Any, hosts: dict[str, list[Handle]]):
         self.graph = graph
         self.hosts = hosts
+        self.supervisor: Any = None
+        """A :class:`~dagrl.runtime.supervisor.Supervisor` for policies on a cluster (set by build_policy)."""
+
+    def replace_in_place(self, failure: RoleFailure) -> Handle:
+        """Replace a failed replica of a replicated role (sampler, replay shard) and go on; a failure of a
+        single-instance role (a learner) is the driver's to handle (roll back to the checkpoint)."""
+        if self.supervisor is None or not self.graph.algorithm.roles[failure.handle.role].many:
+            raise failure
+        return self.supervisor.replace(failure)
+
+    def after_restore(self) -> None:
+        """Called after the driver restored learner state from a checkpoint (republish weights)."""
 
     @classmethod
     def check(cls, algorithm: Any) -> None:
@@ -56,8 +69,12 @@ class Policy:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, list[Any]]:
-        futures = {role: [h.state_dict() for h in hs] for role, hs in self.hosts.items()}
-        return {role: [f.result() for f in fs] for role, fs in futures.items()}
+        while True:
+            futures = {role: [h.state_dict() for h in hs] for role, hs in self.hosts.items()}
+            try:
+                return {role: [f.result() for f in fs] for role, fs in futures.items()}
+            except RoleFailure as failure:  # a replay shard died: reopen it, ask again
+                self.replace_in_place(failure)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
         futures = [

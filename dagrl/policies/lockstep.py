@@ -19,12 +19,20 @@ from typing import Any
 
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult
+from dagrl.runtime.supervisor import RoleFailure
 
 
 class Lockstep(Policy):
     name = "lockstep"
 
     def step(self) -> StepResult:
+        while True:
+            try:
+                return self._step()
+            except RoleFailure as failure:  # a sampler or replay shard died: replace it, redo the iteration
+                self.replace_in_place(failure)
+
+    def _step(self) -> StepResult:
         graph = self.graph.algorithm.graph
         res = StepResult()
         values: dict[int, list[Any]] = {}

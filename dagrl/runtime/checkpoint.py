@@ -40,3 +40,26 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if data.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {data.get('format')!r}, expected {FORMAT}")
     return data
+
+
+def non_finite(tree: Any, prefix: str = "") -> list[str]:
+    """Keys of every tensor or array in a nested state holding NaN or inf (``learner.actor.0.weight``)."""
+    import numpy as np
+
+    bad: list[str] = []
+    if isinstance(tree, torch.Tensor):
+        if tree.is_floating_point() and not bool(torch.isfinite(tree).all()):
+            bad.append(prefix)
+    elif isinstance(tree, np.ndarray):
+        if np.issubdtype(tree.dtype, np.floating) and not np.isfinite(tree).all():
+            bad.append(prefix)
+    elif isinstance(tree, float):
+        if tree != tree or tree in (float("inf"), float("-inf")):
+            bad.append(prefix)
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            bad += non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            bad += non_finite(v, f"{prefix}.{i}" if prefix else str(i))
+    return bad

@@ -18,9 +18,10 @@ import numpy as np
 
 from dagrl.graph import Graph
 from dagrl.policies.base import Policy
-from dagrl.runtime.checkpoint import save_checkpoint
+from dagrl.runtime.checkpoint import load_checkpoint, non_finite, save_checkpoint
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
+from dagrl.runtime.supervisor import CrashLoop, RoleFailure
 
 log = logging.getLogger("dagrl")
 
@@ -89,35 +90,98 @@ class Trainer:
         return None
 
     def checkpoint(self) -> None:
-        payload = {
-            "counters": dataclasses.asdict(self.counters),
-            "recent": list(self.recent),
-            "roles": self.policy.state_dict(),
-        }
+        """Write a checkpoint, unless some weight is NaN or inf: then stop, keeping the last good one."""
+        roles = self.policy.state_dict()
+        bad = [f"{role}.{key}" for role, states in roles.items() for key in non_finite(states)]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise TrainingError(
+                f"iteration {self.counters.iteration}: non-finite weights in {shown}; last good checkpoint kept"
+            )
+        payload = {"counters": dataclasses.asdict(self.counters), "recent": list(self.recent), "roles": roles}
         save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
+
+    def restore(self, failure: RoleFailure) -> None:
+        try:
+            self._restore(failure)
+        except CrashLoop as err:
+            raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
+
+    def _restore(self, failure: RoleFailure) -> None:
+        """A learner (single-instance role) failed: replace it and roll the run back to the last checkpoint.
+
+        Every learner-side role is restored together (so a critic and an actor stay consistent);
+        replay shards reopen their stores; counters go back to the checkpoint's, never further.
+        """
+        supervisor = self.policy.supervisor
+        if supervisor is None:
+            raise TrainingError(str(failure)) from failure.cause
+        supervisor.replace(failure)
+        ckpt = load_checkpoint(self.rundir.path)
+        before = dataclasses.replace(self.counters)
+        elapsed = self.counters.elapsed_s
+        self.counters = Counters(**{**ckpt["counters"], "elapsed_s": elapsed})
+        self.recent.clear()
+        self.recent.extend(ckpt.get("recent", []))
+        roles = self.graph.algorithm.roles
+        self.policy.load_state_dict({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
+        self.policy.after_restore()
+        log.warning(
+            "%s[%d] restored from the checkpoint of iteration %d (%d iterations, %d env steps redone)",
+            failure.handle.role,
+            failure.handle.index,
+            self.counters.iteration,
+            before.iteration - self.counters.iteration,
+            before.env_steps - self.counters.env_steps,
+        )
+        self.rundir.append_event(
+            {
+                "event": "rollback",
+                "role": failure.handle.role,
+                "to_iteration": self.counters.iteration,
+                "iterations_lost": before.iteration - self.counters.iteration,
+                "env_steps_lost": before.env_steps - self.counters.env_steps,
+            }
+        )
+
+    def _on_restart(self, event: Any) -> None:
+        self.rundir.append_event({"event": "restart", "iteration": self.counters.iteration, **vars(event)})
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; returns (and writes) the run summary."""
         reason = self.stop_reason()
         every = self.graph.spec.checkpoint.every
         start = time.perf_counter() - self.counters.elapsed_s
+        if self.policy.supervisor is not None:
+            self.policy.supervisor.listeners.append(self._on_restart)
+        if not self.rundir.list_checkpoints():
+            self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
         with _stop_on_sigint() as stop_requested:
             try:
                 while reason is None:
-                    res = self.policy.step()
-                    self._count(res, start)
-                    last_row = self._row(res)
-                    self.rundir.log(last_row)
-                    self.progress.update(last_row)
-                    if every and self.counters.iteration % every == 0:
-                        self.checkpoint()
+                    try:
+                        res = self.policy.step()
+                        self._count(res, start)
+                        last_row = self._row(res)
+                        self.rundir.log(last_row)
+                        self.progress.update(last_row)
+                        if every and self.counters.iteration % every == 0:
+                            self.checkpoint()
+                    except RoleFailure as failure:
+                        self.restore(failure)
+                        continue
+                    except CrashLoop as err:
+                        raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
                     reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
             except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
                 log.warning("aborted; the last periodic checkpoint is kept")
                 raise
             finally:
                 self.progress.close()
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except RoleFailure as failure:
+            raise TrainingError(f"final checkpoint: {failure}; the last periodic checkpoint is kept") from None
         summary = {
             "stop_reason": reason,
             "iterations": self.counters.iteration,
@@ -161,6 +225,11 @@ class Trainer:
         row["perf/sample_time_s"] = res.sample_time
         row["perf/update_time_s"] = res.update_time
         row.update(res.metrics)
+        if self.policy.supervisor is not None:
+            restarts = self.policy.supervisor.restarts()
+            row["sup/restarts"] = float(sum(restarts.values()))
+            for role, n in sorted(restarts.items()):
+                row[f"sup/restarts/{role}"] = float(n)
         return row
 
 

@@ -79,16 +79,20 @@ class RoleHost:
         self.memory: dict[str, Any] = {}
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
+        self.running: tuple[str, float] | None = None  # (fragment, wall-clock start) of the call in progress
+        self.last_done = time.time()
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
         args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
         self.calls += 1
         t0 = time.perf_counter()
+        self.running = (fragment, time.time())
         try:
             return self.fragments[fragment](self.state, *args)
         finally:
             self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
+            self.running, self.last_done = None, time.time()
 
     def put(self, key: str, value: Any) -> None:
         """Keep ``value`` for later calls that pass ``Ref(key)``."""
@@ -102,6 +106,22 @@ class RoleHost:
     def load_state_dict(self, sd: Any) -> None:
         if sd is not None:
             self.state.load_state_dict(sd)
+
+    async def heartbeat(self) -> dict[str, Any]:
+        """Liveness and progress. ``async``: Dask runs it on the worker's event loop, so it answers
+        while a fragment is running in the actor's thread."""
+        return self.heartbeat_now()
+
+    def heartbeat_now(self) -> dict[str, Any]:
+        fragment, since = self.running or (None, None)
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "calls": self.calls,
+            "running": fragment,
+            "running_s": None if since is None else time.time() - since,
+            "last_done": self.last_done,
+        }
 
     def info(self) -> dict[str, Any]:
         return {

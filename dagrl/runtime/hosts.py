@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -33,9 +34,21 @@ class Handle:
         self.role, self.index, self.target, self.address = role, index, target, address
         self.future = future  # keeps a Dask actor alive; released by close()
         self.remote = address is not None
+        self.supervisor: Any = None
+        """Set by :class:`~dagrl.runtime.supervisor.Supervisor`: calls are then watched for failures."""
 
     def _wrap(self, out: Any) -> Any:
-        return out if self.remote else Done(out)
+        if not self.remote:
+            return Done(out)
+        if self.supervisor is not None:
+            from dagrl.runtime.supervisor import Watched
+
+            return Watched(out, self, self.supervisor)
+        return out
+
+    def heartbeat(self) -> Any:
+        """Liveness and progress, answered even while a fragment runs (an ``async`` actor method)."""
+        return self._wrap(self.target.heartbeat()) if self.remote else Done(self.target.heartbeat_now())
 
     def call(self, fragment: str, *args: Any) -> Any:
         return self._wrap(self.target.call(fragment, *args))
@@ -54,7 +67,8 @@ class Handle:
 
     def close(self) -> None:
         if self.future is not None:
-            self.future.release()
+            with contextlib.suppress(Exception):  # the client may be closing, or the actor's worker gone
+                self.future.release()
             self.future = None
 
     def __repr__(self) -> str:
@@ -120,24 +134,39 @@ def start_actors(
     workers = client.scheduler_info(n_workers=-1)["workers"]
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.algorithm.roles)}
     placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
-    futures = {}
-    run = uuid.uuid4().hex[:8]
-    for (role, i), addr in placement.items():
-        args, kwargs = _host_args(graph, role, i, seed_offset, run_dir)
-        futures[(role, i)] = client.submit(
-            RoleHost,
-            *args,
-            **kwargs,
-            actor=True,
-            workers=[addr],
-            allow_other_workers=False,
-            key=f"{role}-{i}-{graph.name}-{run}",
-        )
+    futures = {key: _submit(client, graph, *key, addr, seed_offset, run_dir) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
         hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut))
     _log_devices(hosts)
     return hosts
+
+
+def start_one(
+    client: Any, graph: Graph, role: str, index: int, address: str, seed_offset: int, run_dir: str | None
+) -> Handle:
+    """One role replica as a Dask actor on ``address`` (a replacement for a failed one)."""
+    fut = _submit(client, graph, role, index, address, seed_offset, run_dir)
+    try:
+        return Handle(role, index, fut.result(), address, fut)
+    except BaseException:
+        fut.release()
+        raise
+
+
+def _submit(
+    client: Any, graph: Graph, role: str, index: int, address: str, seed_offset: int, run_dir: str | None
+) -> Any:
+    args, kwargs = _host_args(graph, role, index, seed_offset, run_dir)
+    return client.submit(
+        RoleHost,
+        *args,
+        **kwargs,
+        actor=True,
+        workers=[address],
+        allow_other_workers=False,
+        key=f"{role}-{index}-{graph.name}-{uuid.uuid4().hex[:8]}",
+    )
 
 
 def _log_devices(hosts: dict[str, list[Handle]]) -> None:

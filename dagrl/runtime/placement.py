@@ -64,3 +64,21 @@ def _fits(spec: RoleSpec, info: Mapping[str, Any]) -> bool:
         if have < amount:
             return False
     return True
+
+
+def place_one(
+    name: str, spec: RoleSpec, workers: Mapping[str, Mapping[str, Any]], load: Mapping[str, int], gpu_fallback: bool
+) -> str | None:
+    """The least-loaded live worker that fits one replica of ``name`` (a replacement), or ``None``.
+
+    GPU roles prefer workers advertising ``GPU``; CPU roles prefer workers without one.
+    """
+    candidates = [a for a in sorted(workers) if _fits(spec, workers[a])]
+    has_gpu = {a: float(workers[a].get("resources", {}).get("GPU", 0)) >= max(spec.gpus, 1e-9) for a in candidates}
+    if spec.gpus > 0:
+        gpu_ok = [a for a in candidates if has_gpu[a]]
+        if gpu_ok or not gpu_fallback:
+            candidates = gpu_ok
+    if not candidates:
+        return None
+    return min(candidates, key=lambda a: (load.get(a, 0), has_gpu[a] != (spec.gpus > 0)))

@@ -45,6 +45,15 @@ class RunDir:
         tmp.write_text(json.dumps(data, indent=2, default=str))
         tmp.replace(self.path / name)
 
+    def append_event(self, event: dict[str, Any]) -> None:
+        """One line of ``events.jsonl``: restarts and rollbacks, with their reasons."""
+        with open(self.path / "events.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
+
+    def read_events(self) -> list[dict[str, Any]]:
+        path = self.path / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
     def read_json(self, name: str) -> Any:
         path = self.path / name
         return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,213 @@
+"""Supervision of role actors: Dask does not rebuild an actor whose worker died, so dagrl does.
+
+Every call to a remote role host is *watched*: while it waits, it checks every ``poll_s`` that the
+actor's worker is still in the cluster and that the call has not run past ``hang_timeout_s``. A
+failed call raises :class:`RoleFailure` naming the handle and what happened:
+
+* ``lost``: the worker died (SIGKILL, out of memory, preemption): the pending call fails at once,
+  a later one is caught by the liveness check;
+* ``hung``: no answer within ``hang_timeout_s``: the worker process is restarted (the only way to
+  stop a stuck thread) and the role treated as lost;
+* ``raised``: the fragment raised (an env error in ``step`` names the env id, with its traceback).
+
+:meth:`Supervisor.replace` recreates the role replica on a live worker. Who calls it, and what is
+restored, depends on the role (see ``docs/architecture.md``): replicated roles (samplers, replay
+shards, evaluators) are replaced in place by the policy and the iteration goes on (a sampler gets
+current weights with its next call, a replay shard reopens its zarr store); a single-instance role
+(a learner) is replaced by the driver, which rolls the run back to the last checkpoint. More than
+``max_restarts`` restarts of one role within ``window_s`` is a crash loop: :class:`CrashLoop`
+stops the run, naming the role, the worker and the exception, and the last checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("dagrl")
+
+
+class RoleFailure(Exception):
+    """A call to ``handle`` failed: ``kind`` is ``lost``, ``hung`` or ``raised``."""
+
+    def __init__(self, handle: Any, kind: str, cause: BaseException):
+        self.handle, self.kind, self.cause = handle, kind, cause
+        super().__init__(f"{handle.role}[{handle.index}] on {handle.address}: {describe(kind, cause)}")
+
+
+class CrashLoop(RuntimeError):
+    """A role kept failing; the run stops (driver: ``TrainingError``)."""
+
+
+def describe(kind: str, cause: BaseException) -> str:
+    if kind == "lost":
+        return "its worker died"
+    if kind == "hung":
+        return str(cause)
+    return f"{type(cause).__name__}: {cause}"
+
+
+@dataclass
+class Event:
+    """One restart, as written to ``events.jsonl``."""
+
+    role: str
+    index: int
+    worker: str | None
+    kind: str
+    reason: str
+    time: float = field(default_factory=time.time)
+    new_worker: str | None = None
+    replace_s: float | None = None
+    """Seconds from noticing the failure to a working replacement."""
+    traceback: str | None = None
+
+
+class Watched:
+    """A pending call on a remote host whose ``result()`` turns failures into :class:`RoleFailure`."""
+
+    def __init__(self, future: Any, handle: Any, supervisor: Supervisor):
+        self.future, self.handle, self.supervisor = future, handle, supervisor
+
+    def result(self) -> Any:
+        sup, start = self.supervisor, time.monotonic()
+        while True:
+            try:
+                return self.future.result(timeout=sup.spec.poll_s)
+            except TimeoutError:
+                waited = time.monotonic() - start
+                if not sup.alive(self.handle.address):
+                    raise RoleFailure(self.handle, "lost", OSError("worker gone")) from None
+                if waited > sup.spec.hang_timeout_s:
+                    msg = f"no answer for {waited:.0f} s (hang_timeout_s {sup.spec.hang_timeout_s:g})"
+                    raise RoleFailure(self.handle, "hung", TimeoutError(msg)) from None
+            except OSError as err:  # distributed: "Unable to contact Actor's worker", CommClosedError
+                raise RoleFailure(self.handle, "lost", err) from None
+            except Exception as err:
+                raise RoleFailure(self.handle, "raised", err) from None
+
+
+class Supervisor:
+    """Replaces failed role actors of one run; counts restarts; detects crash loops."""
+
+    def __init__(self, client: Any, graph: Any, hosts: dict[str, list[Any]], start: Any, seed_offset: int = 0):
+        self.client, self.graph, self.hosts = client, graph, hosts
+        self.spec = graph.spec.supervision
+        self.start = start  # start(role, index, address, seed_offset) -> Handle
+        self.seed_offset = seed_offset
+        self.lock = threading.RLock()
+        self.events: list[Event] = []
+        self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._workers: tuple[float, dict[str, Any]] = (0.0, {})
+        self.listeners: list[Any] = []
+        for handles in hosts.values():
+            for h in handles:
+                h.supervisor = self
+
+    # -- liveness --------------------------------------------------------------------------------
+
+    def workers(self, max_age: float = 0.5) -> dict[str, Any]:
+        stamp, workers = self._workers
+        if time.monotonic() - stamp > max_age:
+            workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            self._workers = (time.monotonic(), workers)
+        return workers
+
+    def alive(self, address: str | None) -> bool:
+        return address is None or address in self.workers()
+
+    # -- restarts --------------------------------------------------------------------------------
+
+    def restarts(self) -> dict[str, int]:
+        counts: dict[str, int] = collections.Counter(e.role for e in self.events)
+        return dict(counts)
+
+    def replace(self, failure: RoleFailure) -> Any:
+        """A working replacement for ``failure.handle`` (the current one if another thread made it)."""
+        old = failure.handle
+        with self.lock:
+            current = self.hosts[old.role][old.index]
+            if current is not old:
+                return current
+            event = Event(old.role, old.index, old.address, failure.kind, describe(failure.kind, failure.cause))
+            if failure.kind == "raised":
+                event.traceback = remote_traceback(failure.cause)
+            t0 = time.monotonic()
+            cause: BaseException = failure.cause
+            while True:
+                self._count(event, cause)
+                log.warning("%s[%d] on %s: %s; restarting it", old.role, old.index, old.address, event.reason)
+                if failure.kind == "hung" and old.address:
+                    self._restart_worker(old.address)
+                old.close()
+                try:
+                    new = self.start(old.role, old.index, self._choose_worker(old), self._seed_shift(old.role))
+                    break
+                except Exception as err:  # the constructor failed (e.g. the env raises on reset)
+                    cause = err
+                    event = Event(old.role, old.index, old.address, "raised", describe("raised", err))
+                    event.traceback = remote_traceback(err)
+                    time.sleep(min(2.0, 0.2 * len(self.recent[old.role])))
+            new.supervisor = self
+            event.new_worker, event.replace_s = new.address, time.monotonic() - t0
+            self.hosts[old.role][old.index] = new
+            for listener in self.listeners:
+                listener(event)
+            return new
+
+    def _count(self, event: Event, cause: BaseException) -> None:
+        now = time.monotonic()
+        recent = self.recent[event.role]
+        while recent and now - recent[0] > self.spec.window_s:
+            recent.popleft()
+        recent.append(now)
+        self.events.append(event)
+        if len(recent) > self.spec.max_restarts:
+            where = event.worker or "this process"
+            raise CrashLoop(
+                f"{event.role}[{event.index}] on {where} failed {len(recent)} times in {self.spec.window_s:g} s "
+                f"(max_restarts {self.spec.max_restarts}): {describe(event.kind, cause)}"
+                + (f"\n{event.traceback}" if event.traceback else "")
+            )
+
+    def _seed_shift(self, role: str) -> int:
+        """A replacement samples new episodes, not the ones its predecessor already produced."""
+        return self.seed_offset + 7_919 * sum(1 for e in self.events if e.role == role)
+
+    def _restart_worker(self, address: str) -> None:
+        try:
+            self.client.restart_workers([address], timeout=60, raise_for_error=False)
+        except Exception as err:  # the worker may be gone already
+            log.warning("could not restart worker %s: %s", address, err)
+
+    def _choose_worker(self, old: Any, wait_s: float = 15.0) -> str:
+        """A live worker that fits the role, preferring one hosting no actor (a restarted worker).
+
+        Waits up to ``wait_s`` for such a worker (the nanny restarts a killed worker within a few
+        seconds), then shares the least loaded one.
+        """
+        from dagrl.runtime.placement import place_one
+
+        end = time.monotonic() + wait_s
+        while True:
+            workers = self.workers(max_age=0.0)
+            load = collections.Counter(
+                h.address for hs in self.hosts.values() for h in hs if h is not old and h.address in workers
+            )
+            addr = place_one(old.role, self.graph.role(old.role), workers, load, self.graph.spec.gpu_fallback)
+            if addr is not None and (load[addr] == 0 or time.monotonic() > end):
+                return addr
+            time.sleep(0.25)
+
+
+def remote_traceback(err: BaseException) -> str:
+    """The traceback of an exception raised in an actor (Dask re-raises it with the remote frames)."""
+    text = getattr(err, "traceback_text", None)
+    if text:
+        return text
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip()

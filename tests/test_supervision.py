@@ -1,0 +1,202 @@
+"""Supervision on a real LocalCluster with real signals: killed, crashing, hung and NaN roles."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dagrl.graph import load_graph, resolve_graph
+from dagrl.policies import build_policy
+from dagrl.replay import ReplayStore
+from dagrl.runtime.checkpoint import load_checkpoint
+from dagrl.runtime.driver import Trainer, TrainingError
+from dagrl.runtime.progress import Progress
+from dagrl.runtime.rundir import RunDir
+from dagrl.schema import apply_overrides
+from tests.faulty import SCHEMA, value_of
+
+
+def faulty(overrides: list[str]):
+    """The graph of tests/faulty.py's algorithm: 2 samplers -> 1 replay shard -> learner."""
+    return resolve_graph(apply_overrides(copy.deepcopy(FAULTY), overrides), "faulty")
+
+
+FAULTY = {
+    "algorithm": "tests.faulty",
+    "env": {"id": "CartPole-v1"},
+    "roles": {"sampler": {"replicas": 2}, "replay": {"replicas": 1}, "learner": {}},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Four worker processes under nannies (a killed worker comes back empty, as on a real cluster)."""
+    from distributed import Client, LocalCluster
+
+    os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        Client(lc, direct_to_workers=True) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def faults():
+    path = os.environ["DAGRL_FAULT_DIR"]
+    shutil.rmtree(path)
+    os.makedirs(path)
+    return path
+
+
+class Run:
+    """A training run in a background thread, with the trainer reachable for killing its roles."""
+
+    def __init__(self, graph, client, tmp_path):
+        self.rundir = RunDir.create(tmp_path, graph.name)
+        self.policy = build_policy(graph, client, run_dir=self.rundir.path)
+        self.trainer = Trainer(graph, self.policy, self.rundir, progress=Progress(enabled=False))
+        self.summary = self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.summary = self.trainer.run()
+        except BaseException as err:
+            self.error = err
+        finally:
+            self.policy.close()
+
+    def wait_iteration(self, n: int, timeout: float = 120) -> None:
+        end = time.monotonic() + timeout
+        while self.trainer.counters.iteration < n:
+            assert self.thread.is_alive(), f"run ended early: {self.error}"
+            assert time.monotonic() < end, f"iteration {n} not reached"
+            time.sleep(0.05)
+
+    def kill(self, role: str, index: int = 0) -> int:
+        """SIGKILL the worker process hosting ``role[index]``; return its pid."""
+        pid = self.policy.hosts[role][index].heartbeat().result()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def finish(self, timeout: float = 280) -> dict:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "run did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.summary
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        return [e for e in self.rundir.read_events() if kind is None or e["event"] == kind]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("graph_file", "threshold"),
+    [("ppo-cartpole-sync.yaml", 475), ("ppo-cartpole-async.yaml", 475), ("dqn-cartpole-apex.yaml", 195)],
+)
+def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, tmp_path, graph_file, threshold):
+    graph = load_graph(f"graphs/{graph_file}", [f"stop.mean_return={threshold}"])
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(5)
+    run.kill("sampler", 1)
+    summary = run.finish()
+    assert summary["stop_reason"] == "mean_return", summary
+    restarts = run.events("restart")
+    assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
+    assert restarts[0]["new_worker"] and restarts[0]["replace_s"] < 30
+    rows = run.rundir.read_metrics()
+    assert rows[-1]["sup/restarts/sampler"] == 1.0
+    assert rows[-1]["charts/episode_return_mean"] >= threshold
+
+
+def test_killed_learner_rolls_back_to_the_checkpoint_and_finishes(cluster, tmp_path):
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["checkpoint.every=4", "stop.iterations=14"])
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(10)
+    run.kill("learner")
+    summary = run.finish()
+    assert summary["stop_reason"] == "iterations" and summary["iterations"] == 14
+    (rollback,) = run.events("rollback")
+    assert rollback["to_iteration"] in (8, 12) and rollback["iterations_lost"] >= 1
+    iterations = [r["iteration"] for r in run.rundir.read_metrics()]
+    # after the kill the counters go back to the checkpoint, never further
+    drop = next(i for i in range(1, len(iterations)) if iterations[i] <= iterations[i - 1])
+    assert iterations[drop] == rollback["to_iteration"] + 1
+    assert iterations[drop:] == list(range(rollback["to_iteration"] + 1, 15))
+    assert load_checkpoint(run.rundir.path)["counters"]["iteration"] == 14
+
+
+def test_killed_replay_reopens_with_every_flushed_row(cluster, tmp_path):
+    graph = faulty(
+        ["policy=apex", "checkpoint.every=5", "stop.iterations=40", f"roles.replay.path={tmp_path / 'replay'}"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(12)  # the checkpoint of iteration 10 flushed the store
+    flushed = load_checkpoint(run.rundir.path)["roles"]["replay"][0]["durable_rows"]
+    run.kill("replay")
+    run.finish()
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("replay", "lost")]
+    store = ReplayStore(SCHEMA, 200_000, 40_000, tmp_path / "replay" / "0", chunk_rows=64)
+    assert len(store) >= flushed > 0
+    rows = store.read(np.arange(flushed))
+    np.testing.assert_array_equal(rows["value"], value_of(rows["source"], rows["seq"]))  # not damaged
+    for source in (0, 1):  # and none missing: each sampler's rows up to the flush are there, in order
+        seq = rows["seq"][rows["source"] == source]
+        np.testing.assert_array_equal(seq, np.arange(len(seq)))
+    store.close()
+
+
+def test_env_error_in_step_names_env_and_sampler_and_the_sampler_is_restarted(cluster, tmp_path, faults):
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["env.id=tests.faulty:StepFailsOnce-v0", "stop.iterations=8"])
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 8
+    (event,) = run.events("restart")
+    assert event["role"] == "sampler" and event["kind"] == "raised"
+    assert "env tests.faulty:StepFailsOnce-v0 raised in step() on sampler[" in event["reason"]
+    assert "the pole fell off the cart" in event["reason"]
+    assert "faulty.py" in event["traceback"] and "raise ValueError" in event["traceback"]
+
+
+def test_crash_loop_stops_the_run_naming_role_worker_and_exception(cluster, tmp_path):
+    graph = load_graph(
+        "graphs/ppo-cartpole-sync.yaml",
+        ["env.id=tests.faulty:CrashLoop-v0", "stop.iterations=200", "checkpoint.every=1", "supervision.max_restarts=2"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    with pytest.raises(TrainingError) as err:
+        run.finish()
+    text = str(err.value)
+    assert text.startswith("crash loop: sampler[")
+    assert "tcp://127.0.0.1:" in text and "failed 3 times" in text and "simulator licence expired" in text
+    assert "last good checkpoint kept" in text
+    assert load_checkpoint(run.rundir.path)["counters"]["iteration"] >= 1
+
+
+def test_hung_sampler_is_treated_as_dead(cluster, tmp_path, faults):
+    graph = faulty(["policy=sync", "stop.iterations=12", "hyperparameters.hang_at=4", "supervision.hang_timeout_s=3"])
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 12
+    kinds = {(e["role"], e["kind"]) for e in run.events("restart")}
+    assert ("sampler", "hung") in kinds
+
+
+def test_nan_weights_stop_the_run_and_keep_the_last_good_checkpoint(cluster, tmp_path):
+    graph = faulty(["policy=sync", "checkpoint.every=2", "stop.iterations=20", "hyperparameters.nan_after=7"])
+    run = Run(graph, cluster, tmp_path)
+    with pytest.raises(TrainingError, match=r"iteration 8: non-finite weights in learner\.0\.w"):
+        run.finish()
+    ckpt = load_checkpoint(run.rundir.path)
+    assert ckpt["counters"]["iteration"] == 6
+    assert bool(np.isfinite(ckpt["roles"]["learner"][0]["w"].numpy()).all())
