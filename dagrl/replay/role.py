@@ -49,6 +49,9 @@ class ReplayState:
     def state_dict(self) -> dict[str, int]:
         return self.store.state_dict()
 
+    def stats(self) -> dict[str, int]:
+        return self.store.stats()
+
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.store.load_state_dict(state)
 

@@ -114,7 +114,9 @@ class RoleHost:
 
     def heartbeat_now(self) -> dict[str, Any]:
         fragment, since = self.running or (None, None)
+        stats = getattr(self.state, "stats", None)  # a replay role: rows in RAM and on disk
         return {
+            "stats": stats() if callable(stats) else None,
             "time": time.time(),
             "pid": os.getpid(),
             "calls": self.calls,

@@ -37,33 +37,39 @@ class Handle:
         self.supervisor: Any = None
         """Set by :class:`~dagrl.runtime.supervisor.Supervisor`: calls are then watched for failures."""
 
-    def _wrap(self, out: Any) -> Any:
+    def _invoke(self, method: str, *args: Any) -> Any:
+        """Call ``method`` on the host: in-process at once, remotely as a (watched) future."""
         if not self.remote:
-            return Done(out)
-        if self.supervisor is not None:
-            from dagrl.runtime.supervisor import Watched
+            if method == "heartbeat":
+                method = "heartbeat_now"
+            return Done(getattr(self.target, method)(*args))
+        if self.supervisor is None:
+            return getattr(self.target, method)(*args)
+        from dagrl.runtime.supervisor import Failed, RoleFailure, Watched
 
-            return Watched(out, self, self.supervisor)
-        return out
+        try:
+            return Watched(getattr(self.target, method)(*args), self, self.supervisor)
+        except Exception as err:  # Dask refuses calls on an actor whose worker is known lost
+            return Failed(RoleFailure(self, "lost", err))
 
     def heartbeat(self) -> Any:
         """Liveness and progress, answered even while a fragment runs (an ``async`` actor method)."""
-        return self._wrap(self.target.heartbeat()) if self.remote else Done(self.target.heartbeat_now())
+        return self._invoke("heartbeat")
 
     def call(self, fragment: str, *args: Any) -> Any:
-        return self._wrap(self.target.call(fragment, *args))
+        return self._invoke("call", fragment, *args)
 
     def put(self, key: str, value: Any) -> Any:
-        return self._wrap(self.target.put(key, value))
+        return self._invoke("put", key, value)
 
     def state_dict(self) -> Any:
-        return self._wrap(self.target.state_dict())
+        return self._invoke("state_dict")
 
     def load_state_dict(self, sd: Any) -> Any:
-        return self._wrap(self.target.load_state_dict(sd))
+        return self._invoke("load_state_dict", sd)
 
     def info(self) -> Any:
-        return self._wrap(self.target.info())
+        return self._invoke("info")
 
     def close(self) -> None:
         if self.future is not None:

@@ -92,6 +92,16 @@ class Watched:
                 raise RoleFailure(self.handle, "raised", err) from None
 
 
+class Failed:
+    """A call that could not even be sent: ``result()`` raises its :class:`RoleFailure`."""
+
+    def __init__(self, failure: RoleFailure):
+        self.failure = failure
+
+    def result(self) -> Any:
+        raise self.failure
+
+
 class Supervisor:
     """Replaces failed role actors of one run; counts restarts; detects crash loops."""
 
@@ -114,8 +124,10 @@ class Supervisor:
     def workers(self, max_age: float = 0.5) -> dict[str, Any]:
         stamp, workers = self._workers
         if time.monotonic() - stamp > max_age:
-            workers = self.client.scheduler_info(n_workers=-1)["workers"]
-            self._workers = (time.monotonic(), workers)
+            info = self.client.scheduler_info(n_workers=-1)
+            if "workers" in info:  # a client that is reconnecting has no scheduler identity yet
+                workers = info["workers"]
+                self._workers = (time.monotonic(), workers)
         return workers
 
     def alive(self, address: str | None) -> bool:
