@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         client = None
         if build_needs_cluster(spec.policy):
             client = stack.enter_context(connect(cluster, graph, rundir.path))
-            log.info("dashboard: %s", client.dashboard_link)
+            log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
         policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
         stack.callback(policy.close)
         actors = policy.actors()
@@ -92,6 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         for a in actors:
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=not args.quiet))
+        if client is not None:
+            from dagrl.dashboard.feed import Feed
+
+            feed = Feed(client, policy, rundir.path.name).start()
+            stack.callback(feed.close)
+            trainer.listeners.append(feed.on_row)
         summary = trainer.run()
         if summary["stop_reason"] == "interrupted":
             log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
@@ -106,6 +112,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         rundir.path,
     )
     return 0
+
+
+def rl_page(dashboard_link: str) -> str:
+    """The RL page's address next to the dashboard's ``.../status``."""
+    return dashboard_link.rsplit("/", 1)[0] + "/individual-dagrl"
 
 
 def build_needs_cluster(policy: str) -> bool:

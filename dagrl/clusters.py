@@ -221,6 +221,9 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     import dask
     from distributed import LocalCluster
 
+    from dagrl.dashboard import register
+
+    register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
     with dask.config.set({"distributed.worker.profile.enabled": spec.profile}):

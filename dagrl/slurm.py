@@ -248,6 +248,9 @@ def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator
         graph.spec.roles[role].resources.setdefault(pool_resource(pool), 1.0)
     security = tls_security(run_dir) if spec.tls else None
     log.info("SLURM: %d worker jobs in pools %s", len(jobs), ", ".join(sorted(set(pools.values()))))
+    from dagrl.dashboard import register
+
+    register()  # the RL page, before the scheduler's dashboard starts
     first = spec.pools[next(iter(spec.pools))]
     slurm = SLURMCluster(
         n_workers=0,

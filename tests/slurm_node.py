@@ -14,7 +14,6 @@ Also usable by hand to try ``dagrl submit`` on one machine::
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,15 +32,11 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 def install() -> None:
     """apt-get the SLURM and munge packages unless their daemons are already on PATH."""
-    if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged")):
-        return
-    if os.geteuid() != 0:
-        raise RuntimeError("SLURM is not installed and installing it needs root (apt-get install slurm-wlm munge)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
-        out = _run(cmd, env=env)
-        if out.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    try:
+        from tests.debian import ensure
+    except ImportError:  # run as a script: python tests/slurm_node.py
+        from debian import ensure
+    ensure(["slurmctld", "slurmd", "sbatch", "munged"], PACKAGES)
 
 
 class SlurmNode:

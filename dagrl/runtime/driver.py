@@ -67,6 +67,8 @@ class Trainer:
         self.progress = progress or Progress()
         self.stop = graph.spec.stop
         self.counters = Counters()
+        self.listeners: list[Any] = []
+        """Called with each metrics row and the episodes that finished in it (the dashboard feed)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
         if resume is not None:
             self.counters = Counters(**resume["counters"])
@@ -165,6 +167,8 @@ class Trainer:
                         last_row = self._row(res)
                         self.rundir.log(last_row)
                         self.progress.update(last_row)
+                        for listener in self.listeners:
+                            listener(last_row, res.episodes)
                         if every and self.counters.iteration % every == 0:
                             self.checkpoint()
                     except RoleFailure as failure:

@@ -119,6 +119,7 @@ class RoleHost:
             "stats": stats() if callable(stats) else None,
             "time": time.time(),
             "pid": os.getpid(),
+            "device": self.device,
             "calls": self.calls,
             "running": fragment,
             "running_s": None if since is None else time.time() - since,

@@ -1,0 +1,38 @@
+"""The RL page of the Dask dashboard (``/individual-dagrl``) and the feed that fills it.
+
+The driver publishes one event per iteration (topic ``dagrl-metrics``: the metrics row and the
+returns of the episodes that finished) and, every ``interval`` seconds, the role actors' heartbeats
+(topic ``dagrl-actors``), through Dask's event topics (``Client.log_event``). The page is a bokeh
+document served by the scheduler's dashboard; it reads the scheduler's event log and streams what
+is new into its plots. The scheduler keeps the last 1000 events per topic, so a page opened late
+shows the last 1000 iterations.
+
+Registering the page uses Dask's dashboard internals (``distributed.dashboard.scheduler.applications``),
+so the distributed version is pinned in ``pyproject.toml`` and the page is tested in a real browser.
+It must be registered before the scheduler starts: dagrl's own clusters do it, and for a scheduler
+started by hand: ``dask scheduler --preload dagrl.dashboard``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PAGE = "/individual-dagrl"
+METRICS = "dagrl-metrics"
+ACTORS = "dagrl-actors"
+
+__all__ = ["ACTORS", "METRICS", "PAGE", "register"]
+
+
+def register() -> None:
+    """Add the RL page to the dashboard applications of schedulers started after this call."""
+    from distributed.dashboard.scheduler import applications
+
+    from dagrl.dashboard.page import rl_doc
+
+    applications.setdefault(PAGE, rl_doc)
+
+
+def dask_setup(scheduler: Any) -> None:
+    """``dask scheduler --preload dagrl.dashboard``: register the page before the dashboard starts."""
+    register()

@@ -1,0 +1,149 @@
+"""The bokeh document behind ``/individual-dagrl``: learning curve, throughput, staleness, actors, replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagrl.dashboard import ACTORS, METRICS
+
+INTERVAL_MS = 500
+STALENESS_KEYS = ("perf/staleness", "perf/weights_lag")
+EVAL_KEYS = ("eval/return_mean", "eval/return")
+
+
+class RLPage:
+    """Plots one run at a time (the newest one publishing on this scheduler)."""
+
+    def __init__(self, scheduler: Any):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, DataTable, Div, Legend, TableColumn
+        from bokeh.plotting import figure
+
+        self.scheduler = scheduler
+        self.run: str | None = None
+        self.seen = {METRICS: 0.0, ACTORS: 0.0}
+
+        def source(name: str, **cols: list) -> ColumnDataSource:
+            return ColumnDataSource({k: [] for k in cols} or {}, name=name)
+
+        self.episodes = source("dagrl-episodes", steps=[], ret=[])
+        self.curve = source("dagrl-curve", steps=[], ret=[])
+        self.evals = source("dagrl-eval", steps=[], ret=[])
+        self.rates = source("dagrl-rates", t=[], sample_hz=[], update_hz=[])
+        self.stale = source("dagrl-staleness", t=[], staleness=[])
+        self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
+        self.table = source("dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[])
+
+        self.header = Div(text="<b>dagrl</b>: waiting for a run to publish metrics", name="dagrl-header")
+        kw = {"sizing_mode": "stretch_width", "height": 260, "tools": "pan,wheel_zoom,box_zoom,reset,save"}
+        ret = figure(title="Episode return", x_axis_label="env steps", **kw)
+        r1 = ret.scatter("steps", "ret", source=self.episodes, size=3, alpha=0.35, color="#1f77b4")
+        r2 = ret.line("steps", "ret", source=self.curve, line_width=2, color="#d62728")
+        r3 = ret.line("steps", "ret", source=self.evals, line_width=2, color="#2ca02c", line_dash="dashed")
+        ret.add_layout(Legend(items=[("episodes", [r1]), ("mean (window)", [r2]), ("evaluation", [r3])]), "right")
+
+        hz = figure(title="Throughput (Hz)", x_axis_label="seconds", **kw)
+        h1 = hz.line("t", "sample_hz", source=self.rates, color="#1f77b4", line_width=2)
+        h2 = hz.line("t", "update_hz", source=self.rates, color="#ff7f0e", line_width=2)
+        hz.add_layout(Legend(items=[("sample Hz (env steps)", [h1]), ("update Hz (frames)", [h2])]), "right")
+
+        st = figure(title="Staleness (updates behind)", x_axis_label="seconds", **kw)
+        st.line("t", "staleness", source=self.stale, color="#9467bd", line_width=2)
+
+        rp = figure(title="Replay rows", x_axis_label="seconds", **kw)
+        p1 = rp.line("t", "ram", source=self.replay, color="#8c564b", line_width=2)
+        p2 = rp.line("t", "disk", source=self.replay, color="#7f7f7f", line_width=2)
+        rp.add_layout(Legend(items=[("in RAM", [p1]), ("on disk", [p2])]), "right")
+
+        columns = [
+            TableColumn(field="role", title="role"),
+            TableColumn(field="index", title="#"),
+            TableColumn(field="worker", title="worker"),
+            TableColumn(field="device", title="device"),
+            TableColumn(field="state", title="state"),
+            TableColumn(field="heartbeat", title="last heartbeat"),
+            TableColumn(field="calls", title="calls"),
+        ]
+        actors = DataTable(
+            source=self.table, columns=columns, height=200, sizing_mode="stretch_width", index_position=None
+        )
+        self.root = column(
+            self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"), actors,
+            sizing_mode="stretch_width",
+        )  # fmt: skip
+
+    def _new(self, topic: str) -> list[tuple[float, dict]]:
+        events = [(t, m) for t, m in self.scheduler.get_events(topic) if t > self.seen[topic]]
+        if events:
+            self.seen[topic] = events[-1][0]
+        return events
+
+    def update(self) -> None:
+        for _, msg in self._new(METRICS):
+            if msg.get("run") != self.run:
+                self._start(msg.get("run"))
+            self._metrics(msg)
+        for _, msg in self._new(ACTORS):
+            if msg.get("run") == self.run:
+                self._actors(msg)
+
+    def _start(self, run: str | None) -> None:
+        self.run = run
+        for src in (self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay):
+            src.data = {k: [] for k in src.data}
+
+    def _metrics(self, msg: dict) -> None:
+        row = msg["row"]
+        steps, t = row.get("env_steps", 0), row.get("time_s", 0.0)
+        if msg.get("returns"):
+            self.episodes.stream({"steps": [steps] * len(msg["returns"]), "ret": msg["returns"]}, rollover=20_000)
+        if row.get("charts/episode_return_mean") is not None:
+            self.curve.stream({"steps": [steps], "ret": [row["charts/episode_return_mean"]]}, rollover=5_000)
+        for key in EVAL_KEYS:
+            if row.get(key) is not None:
+                self.evals.stream({"steps": [steps], "ret": [row[key]]}, rollover=5_000)
+                break
+        self.rates.stream(
+            {"t": [t], "sample_hz": [row.get("perf/sample_hz", 0.0)], "update_hz": [row.get("perf/update_hz", 0.0)]},
+            rollover=5_000,
+        )
+        for key in STALENESS_KEYS:
+            if key in row:
+                self.stale.stream({"t": [t], "staleness": [row[key]]}, rollover=5_000)
+                break
+        ret = row.get("charts/episode_return_mean")
+        restarts = int(row.get("sup/restarts", 0))
+        self.header.text = (
+            f"<b>dagrl</b> run <code>{self.run}</code>: iteration {row.get('iteration')}, {steps:,} env steps, "
+            f"mean return {'-' if ret is None else f'{ret:.1f}'}, {t:.0f} s"
+            + (f", <b>{restarts} restart(s)</b>" if restarts else "")
+        )
+        self._last_t = t
+
+    def _actors(self, msg: dict) -> None:
+        rows = msg["actors"]
+        self.table.data = {
+            "role": [r["role"] for r in rows],
+            "index": [r["index"] for r in rows],
+            "worker": [r["worker"] for r in rows],
+            "device": [r.get("device", "?") for r in rows],
+            "state": [("final: " if msg.get("final") else "") + r["state"] for r in rows],
+            "heartbeat": ["-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f} s ago" for r in rows],
+            "calls": ["-" if r["calls"] is None else str(r["calls"]) for r in rows],
+        }
+        stats = [r["stats"] for r in rows if r.get("stats")]
+        if stats:
+            t = getattr(self, "_last_t", 0.0)
+            self.replay.stream(
+                {"t": [t], "ram": [sum(s["hot_rows"] for s in stats)], "disk": [sum(s["cold_rows"] for s in stats)]},
+                rollover=5_000,
+            )
+
+
+def rl_doc(scheduler: Any, extra: Any, doc: Any) -> None:
+    """Bokeh document factory, as Dask's dashboard calls it for each page view."""
+    page = RLPage(scheduler)
+    page.update()
+    doc.add_periodic_callback(page.update, INTERVAL_MS)
+    doc.title = "dagrl: RL"
+    doc.add_root(page.root)

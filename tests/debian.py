@@ -1,0 +1,20 @@
+"""Installing the Debian packages a test needs (CI machines start without them; tests run as root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+
+def ensure(binaries: list[str], packages: list[str]) -> None:
+    """``apt-get install packages`` unless every one of ``binaries`` is already on PATH."""
+    if all(shutil.which(b) for b in binaries):
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError(f"{', '.join(packages)} missing, and installing them needs root (apt-get install)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")

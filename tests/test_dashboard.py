@@ -1,0 +1,138 @@
+"""The RL page in a real headless Chromium (Debian's, installed by this module) during a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.debian import ensure
+
+ARTIFACTS = Path(os.environ.get("DAGRL_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ensure(["chromium", "chromedriver"], ["chromium", "chromium-driver"])
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1100",
+    ):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def running(tmp_path):
+    """``dagrl run`` of Ape-X DQN (samplers, replay, learner) in a subprocess; yields its dashboard link."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dagrl",
+            "run",
+            "graphs/dqn-cartpole-apex.yaml",
+            "--set",
+            f"runs_dir={tmp_path}",
+            "--set",
+            "stop.mean_return=null",
+            "--set",
+            "stop.wall_time_s=240",
+            "--set",
+            "roles.replay.memory=1MiB",  # small, so the replay plot shows rows on disk too
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    link = None
+    for line in proc.stderr:
+        match = re.search(r"RL page: (http://\S+?)\)", line)
+        if match:
+            link = match.group(1)
+            break
+    assert link, "dagrl run printed no dashboard link"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    yield link
+    os.killpg(proc.pid, signal.SIGINT)  # first Ctrl-C: finish the iteration, checkpoint, stop
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def points(driver, name: str) -> int:
+    return driver.execute_script(
+        "const m = Bokeh.documents.length && Bokeh.documents[0].get_model_by_name(arguments[0]);"
+        "if (!m) return -1; const d = m.data; const k = Object.keys(d)[0]; return k ? d[k].length : 0;",
+        name,
+    )
+
+
+def column(driver, source: str, field: str) -> list:
+    return driver.execute_script(
+        "const m = Bokeh.documents[0].get_model_by_name(arguments[0]); return Array.from(m.data[arguments[1]]);",
+        source,
+        field,
+    )
+
+
+def wait(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_rl_page_shows_live_training_and_every_role(browser, running):
+    base = running.rsplit("/", 1)[0]
+    plots = json.loads(urllib.request.urlopen(f"{base}/individual-plots.json", timeout=10).read())
+    assert "/individual-dagrl" in plots.values(), plots
+
+    browser.get(running)
+    wait(lambda: points(browser, "dagrl-episodes") > 20, 120, "episode returns on the page")
+    wait(lambda: points(browser, "dagrl-rates") > 3, 60, "throughput points")
+    wait(lambda: points(browser, "dagrl-replay") > 1, 60, "replay fill points")
+    wait(lambda: points(browser, "dagrl-staleness") > 1, 60, "staleness points")
+    roles = wait(lambda: set(column(browser, "dagrl-actors", "role")), 60, "the actor table")
+    assert roles == {"sampler", "replay", "learner"}
+    states = column(browser, "dagrl-actors", "state")
+    assert all(s == "idle" or s.startswith("running") for s in states), states
+    assert len(column(browser, "dagrl-actors", "worker")) == 4  # 2 samplers, replay, learner
+    assert max(column(browser, "dagrl-rates", "sample_hz")) > 0
+    disk = column(browser, "dagrl-replay", "disk")
+    wait(lambda: max(column(browser, "dagrl-replay", "disk")) > 0, 90, "replay rows spilled to disk")
+    assert "iteration" in browser.execute_script(
+        "return Bokeh.documents[0].get_model_by_name('dagrl-header').text"
+    ), disk
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "rl-page.png"))
