@@ -35,3 +35,13 @@ def graphs_dir():
 @pytest.fixture(autouse=True)
 def _in_repo_root(monkeypatch):
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real single-node SLURM (tests/slurm_node.py), shared by the tests that submit jobs."""
+    from tests.slurm_node import SlurmNode
+
+    node = SlurmNode(tmp_path_factory.mktemp("slurm")).start()
+    yield node
+    node.stop()

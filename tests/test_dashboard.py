@@ -131,8 +131,8 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
     assert max(column(browser, "dagrl-rates", "sample_hz")) > 0
     disk = column(browser, "dagrl-replay", "disk")
     wait(lambda: max(column(browser, "dagrl-replay", "disk")) > 0, 90, "replay rows spilled to disk")
-    assert "iteration" in browser.execute_script(
-        "return Bokeh.documents[0].get_model_by_name('dagrl-header').text"
-    ), disk
+    assert "iteration" in browser.execute_script("return Bokeh.documents[0].get_model_by_name('dagrl-header').text"), (
+        disk
+    )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "rl-page.png"))

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_node import SlurmNode
-
 pytestmark = pytest.mark.slurm
 
 CLUSTER = """kind: slurm
@@ -36,14 +34,8 @@ pools:
 TINY = ["--set", "roles.learner.resources={GPU: 1}", "--set", "checkpoint.every=2"]
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    node = SlurmNode(tmp_path_factory.mktemp("slurm")).start()
-    yield node
-    node.stop()
-
-
 def cluster_file(tmp_path: Path, partition: str = "debug") -> str:
+    """A cluster file for the test node: loopback, TLS, a GPU pool and a CPU pool."""
     path = tmp_path / f"slurm-{partition}.yaml"
     path.write_text(CLUSTER.format(partition=partition))
     return str(path)

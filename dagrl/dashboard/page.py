@@ -6,7 +6,9 @@ from typing import Any
 
 from dagrl.dashboard import ACTORS, METRICS
 
-INTERVAL_MS = 500
+INTERVAL_MS = 1000
+ROLLOVER = {"episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000}
+"""Points kept per plot: the browser redraws them all on every update."""
 STALENESS_KEYS = ("perf/staleness", "perf/weights_lag")
 EVAL_KEYS = ("eval/return_mean", "eval/return")
 
@@ -79,10 +81,15 @@ class RLPage:
         return events
 
     def update(self) -> None:
+        """Stream what arrived since the last call: one ``stream`` per source, however many rows came."""
+        batch: dict[str, dict[str, list]] = {}
         for _, msg in self._new(METRICS):
             if msg.get("run") != self.run:
                 self._start(msg.get("run"))
-            self._metrics(msg)
+                batch = {}
+            self._metrics(msg, batch)
+        for name, cols in batch.items():
+            getattr(self, name).stream(cols, rollover=ROLLOVER[name])
         for _, msg in self._new(ACTORS):
             if msg.get("run") == self.run:
                 self._actors(msg)
@@ -92,24 +99,26 @@ class RLPage:
         for src in (self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay):
             src.data = {k: [] for k in src.data}
 
-    def _metrics(self, msg: dict) -> None:
+    def _metrics(self, msg: dict, batch: dict[str, dict[str, list]]) -> None:
+        def add(name: str, **values: Any) -> None:
+            cols = batch.setdefault(name, {k: [] for k in values})
+            for k, v in values.items():
+                cols[k].extend(v if isinstance(v, list) else [v])
+
         row = msg["row"]
         steps, t = row.get("env_steps", 0), row.get("time_s", 0.0)
         if msg.get("returns"):
-            self.episodes.stream({"steps": [steps] * len(msg["returns"]), "ret": msg["returns"]}, rollover=20_000)
+            add("episodes", steps=[steps] * len(msg["returns"]), ret=list(msg["returns"]))
         if row.get("charts/episode_return_mean") is not None:
-            self.curve.stream({"steps": [steps], "ret": [row["charts/episode_return_mean"]]}, rollover=5_000)
+            add("curve", steps=steps, ret=row["charts/episode_return_mean"])
         for key in EVAL_KEYS:
             if row.get(key) is not None:
-                self.evals.stream({"steps": [steps], "ret": [row[key]]}, rollover=5_000)
+                add("evals", steps=steps, ret=row[key])
                 break
-        self.rates.stream(
-            {"t": [t], "sample_hz": [row.get("perf/sample_hz", 0.0)], "update_hz": [row.get("perf/update_hz", 0.0)]},
-            rollover=5_000,
-        )
+        add("rates", t=t, sample_hz=row.get("perf/sample_hz", 0.0), update_hz=row.get("perf/update_hz", 0.0))
         for key in STALENESS_KEYS:
             if key in row:
-                self.stale.stream({"t": [t], "staleness": [row[key]]}, rollover=5_000)
+                add("stale", t=t, staleness=row[key])
                 break
         ret = row.get("charts/episode_return_mean")
         restarts = int(row.get("sup/restarts", 0))
@@ -136,7 +145,7 @@ class RLPage:
             t = getattr(self, "_last_t", 0.0)
             self.replay.stream(
                 {"t": [t], "ram": [sum(s["hot_rows"] for s in stats)], "disk": [sum(s["cold_rows"] for s in stats)]},
-                rollover=5_000,
+                rollover=ROLLOVER["replay"],
             )
 
 

@@ -1,0 +1,79 @@
+"""Every notebook runs top to bottom (small budgets) and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+
+from tests.test_slurm import CLUSTER
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def python_processes() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if "python" in (p.info["name"] or "")}
+
+
+def run_notebook(name: str, tmp_path: Path, **env: str) -> nbformat.NotebookNode:
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    before = python_processes()
+    old = dict(os.environ)
+    os.environ.update({"DAGRL_NOTEBOOK_QUICK": "1", "DAGRL_NOTEBOOK_RUNS": str(tmp_path / "runs"), **env})
+    try:
+        NotebookClient(
+            nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        ).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    end = time.monotonic() + 20  # workers and the kernel take a moment to exit
+    while (left := python_processes() - before) and time.monotonic() < end:
+        time.sleep(0.5)
+    leftover = [" ".join(psutil.Process(p).cmdline()[:4]) for p in left if psutil.pid_exists(p)]
+    assert not leftover, f"{name} left processes behind: {leftover}"
+    return nb
+
+
+def outputs(nb: nbformat.NotebookNode) -> str:
+    text = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text.append(out.get("text", "") or str(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(text)
+
+
+def test_quickstart(tmp_path):
+    nb = run_notebook("01-quickstart", tmp_path)
+    text = outputs(nb)
+    assert "RL page: http://127.0.0.1:" in text and "/individual-dagrl" in text
+    assert "6 iterations" in text
+    assert any(o.get("output_type") == "display_data" for c in nb.cells for o in c.get("outputs", []))  # the curve
+
+
+def test_distribution_policies(tmp_path):
+    text = outputs(run_notebook("02-distribution-policies", tmp_path))
+    for label in ("single", "sync", "async", "apex (DQN)"):
+        assert f"{label} " in text
+
+
+@pytest.mark.slurm
+def test_slurm_notebook_submits_to_a_real_slurm(slurm, tmp_path):
+    cluster = tmp_path / "slurm.yaml"
+    cluster.write_text(CLUSTER.format(partition="debug"))
+    text = outputs(run_notebook("03-slurm", tmp_path, DAGRL_SLURM_CLUSTER=str(cluster)))
+    assert "SLURM controller reachable: True" in text
+    assert "(worker job)" in text and "#SBATCH --gres=gpu:1" in text
+    assert "COMPLETED" in text and "done (iterations)" in text
+    assert not slurm.jobs()
+
+
+def test_slurm_notebook_skips_without_slurm(tmp_path):
+    text = outputs(run_notebook("03-slurm", tmp_path, SLURM_CONF="/nonexistent"))
+    assert "No SLURM here" in text and text.count("skipped: no SLURM controller reachable") == 3
+    assert "(worker job)" in text  # the dry run needs no SLURM
