@@ -26,3 +26,7 @@ bench:
 	$(PYTHON) -m dagrl bench sampling
 	$(PYTHON) -m dagrl bench ppo-cartpole
 	$(PYTHON) -m dagrl bench replay
+	$(PYTHON) -m dagrl bench sac-pendulum
+	$(PYTHON) -m dagrl bench supervision
+	$(PYTHON) tests/debian.py chromium chromium
+	$(PYTHON) -m dagrl bench dashboard

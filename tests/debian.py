@@ -18,3 +18,10 @@ def ensure(binaries: list[str], packages: list[str]) -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+if __name__ == "__main__":  # python tests/debian.py BINARY PACKAGE [BINARY PACKAGE ...]
+    import sys
+
+    pairs = sys.argv[1:]
+    ensure(pairs[0::2], pairs[1::2])
