@@ -5,8 +5,9 @@
 Four conditions, interleaved, on one LocalCluster: the dashboard feed off (no events at all), the
 feed on with no page open, the page held open by a bokeh client session (the server builds and
 updates it, nothing renders it: the scheduler-side cost), and the page open in headless Chromium on
-the same machine (its plots refreshing every second). Each trains ``ppo-cartpole-async`` for a fixed number of iterations;
-throughput is env steps / training seconds. Needs Debian's chromium (``apt-get install chromium``).
+the same machine (its plots refreshing every second). Each trains ``ppo-cartpole-async`` for a
+fixed number of iterations; throughput is env steps / training seconds. Needs Debian's chromium
+(``apt-get install chromium``).
 """
 
 from __future__ import annotations

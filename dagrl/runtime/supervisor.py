@@ -86,10 +86,23 @@ class Watched:
                 if waited > sup.spec.hang_timeout_s:
                     msg = f"no answer for {waited:.0f} s (hang_timeout_s {sup.spec.hang_timeout_s:g})"
                     raise RoleFailure(self.handle, "hung", TimeoutError(msg)) from None
-            except OSError as err:  # distributed: "Unable to contact Actor's worker", CommClosedError
-                raise RoleFailure(self.handle, "lost", err) from None
+            except OSError as err:  # "Unable to contact Actor's worker", CommClosedError, or the fragment's own
+                raise RoleFailure(self.handle, self._os_error_kind(err), err) from None
             except Exception as err:
                 raise RoleFailure(self.handle, "raised", err) from None
+
+    def _os_error_kind(self, err: OSError) -> str:
+        """``lost`` if the worker is gone (or Dask says it cannot reach it), else the fragment ``raised`` it."""
+        from distributed.comm.core import CommClosedError
+
+        if isinstance(err, CommClosedError) or "contact Actor's worker" in str(err):
+            return "lost"
+        end = time.monotonic() + 2.0  # the scheduler may learn of the death a moment after us
+        while time.monotonic() < end:
+            if not self.supervisor.alive(self.handle.address, fresh=True):
+                return "lost"
+            time.sleep(0.2)
+        return "raised"
 
 
 class Failed:
@@ -130,8 +143,8 @@ class Supervisor:
                 self._workers = (time.monotonic(), workers)
         return workers
 
-    def alive(self, address: str | None) -> bool:
-        return address is None or address in self.workers()
+    def alive(self, address: str | None, fresh: bool = False) -> bool:
+        return address is None or address in self.workers(max_age=0.0 if fresh else 0.5)
 
     # -- restarts --------------------------------------------------------------------------------
 
@@ -206,6 +219,7 @@ class Supervisor:
         from dagrl.runtime.placement import place_one
 
         end = time.monotonic() + wait_s
+        give_up = end + 120.0
         while True:
             workers = self.workers(max_age=0.0)
             load = collections.Counter(
@@ -214,6 +228,8 @@ class Supervisor:
             addr = place_one(old.role, self.graph.role(old.role), workers, load, self.graph.spec.gpu_fallback)
             if addr is not None and (load[addr] == 0 or time.monotonic() > end):
                 return addr
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"no live worker can host {old.role} (needs {self.graph.role(old.role).resources})")
             time.sleep(0.25)
 
 
