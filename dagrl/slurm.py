@@ -11,6 +11,7 @@ submission, and every script submitted is kept in ``<run dir>/jobs/``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -19,6 +20,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,9 +280,84 @@ def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator
         write_cluster_info(run_dir, slurm, jobs)
         with Client(slurm, security=security, direct_to_workers=True) as client:
             _wait_for_workers(client, slurm, len(jobs), spec.start_timeout_s)
-            yield client
+            keeper = Resubmitter(slurm, client, run_dir, jobs).start()
+            try:
+                yield client
+            finally:
+                keeper.stop()
     finally:
         slurm.close()
+
+
+class Resubmitter:
+    """Resubmits the job of a worker that left the cluster (preempted, cancelled, out of walltime).
+
+    Dask's nanny restarts a worker *process* inside its job; when the job itself is gone nothing
+    comes back, so this thread watches the scheduler's worker names: one missing for ``grace_s``
+    gets a fresh job of the same pool (``<name>-r<k>``), at most ``max_resubmits`` times per worker.
+    The supervisor then places the lost role on the new worker (see ``runtime/supervisor.py``).
+    """
+
+    def __init__(
+        self,
+        slurm: Any,
+        client: Any,
+        run_dir: Path,
+        jobs: list[tuple[str, str]],
+        grace_s: float = 3.0,
+        interval_s: float = 1.0,
+        max_resubmits: int = 3,
+    ):
+        self.slurm, self.client, self.run_dir = slurm, client, run_dir
+        self.names = dict(jobs)  # current worker name -> pool
+        self.origin = {w: w for w in self.names}
+        self.resubmits: collections.Counter[str] = collections.Counter()
+        self.missing_since: dict[str, float] = {}
+        self.grace_s, self.interval_s, self.max_resubmits = grace_s, interval_s, max_resubmits
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="dagrl-resubmit", daemon=True)
+
+    def start(self) -> Resubmitter:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception as err:  # keep watching; a failed resubmission is retried next round
+                log.warning("SLURM resubmission: %s", err)
+
+    def check(self) -> None:
+        info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        live = {w.get("name") for w in info.values()}
+        now = time.monotonic()
+        for name, pool in list(self.names.items()):
+            if name in live:
+                self.missing_since.pop(name, None)
+                continue
+            if now - self.missing_since.setdefault(name, now) >= self.grace_s and not self.stopping.is_set():
+                self.resubmit(name, pool)
+
+    def resubmit(self, name: str, pool: str) -> None:
+        origin = self.origin[name]
+        if self.resubmits[origin] >= self.max_resubmits:
+            return
+        self.resubmits[origin] += 1
+        old_job = getattr(self.slurm.workers.get(name), "job_id", None)
+        entry = self.slurm.worker_spec.pop(name)
+        new = f"{origin}-r{self.resubmits[origin]}"
+        self.slurm.worker_spec[new] = {"cls": entry["cls"], "options": {**entry["options"], "name": new}}
+        self.slurm.sync(self.slurm._correct_state)  # cancels what is left of the old job, submits the new one
+        del self.names[name]
+        self.missing_since.pop(name, None)
+        self.names[new], self.origin[new] = pool, origin
+        log.warning("worker %s (job %s) left the cluster; resubmitted its job as %s", name, old_job, new)
+        write_cluster_info(self.run_dir, self.slurm, list(self.names.items()))
 
 
 def _wait_for_workers(client: Any, slurm: Any, n: int, timeout: float) -> None:

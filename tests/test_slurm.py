@@ -177,3 +177,23 @@ def test_bad_partition_is_one_line_from_slurm_and_leaves_nothing(slurm, tmp_path
     assert "Invalid partition name specified" in lines[0]
     assert run is None and not (tmp_path / "runs").exists()
     assert not slurm.jobs()
+
+
+def test_a_cancelled_worker_job_is_resubmitted_and_the_run_finishes(slurm, tmp_path):
+    """SLURM preemption, as far as a run can tell: a worker's job ends under it."""
+    out, run = submit(tmp_path, "--set", "stop.iterations=200", "--set", "stop.mean_return=null")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: (run / "actors.json").exists() and (run / "metrics.jsonl").exists(), 120, "training")
+    sampler = next(a for a in json.loads((run / "actors.json").read_text()) if a["role"] == "sampler")
+    subprocess.run(["scancel", sampler["env"]["SLURM_JOB_ID"]], check=True)
+
+    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert state == "COMPLETED", log
+    assert "done (iterations)" in log
+    assert re.search(r"worker cpu-\d \(job \d+\) left the cluster; resubmitted its job as cpu-\d-r1", log), log
+    (restart,) = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert (restart["role"], restart["kind"]) == ("sampler", "lost")
+    assert restart["new_worker"] != sampler["address"]
+    assert sorted(p.name for p in (run / "jobs").glob("cpu-*-r1.sh")), "the new job's script is kept"
+    assert not slurm.jobs()
