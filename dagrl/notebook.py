@@ -28,7 +28,7 @@ class LiveCurve:
         self.handle = display(self.fig, display_id=True)
         self.every_s, self.last = every_s, 0.0
 
-    def __call__(self, row: dict[str, Any], episodes: Any) -> None:
+    def __call__(self, row: dict[str, Any], res: Any) -> None:
         if row.get("charts/episode_return_mean") is not None:
             self.steps.append(row["env_steps"])
             self.mean.append(row["charts/episode_return_mean"])

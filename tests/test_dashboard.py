@@ -120,6 +120,7 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
 
     browser.get(running)
     wait(lambda: points(browser, "dagrl-episodes") > 20, 120, "episode returns on the page")
+    wait(lambda: set(column(browser, "dagrl-episodes", "sampler")) == {0, 1}, 60, "episodes of both samplers")
     wait(lambda: points(browser, "dagrl-rates") > 3, 60, "throughput points")
     wait(lambda: points(browser, "dagrl-replay") > 1, 60, "replay fill points")
     wait(lambda: points(browser, "dagrl-staleness") > 1, 60, "staleness points")

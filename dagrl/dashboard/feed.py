@@ -29,10 +29,13 @@ class Feed:
         self.thread.start()
         return self
 
-    def on_row(self, row: dict[str, Any], episodes: Any) -> None:
-        """Trainer listener: one event per iteration."""
-        returns = [float(r) for r in episodes.returns[-MAX_EPISODES:]] if len(episodes) else []
-        self._send(METRICS, {"run": self.run, "row": row, "returns": returns})
+    def on_row(self, row: dict[str, Any], res: Any) -> None:
+        """Trainer listener: one event per iteration, with the returns of the episodes that finished and
+        the sampler that produced each."""
+        n = min(len(res.episodes), MAX_EPISODES)
+        returns = [float(r) for r in res.episodes.returns[len(res.episodes) - n :]]
+        sources = [int(s) for s in res.sources[len(res.sources) - n :]] if len(res.sources) >= n else [-1] * n
+        self._send(METRICS, {"run": self.run, "row": row, "returns": returns, "sources": sources})
 
     def _send(self, topic: str, msg: dict[str, Any]) -> None:
         try:

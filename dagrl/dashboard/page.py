@@ -9,6 +9,8 @@ from dagrl.dashboard import ACTORS, METRICS
 INTERVAL_MS = 1000
 ROLLOVER = {"episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000}
 """Points kept per plot: the browser redraws them all on every update."""
+SAMPLER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+"""Episode points are coloured by the sampler replica that produced them."""
 STALENESS_KEYS = ("perf/staleness", "perf/weights_lag")
 EVAL_KEYS = ("eval/return_mean", "eval/return")
 
@@ -28,7 +30,7 @@ class RLPage:
         def source(name: str, **cols: list) -> ColumnDataSource:
             return ColumnDataSource({k: [] for k in cols} or {}, name=name)
 
-        self.episodes = source("dagrl-episodes", steps=[], ret=[])
+        self.episodes = source("dagrl-episodes", steps=[], ret=[], sampler=[], color=[])
         self.curve = source("dagrl-curve", steps=[], ret=[])
         self.evals = source("dagrl-eval", steps=[], ret=[])
         self.rates = source("dagrl-rates", t=[], sample_hz=[], update_hz=[])
@@ -39,10 +41,13 @@ class RLPage:
         self.header = Div(text="<b>dagrl</b>: waiting for a run to publish metrics", name="dagrl-header")
         kw = {"sizing_mode": "stretch_width", "height": 260, "tools": "pan,wheel_zoom,box_zoom,reset,save"}
         ret = figure(title="Episode return", x_axis_label="env steps", **kw)
-        r1 = ret.scatter("steps", "ret", source=self.episodes, size=3, alpha=0.35, color="#1f77b4")
+        r1 = ret.scatter("steps", "ret", source=self.episodes, size=3, alpha=0.45, color="color")
         r2 = ret.line("steps", "ret", source=self.curve, line_width=2, color="#d62728")
         r3 = ret.line("steps", "ret", source=self.evals, line_width=2, color="#2ca02c", line_dash="dashed")
-        ret.add_layout(Legend(items=[("episodes", [r1]), ("mean (window)", [r2]), ("evaluation", [r3])]), "right")
+        ret.add_layout(
+            Legend(items=[("episodes (colour: sampler)", [r1]), ("mean (window)", [r2]), ("evaluation", [r3])]),
+            "right",
+        )
 
         hz = figure(title="Throughput (Hz)", x_axis_label="seconds", **kw)
         h1 = hz.line("t", "sample_hz", source=self.rates, color="#1f77b4", line_width=2)
@@ -108,7 +113,10 @@ class RLPage:
         row = msg["row"]
         steps, t = row.get("env_steps", 0), row.get("time_s", 0.0)
         if msg.get("returns"):
-            add("episodes", steps=[steps] * len(msg["returns"]), ret=list(msg["returns"]))
+            n = len(msg["returns"])
+            sources = msg.get("sources") or [-1] * n
+            colors = [SAMPLER_COLORS[s % len(SAMPLER_COLORS)] if s >= 0 else "#7f7f7f" for s in sources]
+            add("episodes", steps=[steps] * n, ret=list(msg["returns"]), sampler=list(sources), color=colors)
         if row.get("charts/episode_return_mean") is not None:
             add("curve", steps=steps, ret=row["charts/episode_return_mean"])
         for key in EVAL_KEYS:

@@ -49,7 +49,7 @@ class Apex(Policy):
         self.version = 0
         self.values: dict[int, Any] = {}
         self.latest: dict[int, list[Any]] = {n.id: [None] * len(hosts[n.role]) for n in self.insert}
-        self.arrived: list[tuple[int, Episodes, int]] = []
+        self.arrived: list[tuple[int, Episodes, int, int]] = []
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.error: BaseException | None = None
@@ -140,9 +140,9 @@ class Apex(Policy):
             self._refresh()
         res = StepResult(update_time=update_time)
         lags = []
-        for steps, episodes, version in arrived:
+        for steps, episodes, version, index in arrived:
             res.env_steps += steps
-            res.add_output(_Counted(episodes))
+            res.add_output(_Counted(episodes), source=index)
             lags.append(self.version - version)
         now = time.perf_counter()
         res.sample_time, self.last_step_end = now - self.last_step_end, now  # samplers never pause for us
@@ -186,7 +186,7 @@ class Apex(Policy):
                         self.latest[node_id][shard] = value
                     self.collects_done += 1
                     self.arrived.append(
-                        (int(getattr(out, "env_steps", 0)), getattr(out, "episodes", Episodes()), version)
+                        (int(getattr(out, "env_steps", 0)), getattr(out, "episodes", Episodes()), version, index)
                     )
                     self.cond.notify_all()
         except BaseException as err:  # handed to the driver thread, which raises it

@@ -100,12 +100,12 @@ class Async(Policy):
         staleness: list[int] = []
         while len(batch) < self.per_update:
             try:
-                version, out = self.inbox.get(timeout=0.2)
+                version, source, out = self.inbox.get(timeout=0.2)
             except queue.Empty:
                 if self.error is not None:
                     raise self.error from None
                 continue
-            res.add_output(out)
+            res.add_output(out, source=source)
             lag = self.version - version
             if lag > self.max_staleness:
                 self.dropped += 1
@@ -145,7 +145,7 @@ class Async(Policy):
                 sent = version
                 while not self.stopping.is_set():
                     try:
-                        self.inbox.put((version, out), timeout=0.2)
+                        self.inbox.put((version, handle.index, out), timeout=0.2)
                         break
                     except queue.Full:
                         continue

@@ -24,9 +24,11 @@ class StepResult:
     """Seconds spent producing env steps (wall time of the sampling stage)."""
     update_time: float = 0.0
     """Seconds spent in the fragment that returned the metrics (the update)."""
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """For each episode, the replica of the role that produced it (-1: unknown)."""
 
-    def add_output(self, out: Any) -> None:
-        """Count env steps and finished episodes if ``out`` is a sampler output."""
+    def add_output(self, out: Any, source: int = -1) -> None:
+        """Count env steps and finished episodes if ``out`` is a sampler output (of replica ``source``)."""
         steps = getattr(out, "env_steps", None)
         episodes = getattr(out, "episodes", None)
         if isinstance(steps, int | np.integer):
@@ -36,6 +38,7 @@ class StepResult:
                 np.concatenate([self.episodes.returns, episodes.returns]),
                 np.concatenate([self.episodes.lengths, episodes.lengths]),
             )
+            self.sources = np.concatenate([self.sources, np.full(len(episodes), source, np.int64)])
 
 
 class Policy:

@@ -44,8 +44,8 @@ class Lockstep(Policy):
             elapsed = time.perf_counter() - t0
             values[node.id] = outs
             before = res.env_steps
-            for out in outs:
-                res.add_output(out)
+            for r, out in enumerate(outs):
+                res.add_output(out, source=r)
             if res.env_steps > before:
                 res.sample_time += elapsed
             if node is graph.output:

@@ -68,7 +68,7 @@ class Trainer:
         self.stop = graph.spec.stop
         self.counters = Counters()
         self.listeners: list[Any] = []
-        """Called with each metrics row and the episodes that finished in it (the dashboard feed)."""
+        """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
         if resume is not None:
             self.counters = Counters(**resume["counters"])
@@ -168,7 +168,7 @@ class Trainer:
                         self.rundir.log(last_row)
                         self.progress.update(last_row)
                         for listener in self.listeners:
-                            listener(last_row, res.episodes)
+                            listener(last_row, res)
                         if every and self.counters.iteration % every == 0:
                             self.checkpoint()
                     except RoleFailure as failure:
