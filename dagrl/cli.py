@@ -115,8 +115,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def rl_page(dashboard_link: str) -> str:
-    """The RL page's address next to the dashboard's ``.../status``."""
-    return dashboard_link.rsplit("/", 1)[0] + "/individual-dagrl"
+    """The RL page's address next to the dashboard's ``.../status``, or why there is none.
+
+    dagrl's own clusters register the page; a scheduler started by hand has it only with
+    ``--preload dagrl.dashboard`` (asked of its ``/individual-plots.json``).
+    """
+    import json
+    import urllib.request
+
+    base = dashboard_link.rsplit("/", 1)[0]
+    try:
+        with urllib.request.urlopen(f"{base}/individual-plots.json", timeout=5) as r:
+            pages = json.loads(r.read())
+    except (OSError, ValueError):
+        return f"{base}/individual-dagrl (could not ask the dashboard whether it has it)"
+    if "/individual-dagrl" in pages.values():
+        return f"{base}/individual-dagrl"
+    return "not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`"
 
 
 def build_needs_cluster(policy: str) -> bool:

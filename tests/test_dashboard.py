@@ -137,3 +137,28 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
     )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "rl-page.png"))
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_a_scheduler_started_by_hand_has_the_page_only_with_the_preload(preload):
+    import socket
+
+    from dagrl.cli import rl_page
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
+    cmd += ["--dashboard-address", f"127.0.0.1:{port}", *(["--preload", "dagrl.dashboard"] if preload else [])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        link = f"http://127.0.0.1:{port}/status"
+        wait(lambda: "could not ask" not in rl_page(link), 60, "the scheduler's dashboard")
+        page = rl_page(link)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    if preload:
+        assert page == f"http://127.0.0.1:{port}/individual-dagrl"
+    else:
+        assert page.startswith("not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`")
