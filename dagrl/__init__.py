@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dagrl.context import Episodes, RoleContext
-from dagrl.fragment import fragment, iteration, load_algorithm, role, trace
+from dagrl.fragment import evaluation, fragment, iteration, load_algorithm, role, trace
 
 __version__ = "0.1.0"
 
-__all__ = ["Episodes", "RoleContext", "fragment", "iteration", "load_algorithm", "role", "trace"]
+__all__ = ["Episodes", "RoleContext", "evaluation", "fragment", "iteration", "load_algorithm", "role", "trace"]

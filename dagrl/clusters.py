@@ -204,7 +204,7 @@ def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) ->
         with slurm.cluster(spec, graph, run_dir) as client:
             yield client
         return
-    cluster = local_cluster(spec, sum(r.replicas for r in graph.spec.roles.values()))
+    cluster = local_cluster(spec, graph.n_actors)
     try:
         with Client(cluster, direct_to_workers=True) as client:
             yield client

@@ -31,6 +31,7 @@ __all__ = [
     "FragmentGraph",
     "Node",
     "RoleDef",
+    "evaluation",
     "fragment",
     "iteration",
     "load_algorithm",
@@ -106,6 +107,14 @@ def role(name: str, *, many: bool = False) -> Callable[[Callable[..., Any]], Cal
 def iteration(fn: Callable[[], Any]) -> Callable[[], Any]:
     """Mark the function that calls fragments for one training iteration."""
     fn.__dagrl_iteration__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def evaluation(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Mark the function that calls fragments for one evaluation (run every ``evaluate.every``
+    iterations of a graph); it returns a dict of ``eval/*`` metrics. Roles that only it uses (an
+    ``evaluator``) are started only when the graph turns evaluation on."""
+    fn.__dagrl_evaluation__ = True  # type: ignore[attr-defined]
     return fn
 
 
@@ -192,16 +201,26 @@ class Algorithm:
     roles: dict[str, RoleDef]
     fragments: dict[str, Fragment]
     iteration: Callable[[], Any]
+    evaluation: Callable[[], Any] | None = None
     graph: FragmentGraph = field(init=False)
+    eval_graph: FragmentGraph | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.graph = trace(self.iteration)
-        for node in self.graph.nodes:
+        self.eval_graph = trace(self.evaluation) if self.evaluation is not None else None
+        for node in [*self.graph.nodes, *(self.eval_graph.nodes if self.eval_graph else [])]:
             if node.role not in self.roles:
                 raise TypeError(
                     f"algorithm {self.name}: fragment {node.name} runs on role {node.role!r}, "
                     f"which has no @role state factory"
                 )
+
+    @property
+    def eval_only_roles(self) -> set[str]:
+        """Roles used by the evaluation and not by training (started only when evaluation is on)."""
+        if self.eval_graph is None:
+            return set()
+        return {n.role for n in self.eval_graph.nodes} - {n.role for n in self.graph.nodes}
 
 
 def load_algorithm(name: str) -> Algorithm:
@@ -222,7 +241,7 @@ def load_algorithm(name: str) -> Algorithm:
         raise ModuleNotFoundError(f"no algorithm module {' or '.join(map(repr, candidates))}")
     roles: dict[str, RoleDef] = {}
     fragments: dict[str, Fragment] = {}
-    iterations = []
+    iterations, evaluations = [], []
     for value in vars(module).values():
         if isinstance(value, Fragment):
             fragments[value.name] = value
@@ -230,9 +249,13 @@ def load_algorithm(name: str) -> Algorithm:
             roles[value.__dagrl_role__.name] = value.__dagrl_role__
         elif getattr(value, "__dagrl_iteration__", False):
             iterations.append(value)
+        elif getattr(value, "__dagrl_evaluation__", False):
+            evaluations.append(value)
     config_cls = getattr(module, "Config", None)
     if config_cls is None or not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"algorithm module {modname} defines no Config dataclass")
     if len(iterations) != 1:
         raise TypeError(f"algorithm module {modname} must define exactly one @iteration function")
-    return Algorithm(name, module, config_cls, roles, fragments, iterations[0])
+    if len(evaluations) > 1:
+        raise TypeError(f"algorithm module {modname} defines more than one @evaluation function")
+    return Algorithm(name, module, config_cls, roles, fragments, iterations[0], (evaluations or [None])[0])

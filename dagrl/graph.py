@@ -106,6 +106,17 @@ class CheckpointSpec:
 
 
 @dataclass
+class EvaluateSpec:
+    every: int = 0
+    """Run the algorithm's ``@evaluation`` every this many iterations (0: never); its ``eval/*``
+    metrics join that iteration's row, and its evaluation-only roles (``evaluator``) are started."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"every must be >= 0, got {self.every}")
+
+
+@dataclass
 class SupervisionSpec:
     """What happens when a role actor's worker dies, hangs or its fragment raises (see docs/architecture.md)."""
 
@@ -140,6 +151,7 @@ class GraphSpec:
     stop: StopSpec = field(default_factory=StopSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     supervision: SupervisionSpec = field(default_factory=SupervisionSpec)
+    evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
     max_staleness: int = 4
     """``async`` only: rollouts collected with weights older than this many updates are dropped."""
     rollouts_per_update: int = 1
@@ -178,6 +190,17 @@ class Graph:
 
     def role(self, name: str) -> RoleSpec:
         return self.spec.roles[name]
+
+    @property
+    def active_roles(self) -> dict[str, RoleSpec]:
+        """The roles this run starts: all of the algorithm's, but evaluation-only ones only when
+        ``evaluate.every`` turns evaluation on."""
+        off = set() if self.spec.evaluate.every else self.algorithm.eval_only_roles
+        return {r: self.spec.roles[r] for r in self.algorithm.roles if r not in off}
+
+    @property
+    def n_actors(self) -> int:
+        return sum(r.replicas for r in self.active_roles.values())
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration, hyperparameters with defaults filled in."""
@@ -226,6 +249,10 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             raise ConfigError(
                 where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance"
             )
+    if spec.evaluate.every and algo.eval_graph is None:
+        raise ConfigError(
+            where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
+        )
     if spec.max_staleness < 0:
         raise ConfigError(where, "max_staleness", f"must be >= 0, got {spec.max_staleness}")
     if spec.rollouts_per_update < 1:

@@ -192,7 +192,7 @@ def worker_scripts(
     spec: SlurmSpec, graph: Any, run: str, run_dir: Path, scheduler: str = SCHEDULER_PLACEHOLDER
 ) -> dict[str, str]:
     """Every worker job script of a run, by worker name, without SLURM (``--dry-run``)."""
-    pools = assign_pools(spec, graph.spec.roles)
+    pools = assign_pools(spec, graph.active_roles)
     security = tls_security(run_dir, write=False) if spec.tls else None
     logs = log_directory(spec, run_dir)
     missing = [p for p in (logs, *logs.parents) if not p.exists()]
@@ -242,7 +242,7 @@ def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator
 
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dagrl-slurm-"))
     run = run_dir.name
-    pools = assign_pools(spec, graph.spec.roles)
+    pools = assign_pools(spec, graph.active_roles)
     jobs = worker_jobs(spec, graph, pools)
     scripts = worker_scripts(spec, graph, run, run_dir)
     for w, _ in jobs:  # one refused pool refuses the run before any job is queued

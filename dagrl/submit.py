@@ -91,7 +91,7 @@ def cmd_submit(args: Any) -> int:
     spec = load_cluster(args.cluster)
     if not isinstance(spec, SlurmSpec):
         raise ConfigError(args.cluster, "kind", f"dagrl submit needs a cluster of kind slurm, got {spec.kind!r}")
-    slurm.assign_pools(spec, graph.spec.roles, where=args.cluster)
+    slurm.assign_pools(spec, graph.active_roles, where=args.cluster)
     run = RunDir.new_path(graph.spec.runs_dir, graph.name)
     run_dir = run.path.resolve()
     scripts = {"driver": driver_script(spec, run_dir, Path.cwd())}

@@ -39,9 +39,11 @@ def test_trace_records_calls_and_edges():
 
 def test_ppo_algorithm_is_found_by_its_decorators():
     algo = load_algorithm("ppo")
-    assert set(algo.roles) == {"sampler", "learner"}
+    assert set(algo.roles) == {"sampler", "learner", "evaluator"}
     assert algo.roles["sampler"].many and not algo.roles["learner"].many
     assert [n.name for n in algo.graph.nodes] == ["publish", "collect", "update"]
+    assert [n.name for n in algo.eval_graph.nodes] == ["publish", "evaluate"]
+    assert algo.eval_only_roles == {"evaluator"}
 
 
 def test_user_algorithm_by_module_path(tmp_path, monkeypatch):

@@ -200,3 +200,18 @@ def test_nan_weights_stop_the_run_and_keep_the_last_good_checkpoint(cluster, tmp
     ckpt = load_checkpoint(run.rundir.path)
     assert ckpt["counters"]["iteration"] == 6
     assert bool(np.isfinite(ckpt["roles"]["learner"][0]["w"].numpy()).all())
+
+
+def test_killed_evaluator_is_replaced_without_rolling_back(cluster, tmp_path):
+    graph = load_graph(
+        "graphs/ppo-cartpole-sync.yaml", ["evaluate.every=3", "stop.iterations=15", "stop.mean_return=null"]
+    )
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(4)
+    run.kill("evaluator")
+    summary = run.finish()
+    assert summary["iterations"] == 15
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("evaluator", "lost")]
+    assert not run.events("rollback")
+    rows = run.rundir.read_metrics()
+    assert [r["iteration"] for r in rows if "eval/return_mean" in r] == [3, 6, 9, 12, 15]

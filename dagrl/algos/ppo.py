@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dagrl.context import Episodes, RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.fragment import evaluation, fragment, iteration, role
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -52,9 +52,11 @@ class Config:
     """Stop an update's epochs early when the approximate KL exceeds this."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "update_epochs", "minibatch_size", "hidden"):
+        for name in ("num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
@@ -91,6 +93,11 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs.flatten(1)).squeeze(-1)
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The most likely action (evaluation)."""
+        out = self.actor(obs.flatten(1))
+        return out.argmax(-1) if self.discrete else out
 
     def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(obs.flatten(1))
@@ -210,6 +217,22 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device)
 
 
+@dataclass
+class EvaluatorState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    agent: ActorCritic
+    seed: int
+    calls: int = 0
+
+
+@role("evaluator")
+def evaluator(ctx: RoleContext, cfg: Config) -> EvaluatorState:
+    envs = ctx.make_envs()
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    return EvaluatorState(cfg, envs, agent, ctx.seed)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fragments
 # ---------------------------------------------------------------------------------------------------
@@ -321,6 +344,33 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
 # ---------------------------------------------------------------------------------------------------
 # One training iteration
 # ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="evaluator")
+def evaluate(state: EvaluatorState, weights: Weights) -> Metrics:
+    """``eval_episodes`` whole episodes with the greedy policy, from fresh resets each call."""
+    cfg, envs, agent = state.cfg, state.envs, state.agent
+    agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    state.calls += 1
+    obs, _ = envs.reset(seed=[state.seed + 10_000 * state.calls + i for i in range(envs.num_envs)])
+    ep_return, returns = np.zeros(envs.num_envs), []
+    with torch.no_grad():
+        while len(returns) < cfg.eval_episodes:
+            act = agent.greedy(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            if not agent.discrete:
+                act = np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
+            obs, reward, terminated, truncated, _ = envs.step(act)
+            ep_return += reward
+            done = terminated | truncated
+            returns.extend(ep_return[done].tolist())
+            ep_return[done] = 0.0
+    returns = np.asarray(returns[: cfg.eval_episodes])
+    return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
 
 
 @iteration

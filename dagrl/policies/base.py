@@ -57,9 +57,28 @@ class Policy:
     def replace_in_place(self, failure: RoleFailure) -> Handle:
         """Replace a failed replica of a replicated role (sampler, replay shard) and go on; a failure of a
         single-instance role (a learner) is the driver's to handle (roll back to the checkpoint)."""
-        if self.supervisor is None or not self.graph.algorithm.roles[failure.handle.role].many:
+        algo, role = self.graph.algorithm, failure.handle.role
+        if self.supervisor is None or not (algo.roles[role].many or role in algo.eval_only_roles):
             raise failure
         return self.supervisor.replace(failure)
+
+    def evaluate(self) -> dict[str, float]:
+        """Run the algorithm's ``@evaluation`` graph once, in lockstep, on this policy's hosts.
+
+        Called by the driver between iterations (so a learner's ``publish`` is never concurrent with
+        its ``update``); an evaluator that fails is replaced and the evaluation run again.
+        """
+        from dagrl.policies.lockstep import run_nodes
+
+        graph = self.graph.algorithm.eval_graph
+        while True:
+            try:
+                values = run_nodes(graph.nodes, self.hosts, self.graph.algorithm.roles)
+                break
+            except RoleFailure as failure:
+                self.replace_in_place(failure)
+        out = values[graph.output.id][0]
+        return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}
 
     def after_restore(self) -> None:
         """Called after the driver restored learner state from a checkpoint (republish weights)."""
@@ -83,6 +102,7 @@ class Policy:
         futures = [
             h.load_state_dict(state)
             for role, states in sd.items()
+            if role in self.hosts  # a role this run does not start (an evaluator, evaluation off)
             for h, state in zip(self.hosts[role], states, strict=True)
             if state is not None
         ]

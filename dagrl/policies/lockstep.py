@@ -63,6 +63,22 @@ class Lockstep(Policy):
         ]
 
 
+def run_nodes(nodes: list[Node], hosts: dict[str, list[Any]], roles: Any) -> dict[int, list[Any]]:
+    """Every node on every replica of its role, in order, values routed by :func:`route`."""
+    values: dict[int, list[Any]] = {}
+    for node in nodes:
+        handles = hosts[node.role]
+        futures = []
+        for r, h in enumerate(handles):
+            args = [
+                route(values[a.id], a.role, node.role, roles, r, len(handles)) if isinstance(a, Node) else a
+                for a in node.inputs
+            ]
+            futures.append(h.call(node.name, *args))
+        values[node.id] = [f.result() for f in futures]
+    return values
+
+
 def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards: int) -> Any:
     """What replica ``replica`` (of ``shards``) of role ``dst`` receives of role ``src``'s outputs."""
     if src == dst:

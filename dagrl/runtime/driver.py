@@ -163,6 +163,9 @@ class Trainer:
                 while reason is None:
                     try:
                         res = self.policy.step()
+                        evaluate = self.graph.spec.evaluate.every
+                        if evaluate and (self.counters.iteration + 1) % evaluate == 0:
+                            res.metrics.update(self.policy.evaluate())
                         self._count(res, start)
                         last_row = self._row(res)
                         self.rundir.log(last_row)

@@ -124,7 +124,7 @@ def _host_args(graph: Graph, role: str, index: int, seed_offset: int, run_dir: s
 def start_local(graph: Graph, seed_offset: int = 0, run_dir: str | None = None) -> dict[str, list[Handle]]:
     """Every role replica as an in-process :class:`RoleHost`."""
     hosts: dict[str, list[Handle]] = {}
-    for role in graph.algorithm.roles:
+    for role in graph.active_roles:
         hosts[role] = []
         for i in range(graph.role(role).replicas):
             args, kwargs = _host_args(graph, role, i, seed_offset, run_dir)
@@ -138,7 +138,7 @@ def start_actors(
 ) -> dict[str, list[Handle]]:
     """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
-    wanted = {r: graph.spec.roles[r] for r in (roles or graph.algorithm.roles)}
+    wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
     placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
     futures = {key: _submit(client, graph, *key, addr, seed_offset, run_dir) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
