@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.graph import load_graph, resolve_graph
 from dagrl.policies import build_policy
 from dagrl.schema import ConfigError
 from tests.helpers import train
@@ -33,5 +34,15 @@ def test_evaluator_is_started_only_when_evaluation_is_on():
 
 
 def test_evaluation_needs_an_algorithm_that_defines_one():
-    with pytest.raises(ConfigError, match=r"evaluate\.every: 5: algorithm dqn has no @evaluation"):
-        load_graph("graphs/dqn-cartpole-single.yaml", ["evaluate.every=5"])
+    data = {"algorithm": "tests.replay_algo", "env": {"id": "CartPole-v1"}, "evaluate": {"every": 5}}
+    with pytest.raises(ConfigError, match=r"^mine: evaluate\.every: 5: algorithm tests.replay_algo has no @evaluation"):
+        resolve_graph(data, "mine")
+
+
+@pytest.mark.parametrize("graph_file", ["dqn-cartpole-single", "sac-pendulum-single", "td3-pendulum-single"])
+def test_every_algorithm_evaluates(tmp_path, graph_file):
+    overrides = ["evaluate.every=2", "stop.iterations=2", "stop.mean_return=null", "hyperparameters.eval_episodes=2"]
+    _, rundir = train(f"graphs/{graph_file}.yaml", tmp_path, overrides)
+    rows = rundir.read_metrics()
+    assert "eval/return_mean" not in rows[0]
+    assert np.isfinite(rows[1]["eval/return_mean"]) and rows[1]["eval/return_std"] >= 0

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.evaluator import EpisodeRunner
+from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample
@@ -56,6 +57,8 @@ class Config:
     apex_alpha: float = 7.0
     hidden: int = 128
     """Width of the two hidden layers."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
     max_grad_norm: float = 10.0
     """Global gradient-norm clip."""
     prioritized: bool = False
@@ -171,6 +174,13 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     return LearnerState(cfg, q, target, optimizer, device)
 
 
+@role("evaluator")
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+    envs = ctx.make_envs()
+    q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fragments
 # ---------------------------------------------------------------------------------------------------
@@ -245,6 +255,18 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
 # ---------------------------------------------------------------------------------------------------
 # One training iteration
 # ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: Weights) -> dict[str, float]:
+    """``eval_episodes`` whole episodes acting greedily (no exploration)."""
+    state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    return state.run(lambda obs: state.net(obs).argmax(1))
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
 
 
 @iteration

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dagrl.context import Episodes, RoleContext
+from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 
 # ---------------------------------------------------------------------------------------------------
@@ -217,20 +218,11 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device)
 
 
-@dataclass
-class EvaluatorState:
-    cfg: Config
-    envs: gym.vector.VectorEnv
-    agent: ActorCritic
-    seed: int
-    calls: int = 0
-
-
 @role("evaluator")
-def evaluator(ctx: RoleContext, cfg: Config) -> EvaluatorState:
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
-    return EvaluatorState(cfg, envs, agent, ctx.seed)
+    return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -347,25 +339,10 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
 
 
 @fragment(role="evaluator")
-def evaluate(state: EvaluatorState, weights: Weights) -> Metrics:
-    """``eval_episodes`` whole episodes with the greedy policy, from fresh resets each call."""
-    cfg, envs, agent = state.cfg, state.envs, state.agent
-    agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    state.calls += 1
-    obs, _ = envs.reset(seed=[state.seed + 10_000 * state.calls + i for i in range(envs.num_envs)])
-    ep_return, returns = np.zeros(envs.num_envs), []
-    with torch.no_grad():
-        while len(returns) < cfg.eval_episodes:
-            act = agent.greedy(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-            if not agent.discrete:
-                act = np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
-            obs, reward, terminated, truncated, _ = envs.step(act)
-            ep_return += reward
-            done = terminated | truncated
-            returns.extend(ep_return[done].tolist())
-            ep_return[done] = 0.0
-    returns = np.asarray(returns[: cfg.eval_episodes])
-    return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
+def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
+    """``eval_episodes`` whole episodes acting greedily (the most likely action)."""
+    state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    return state.run(state.net.greedy)
 
 
 @evaluation

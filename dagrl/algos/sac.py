@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.evaluator import EpisodeRunner
+from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
@@ -52,6 +53,8 @@ class Config:
     """Fixed entropy temperature; ``None`` tunes it toward ``-action_dim`` entropy."""
     hidden: int = 128
     """Width of the two hidden layers of every network."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "hidden"):
@@ -75,6 +78,11 @@ class Policy(nn.Module):
         self.net = mlp(int(np.prod(obs_space.shape)), 2 * n_act, hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The squashed mean action (evaluation)."""
+        mean = self.net(obs.flatten(1)).chunk(2, dim=-1)[0]
+        return torch.tanh(mean) * self.scale + self.bias
 
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
@@ -228,6 +236,13 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     )  # fmt: skip
 
 
+@role("evaluator")
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+    envs = ctx.make_envs()
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fragments
 # ---------------------------------------------------------------------------------------------------
@@ -318,6 +333,18 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
 # ---------------------------------------------------------------------------------------------------
 # One training iteration
 # ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: ActorWeights) -> Metrics:
+    """``eval_episodes`` whole episodes with the mean action (no sampling)."""
+    state.net.load_state_dict(as_tensors(weights.policy))
+    return state.run(state.net.greedy)
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
 
 
 @iteration

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.evaluator import EpisodeRunner
+from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
@@ -55,6 +56,8 @@ class Config:
     """Transitions stored before learning begins; samplers act uniformly at random until then."""
     hidden: int = 128
     """Width of the two hidden layers of every network."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden"):
@@ -199,6 +202,13 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     return ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr), dev)
 
 
+@role("evaluator")
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+    envs = ctx.make_envs()
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fragments
 # ---------------------------------------------------------------------------------------------------
@@ -292,6 +302,18 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
 # ---------------------------------------------------------------------------------------------------
 # One training iteration
 # ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
+    """``eval_episodes`` whole episodes with the deterministic policy (no exploration noise)."""
+    state.net.load_state_dict(as_tensors(weights))
+    return state.run(state.net)
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
 
 
 @iteration

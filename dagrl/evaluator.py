@@ -1,0 +1,46 @@
+"""Evaluating a policy on whole episodes: the shared part of every algorithm's ``evaluator`` role.
+
+An algorithm's evaluator state is an :class:`EpisodeRunner` holding its envs and its policy network;
+its ``evaluate`` fragment loads the published weights and calls :meth:`EpisodeRunner.run` with a
+deterministic action function (argmax, the Gaussian's mean, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+
+@dataclass
+class EpisodeRunner:
+    envs: Any
+    """A vector env from ``RoleContext.make_envs`` (autoreset in the same step)."""
+    net: torch.nn.Module
+    seed: int
+    episodes: int
+    calls: int = 0
+
+    def run(self, act: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+        """``episodes`` whole episodes from fresh resets (new seeds each call); their mean and spread."""
+        envs = self.envs
+        self.calls += 1
+        obs, _ = envs.reset(seed=[self.seed + 10_000 * self.calls + i for i in range(envs.num_envs)])
+        space = envs.single_action_space
+        running, returns = np.zeros(envs.num_envs), []
+        with torch.no_grad():
+            while len(returns) < self.episodes:
+                action = act(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+                if isinstance(space, gym.spaces.Box):
+                    action = np.clip(action, space.low, space.high)
+                obs, reward, terminated, truncated, _ = envs.step(action)
+                running += reward
+                done = terminated | truncated
+                returns.extend(running[done].tolist())
+                running[done] = 0.0
+        out = np.asarray(returns[: self.episodes])
+        return {"eval/return_mean": float(out.mean()), "eval/return_std": float(out.std())}
