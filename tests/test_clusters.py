@@ -48,8 +48,10 @@ def test_roles_go_to_the_pool_their_resources_fit(tmp_path):
 
     spec = load_cluster("clusters/slurm.yaml")
     graph = load_graph("graphs/sac-pendulum-split.yaml")
-    pools = assign_pools(spec, graph.spec.roles)
+    pools = assign_pools(spec, graph.active_roles)
     assert pools == {"sampler": "sampler", "replay": "sampler", "critic": "learner", "actor": "learner"}
+    with_eval = load_graph("graphs/sac-pendulum-split.yaml", ["evaluate.every=10"])
+    assert assign_pools(spec, with_eval.active_roles)["evaluator"] == "sampler"  # a CPU role
 
 
 def test_a_role_no_pool_fits_is_an_error_naming_it(tmp_path):
