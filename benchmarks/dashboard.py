@@ -27,18 +27,7 @@ from dagrl.policies import build_policy
 from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
-
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--remote-debugging-port=0",
-]
+from tests.debian import HEADLESS_CHROMIUM_FLAGS  # dagrl bench puts the repository root on sys.path
 
 
 def one(client, condition: str, iterations: int, root: str) -> float:
@@ -54,7 +43,13 @@ def one(client, condition: str, iterations: int, root: str) -> float:
         url = client.dashboard_link.rsplit("/", 1)[0] + "/individual-dagrl"
         profile = tempfile.mkdtemp()
         browser = subprocess.Popen(
-            [shutil.which("chromium"), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url],
+            [
+                shutil.which("chromium"),
+                *HEADLESS_CHROMIUM_FLAGS,
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                url,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -165,7 +165,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
             "dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})"
         )
     sys.argv = [str(script), *rest]
-    sys.path.insert(0, str(script.parent))
+    sys.path[:0] = [str(script.parent), str(script.parent.parent)]  # _common, and tests/ helpers
     runpy.run_path(str(script), run_name="__main__")
     return 0
 

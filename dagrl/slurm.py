@@ -207,7 +207,7 @@ def worker_scripts(
                 path.rmdir()
 
 
-def check_submittable(script: str, where: str = "sbatch") -> None:
+def check_submittable(script: str) -> None:
     """``sbatch --test-only``: SLURM checks partition, account and limits without queueing anything."""
     with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
         f.write(script)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrl.runtime.rundir import RunDir
-from dagrl.schema import ConfigError
+from dagrl.schema import ConfigError, read_yaml
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
@@ -107,7 +107,7 @@ def cmd_submit(args: Any) -> int:
         slurm.check_submittable(text)
     run.path.mkdir(parents=True)
     run.write_config(graph.to_dict())
-    (run.path / "cluster.yaml").write_text(yaml.safe_dump(_cluster_dict(args.cluster)))
+    (run.path / "cluster.yaml").write_text(yaml.safe_dump(read_yaml(args.cluster)))
     (run.path / "jobs").mkdir()
     slurm.log_directory(spec, run_dir).mkdir(parents=True, exist_ok=True)
     script = run.path / "jobs" / "driver.sh"
@@ -128,12 +128,6 @@ def cmd_submit(args: Any) -> int:
     print(f"run directory {run.path}")
     print(f"  dagrl status {run.path}    dagrl logs {run.path}    dagrl cancel {run.path}")
     return 0
-
-
-def _cluster_dict(path: str) -> dict[str, Any]:
-    from dagrl.schema import read_yaml
-
-    return read_yaml(path)
 
 
 def _open_run(path: str) -> tuple[RunDir, dict[str, Any]]:
@@ -214,8 +208,8 @@ def cmd_status(args: Any) -> int:
 
 
 def driver_log(run: RunDir, job: str) -> Path:
-    matches = sorted(run.path.glob(f"logs/driver-{job}.log")) + sorted(run.path.glob(f"**/driver-{job}.log"))
-    return matches[0] if matches else run.path / "logs" / f"driver-{job}.log"
+    found = sorted(run.path.glob(f"**/driver-{job}.log"))
+    return found[0] if found else run.path / "logs" / f"driver-{job}.log"
 
 
 def cmd_logs(args: Any) -> int:

@@ -6,6 +6,18 @@ import os
 import shutil
 import subprocess
 
+HEADLESS_CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # this machine's closed network refuses its connections
+    "--disable-component-update",
+    "--disable-sync",
+)
+"""Debian's chromium as root on a machine with no screen and no outside network (tests, benchmarks)."""
+
 
 def ensure(binaries: list[str], packages: list[str]) -> None:
     """``apt-get install packages`` unless every one of ``binaries`` is already on PATH."""

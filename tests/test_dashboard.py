@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.debian import ensure
+from tests.debian import HEADLESS_CHROMIUM_FLAGS, ensure
 
 ARTIFACTS = Path(os.environ.get("DAGRL_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
@@ -28,18 +28,7 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1100",
-    ):
+    for flag in (*HEADLESS_CHROMIUM_FLAGS, "--disable-dev-shm-usage", "--window-size=1400,1100"):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
     yield driver

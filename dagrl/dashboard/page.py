@@ -28,7 +28,7 @@ class RLPage:
         self.seen = {METRICS: 0.0, ACTORS: 0.0}
 
         def source(name: str, **cols: list) -> ColumnDataSource:
-            return ColumnDataSource({k: [] for k in cols} or {}, name=name)
+            return ColumnDataSource({k: [] for k in cols}, name=name)
 
         self.episodes = source("dagrl-episodes", steps=[], ret=[], sampler=[], color=[])
         self.curve = source("dagrl-curve", steps=[], ret=[])

@@ -39,8 +39,7 @@ class Lockstep(Policy):
         for node in graph.nodes:
             handles = self.hosts[node.role]
             t0 = time.perf_counter()
-            futures = [h.call(node.name, *self._inputs(node, r, values)) for r, h in enumerate(handles)]
-            outs = [f.result() for f in futures]
+            outs = run_node(node, handles, self.graph.algorithm.roles, values)
             elapsed = time.perf_counter() - t0
             values[node.id] = outs
             before = res.env_steps
@@ -54,29 +53,25 @@ class Lockstep(Policy):
                     res.metrics = dict(outs[0])
         return res
 
-    def _inputs(self, node: Node, replica: int, values: dict[int, list[Any]]) -> list[Any]:
-        roles = self.graph.algorithm.roles
-        shards = len(self.hosts[node.role])
-        return [
-            route(values[arg.id], arg.role, node.role, roles, replica, shards) if isinstance(arg, Node) else arg
-            for arg in node.inputs
-        ]
-
 
 def run_nodes(nodes: list[Node], hosts: dict[str, list[Any]], roles: Any) -> dict[int, list[Any]]:
-    """Every node on every replica of its role, in order, values routed by :func:`route`."""
+    """Every node on every replica of its role, in order (the ``@evaluation`` graph)."""
     values: dict[int, list[Any]] = {}
     for node in nodes:
-        handles = hosts[node.role]
-        futures = []
-        for r, h in enumerate(handles):
-            args = [
-                route(values[a.id], a.role, node.role, roles, r, len(handles)) if isinstance(a, Node) else a
-                for a in node.inputs
-            ]
-            futures.append(h.call(node.name, *args))
-        values[node.id] = [f.result() for f in futures]
+        values[node.id] = run_node(node, hosts[node.role], roles, values)
     return values
+
+
+def run_node(node: Node, handles: list[Any], roles: Any, values: dict[int, list[Any]]) -> list[Any]:
+    """``node`` on every replica at once, its inputs routed by :func:`route`; the outputs in replica order."""
+    futures = []
+    for r, h in enumerate(handles):
+        args = [
+            route(values[a.id], a.role, node.role, roles, r, len(handles)) if isinstance(a, Node) else a
+            for a in node.inputs
+        ]
+        futures.append(h.call(node.name, *args))
+    return [f.result() for f in futures]
 
 
 def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards: int) -> Any:

@@ -104,12 +104,6 @@ class Trainer:
         save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
 
     def restore(self, failure: RoleFailure) -> None:
-        try:
-            self._restore(failure)
-        except CrashLoop as err:
-            raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
-
-    def _restore(self, failure: RoleFailure) -> None:
         """A learner (single-instance role) failed: replace it and roll the run back to the last checkpoint.
 
         Every learner-side role is restored together (so a critic and an actor stay consistent);
@@ -177,9 +171,9 @@ class Trainer:
                     except RoleFailure as failure:
                         self.restore(failure)
                         continue
-                    except CrashLoop as err:
-                        raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
                     reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+            except CrashLoop as err:  # from a policy replacing a sampler, or from restore()
+                raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
             except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
                 log.warning("aborted; the last periodic checkpoint is kept")
                 raise
@@ -187,8 +181,8 @@ class Trainer:
                 self.progress.close()
         try:
             self.checkpoint()
-        except RoleFailure as failure:
-            raise TrainingError(f"final checkpoint: {failure}; the last periodic checkpoint is kept") from None
+        except (RoleFailure, CrashLoop) as err:
+            raise TrainingError(f"final checkpoint: {err}; the last periodic checkpoint is kept") from None
         summary = {
             "stop_reason": reason,
             "iterations": self.counters.iteration,

@@ -79,20 +79,19 @@ class RoleHost:
         self.memory: dict[str, Any] = {}
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
-        self.running: tuple[str, float] | None = None  # (fragment, wall-clock start) of the call in progress
-        self.last_done = time.time()
+        self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
         args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
         self.calls += 1
         t0 = time.perf_counter()
-        self.running = (fragment, time.time())
+        self.running = (fragment, t0)
         try:
             return self.fragments[fragment](self.state, *args)
         finally:
             self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
-            self.running, self.last_done = None, time.time()
+            self.running = None
 
     def put(self, key: str, value: Any) -> None:
         """Keep ``value`` for later calls that pass ``Ref(key)``."""
@@ -117,13 +116,11 @@ class RoleHost:
         stats = getattr(self.state, "stats", None)  # a replay role: rows in RAM and on disk
         return {
             "stats": stats() if callable(stats) else None,
-            "time": time.time(),
             "pid": os.getpid(),
             "device": self.device,
             "calls": self.calls,
             "running": fragment,
-            "running_s": None if since is None else time.time() - since,
-            "last_done": self.last_done,
+            "running_s": None if since is None else time.perf_counter() - since,
         }
 
     def info(self) -> dict[str, Any]:
