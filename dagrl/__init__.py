@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dagrl.context import Episodes, RoleContext
 from dagrl.fragment import evaluation, fragment, iteration, load_algorithm, role, trace
+from dagrl.training import train
 
 __version__ = "0.1.0"
 
-__all__ = ["Episodes", "RoleContext", "evaluation", "fragment", "iteration", "load_algorithm", "role", "trace"]
+__all__ = ["Episodes", "RoleContext", "evaluation", "fragment", "iteration", "load_algorithm", "role", "trace", "train"]

@@ -7,7 +7,6 @@ one line naming the file, the key and the value, with exit code 2, before any cl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import runpy
 import sys
@@ -67,41 +66,13 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dagrl.clusters import connect
-    from dagrl.policies import build_policy
-    from dagrl.runtime.driver import Trainer
-    from dagrl.runtime.progress import Progress
+    from dagrl.training import train
 
     graph, cluster, resume, rundir = _load_for_run(args)
-    spec = graph.spec
-    log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
-    if resume is not None:
-        log.info(
-            "resuming at iteration %d, %d env steps", resume["counters"]["iteration"], resume["counters"]["env_steps"]
-        )
-    offset = resume["counters"]["iteration"] if resume else 0
-    with contextlib.ExitStack() as stack:
-        client = None
-        if build_needs_cluster(spec.policy):
-            client = stack.enter_context(connect(cluster, graph, rundir.path))
-            log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
-        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
-        stack.callback(policy.close)
-        actors = policy.actors()
-        rundir.write_json("actors.json", actors)
-        for a in actors:
-            log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
-        trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=not args.quiet))
-        if client is not None:
-            from dagrl.dashboard.feed import Feed
-
-            feed = Feed(client, policy, rundir.path.name).start()
-            stack.callback(feed.close)
-            trainer.listeners.append(feed.on_row)
-        summary = trainer.run()
-        if summary["stop_reason"] == "interrupted":
-            log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
-            return 130
+    summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet)
+    if summary["stop_reason"] == "interrupted":
+        log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
+        return 130
     log.info(
         "done (%s): %d iterations, %d env steps, mean return %s, %.1f s; see %s",
         summary["stop_reason"],
@@ -112,32 +83,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         rundir.path,
     )
     return 0
-
-
-def rl_page(dashboard_link: str) -> str:
-    """The RL page's address next to the dashboard's ``.../status``, or why there is none.
-
-    dagrl's own clusters register the page; a scheduler started by hand has it only with
-    ``--preload dagrl.dashboard`` (asked of its ``/individual-plots.json``).
-    """
-    import json
-    import urllib.request
-
-    base = dashboard_link.rsplit("/", 1)[0]
-    try:
-        with urllib.request.urlopen(f"{base}/individual-plots.json", timeout=5) as r:
-            pages = json.loads(r.read())
-    except (OSError, ValueError):
-        return f"{base}/individual-dagrl (could not ask the dashboard whether it has it)"
-    if "/individual-dagrl" in pages.values():
-        return f"{base}/individual-dagrl"
-    return "not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`"
-
-
-def build_needs_cluster(policy: str) -> bool:
-    from dagrl.policies import POLICIES
-
-    return POLICIES[policy].distributed
 
 
 def cmd_graph(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ Example::
 
     algorithm: ppo                # dagrl.algos.ppo, or any importable module path
     env: {id: CartPole-v1}
-    policy: sync                  # single | sync | async
+    policy: sync                  # or {name: async, max_staleness: 2}: see dagrl.distribution
     seed: 1
     roles:
       sampler: {replicas: 2, envs: 4}
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dagrl import distribution
 from dagrl.fragment import Algorithm, load_algorithm
 from dagrl.schema import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
 
@@ -141,8 +142,9 @@ class GraphSpec:
     algorithm: str
     """Algorithm module: ``ppo`` for ``dagrl.algos.ppo``, or a dotted path to your own module."""
     env: EnvSpec
-    policy: str = "single"
-    """Distribution policy: see ``dagrl.policies.POLICIES``."""
+    policy: str | dict[str, Any] = "single"
+    """Distribution policy: a name (``sync``) or a name with options (``{name: async, max_staleness: 2}``);
+    see :mod:`dagrl.distribution`. After loading, the name (options: ``Graph.policy_options``)."""
     name: str = ""
     """Run name (default: the file's stem); run directories are ``runs/<name>-<timestamp>``."""
     seed: int = 0
@@ -152,19 +154,18 @@ class GraphSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     supervision: SupervisionSpec = field(default_factory=SupervisionSpec)
     evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
-    max_staleness: int = 4
-    """``async`` only: rollouts collected with weights older than this many updates are dropped."""
-    rollouts_per_update: int = 1
-    """``async`` only: rollouts the learner consumes per update."""
+    max_staleness: int | None = None
+    """Earlier form of ``policy.max_staleness`` (``async``)."""
+    rollouts_per_update: int | None = None
+    """Earlier form of ``policy.rollouts_per_update`` (``async``)."""
     update_ratio: float | None = None
-    """``apex`` only: learner rounds per sampler collect; default one per N collects (N samplers),
-    the schedule of ``single``/``sync``."""
-    rate_limit: bool = True
-    """``apex`` only: enforce ``update_ratio`` both ways (false: samplers and learner run free)."""
+    """Earlier form of ``policy.update_ratio`` (``apex``, ``split-learner``)."""
+    rate_limit: bool | None = None
+    """Earlier form of ``policy.rate_limit`` (``apex``, ``split-learner``)."""
     max_lead: int | None = None
-    """``apex`` only: collects samplers may run ahead of the ratio (default: 2 per sampler)."""
-    publish_every: int = 1
-    """``apex`` only: learner rounds between weight pushes to the samplers."""
+    """Earlier form of ``policy.max_lead`` (``apex``, ``split-learner``)."""
+    publish_every: int | None = None
+    """Earlier form of ``policy.publish_every`` (``apex``, ``split-learner``)."""
     gpu_fallback: bool = True
     """A role asking for ``GPU`` runs on CPU (with a log line) where none exists; false: an error."""
     torch_threads: int = 1
@@ -183,6 +184,8 @@ class Graph:
     observation_space: Any
     action_space: Any
     path: str
+    policy_options: Any = None
+    """The options dataclass of ``spec.policy`` (:data:`dagrl.distribution.POLICY_OPTIONS`)."""
 
     @property
     def name(self) -> str:
@@ -205,6 +208,10 @@ class Graph:
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration, hyperparameters with defaults filled in."""
         data = to_dict(self.spec)
+        for key in distribution.FLAT_KEYS:
+            data.pop(key, None)  # folded into the policy's options
+        options = to_dict(self.policy_options) if self.policy_options is not None else {}
+        data["policy"] = {"name": self.spec.policy, **options} if options else self.spec.policy
         data["hyperparameters"] = to_dict(self.config)
         return data
 
@@ -218,7 +225,11 @@ def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
     >>> g.role("sampler").replicas
     3
     """
-    data = apply_overrides(read_yaml(path), list(overrides or []))
+    data = read_yaml(path)
+    overrides = list(overrides or [])
+    if isinstance(data.get("policy"), str) and any(o.startswith("policy.") for o in overrides):
+        data["policy"] = {"name": data["policy"]}  # --set policy.max_staleness=1 on `policy: async`
+    data = apply_overrides(data, overrides)
     data.setdefault("name", Path(path).stem)
     return resolve_graph(data, str(path))
 
@@ -226,16 +237,18 @@ def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
 def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     """Validate an already-read graph mapping (``where`` names it in errors)."""
     spec = from_dict(GraphSpec, data, where)
-    from dagrl.policies import POLICIES  # late: policies import the runtime
-
-    if spec.policy not in POLICIES:
-        raise ConfigError(where, "policy", f"unknown policy {spec.policy!r} (expected one of: {', '.join(POLICIES)})")
+    flat = {key: getattr(spec, key) for key in distribution.FLAT_KEYS}
+    try:
+        spec.policy, raw_options = distribution.policy_options(spec.policy, flat)
+    except KeyError as err:
+        raise ConfigError(where, *err.args) from None
+    options = from_dict(distribution.POLICY_OPTIONS[spec.policy], raw_options, where, prefix="policy")
     try:
         algo = load_algorithm(spec.algorithm)
     except (ModuleNotFoundError, TypeError) as err:
         raise ConfigError(where, "algorithm", f"{spec.algorithm!r}: {err}") from None
     try:
-        POLICIES[spec.policy].check(algo)
+        distribution.check(spec.policy, algo)
     except TypeError as err:
         raise ConfigError(where, "policy", f"{spec.policy}: {err}") from None
     for name in spec.roles:
@@ -253,19 +266,11 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(
             where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
         )
-    if spec.max_staleness < 0:
-        raise ConfigError(where, "max_staleness", f"must be >= 0, got {spec.max_staleness}")
-    if spec.rollouts_per_update < 1:
-        raise ConfigError(where, "rollouts_per_update", f"must be >= 1, got {spec.rollouts_per_update}")
-    if spec.update_ratio is not None and spec.update_ratio <= 0:
-        raise ConfigError(where, "update_ratio", f"must be > 0, got {spec.update_ratio}")
-    if spec.publish_every < 1:
-        raise ConfigError(where, "publish_every", f"must be >= 1, got {spec.publish_every}")
     if spec.torch_threads < 1:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
-    return Graph(spec, algo, config, obs_space, act_space, where)
+    return Graph(spec, algo, config, obs_space, act_space, where, options)
 
 
 def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:

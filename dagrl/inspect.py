@@ -21,16 +21,16 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
     else:
         kind = "direct"
     if graph.spec.policy == "split-learner":
-        from dagrl.policies.split_learner import SplitLearner
+        from dagrl.distribution import delayed_edges
 
-        if (edge.src.id, edge.dst.id) in SplitLearner.delayed_edges(graph.algorithm):
+        if (edge.src.id, edge.dst.id) in delayed_edges(graph.algorithm):
             kind = "direct, one round late"
     if graph.spec.policy == "async" and (src_many or dst_many):
-        bound = graph.spec.max_staleness
+        options = graph.policy_options
         kind = (
-            f"stream, {kind}, staleness <= {bound}"
+            f"stream, {kind}, staleness <= {options.max_staleness}"
             if dst_many
-            else f"stream, {graph.spec.rollouts_per_update} per update"
+            else f"stream, {options.rollouts_per_update} per update"
         )
     return kind
 

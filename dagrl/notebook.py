@@ -46,32 +46,17 @@ class LiveCurve:
 
 
 def train(graph: Any, client: Any = None, live: bool = True, runs_dir: str | Path | None = None) -> tuple[dict, Path]:
-    """Train ``graph`` to its stop condition (on ``client``'s cluster unless the policy is ``single``).
+    """Train ``graph`` to its stop condition (on ``client``'s cluster unless the policy is ``single``),
+    through :func:`dagrl.train`, drawing the learning curve live in the notebook.
 
     Returns the summary and the run directory. The RL dashboard page is fed as with ``dagrl run``.
     """
-    from dagrl.dashboard.feed import Feed
-    from dagrl.policies import build_policy
-    from dagrl.runtime.driver import Trainer
-    from dagrl.runtime.progress import Progress
+    from dagrl.training import train as run
 
     rundir = RunDir.create(runs_dir or graph.spec.runs_dir, graph.name)
     rundir.write_config(graph.to_dict())
-    policy = build_policy(graph, client if graph.spec.policy != "single" else None, run_dir=rundir.path)
-    trainer = Trainer(graph, policy, rundir, progress=Progress(enabled=False))
-    feed = None
-    try:
-        if client is not None and graph.spec.policy != "single":
-            feed = Feed(client, policy, rundir.path.name).start()
-            trainer.listeners.append(feed.on_row)
-        curve = LiveCurve(f"{graph.name}: {graph.spec.policy}") if live else None
-        if curve is not None:
-            trainer.listeners.append(curve)
-        summary = trainer.run()
-        if curve is not None:
-            curve.draw()
-    finally:
-        if feed is not None:
-            feed.close()
-        policy.close()
+    curve = LiveCurve(f"{graph.name}: {graph.spec.policy}") if live else None
+    summary = run(graph, client, rundir=rundir, listeners=[curve] if curve is not None else [])
+    if curve is not None:
+        curve.draw()
     return summary, rundir.path

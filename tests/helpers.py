@@ -4,23 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import dagrl
 from dagrl.graph import load_graph
-from dagrl.policies import build_policy
-from dagrl.runtime.driver import Trainer
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 
 
 def train(graph_file: str, tmp_path: Any, overrides: list[str] = (), client: Any = None) -> tuple[dict, RunDir]:
-    """Train a graph to its stop condition and return the summary and run directory."""
+    """Train a graph to its stop condition (through ``dagrl.train``); the summary and run directory."""
     graph = load_graph(graph_file, [*overrides, f"runs_dir={tmp_path}"])
-    rundir = RunDir.create(tmp_path, graph.name)
-    policy = build_policy(graph, client, run_dir=rundir.path)
-    try:
-        summary = Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
-    finally:
-        policy.close()
-    return summary, rundir
+    summary = dagrl.train(graph, client)
+    return summary, RunDir(summary["run_dir"])
 
 
 def user_module(tmp_path: Any, monkeypatch: Any, name: str, source: str) -> str:

@@ -35,6 +35,13 @@ CASES = [
     ("env: {id: CartPole-v1}", "env: {id: NoSuchEnv-v0}", "env.id", "NoSuchEnv-v0"),
     ("algorithm: ppo", "algorithm: nope", "algorithm", "nope"),
     ("policy: sync", "policy: warp", "policy", "warp"),
+    ("policy: sync", "policy: {name: async, max_stale: 1}", "policy.max_stale", "unknown key"),
+    ("policy: sync", "policy: {name: async, max_staleness: -1}", "policy", "max_staleness must be >= 0"),
+    ("policy: sync", "policy: {name: sync, max_staleness: 1}", "policy.max_staleness", "unknown key"),
+    ("policy: sync", "policy: {max_staleness: 1}", "policy.name", "None"),
+    ("policy: sync", "policy: [async]", "policy", "expected"),
+    ("policy: sync", "policy: {name: async, max_staleness: 1}\nmax_staleness: 2", "max_staleness", "given twice"),
+    ("policy: sync", "policy: apex", "policy", "update directly (an on-policy iteration: use sync or async)"),
     ("policy: sync", "policy: sync\nseed: abc", "seed", "abc"),
     ("policy: sync", "policy: sync\nsede: 3", "sede", "unknown key"),
     ("policy: sync", "policy: sync\nhyperparameters: {lrr: 0.1}", "hyperparameters.lrr", "unknown key"),
@@ -111,3 +118,16 @@ def test_async_refuses_an_iteration_it_cannot_stream(tmp_path, monkeypatch, caps
     )
     code, err, _, _ = run_cli(tmp_path, "algorithm: two_streams\nenv: {id: CartPole-v1}\npolicy: async\n", capsys)
     assert code == 2 and "policy" in err and "exactly one fragment" in err
+
+
+def test_policy_options_nested_flat_and_overridden(graphs_dir):
+    nested = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml")
+    assert nested.spec.policy == "async" and nested.policy_options.max_staleness == 2
+    assert nested.policy_options.rollouts_per_update == 2
+    flat = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["policy=async", "max_staleness=3"])
+    assert flat.policy_options.max_staleness == 3  # the earlier top-level key still works
+    over = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["policy.name=async", "policy.in_flight=1"])
+    assert over.policy_options.in_flight == 1
+    ignored = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", ["policy=sync"])
+    assert ignored.spec.policy == "sync" and ignored.to_dict()["policy"] == "sync"
+    assert nested.to_dict()["policy"]["max_staleness"] == 2 and "max_staleness" not in nested.to_dict()

@@ -101,13 +101,10 @@ def test_sac_and_td3_reach_minus_250_on_pendulum(algo, variant, client, graphs_d
 
 
 def test_split_learner_delays_only_the_critic_to_actor_edge(graphs_dir):
-    from dagrl.policies.split_learner import SplitLearner
+    from dagrl.distribution import delayed_edges
 
     g = load_graph(f"{graphs_dir}/sac-pendulum-split.yaml")
-    edges = {
-        (g.algorithm.graph.nodes[s].name, g.algorithm.graph.nodes[d].name)
-        for s, d in SplitLearner.delayed_edges(g.algorithm)
-    }
+    edges = {(g.algorithm.graph.nodes[s].name, g.algorithm.graph.nodes[d].name) for s, d in delayed_edges(g.algorithm)}
     assert edges == {("update_critic", "update_actor")}
 
 

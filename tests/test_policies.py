@@ -45,7 +45,7 @@ def test_sync_actors_live_on_distinct_worker_processes(client, graphs_dir):
 
 
 def test_async_reports_bounded_staleness(client, graphs_dir):
-    graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", ["max_staleness=1"])
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", ["policy.max_staleness=1"])
     results = first_iterations(graph, client, n=8)
     assert all(r.env_steps > 0 for r in results)
     assert all(0 <= r.metrics["perf/staleness"] <= 1 for r in results)

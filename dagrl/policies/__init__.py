@@ -1,15 +1,20 @@
-"""Distribution policies: how one training iteration maps onto role hosts. None knows an algorithm."""
+"""Distribution policies: how one training iteration maps onto role hosts. None knows an algorithm.
+
+Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`): ``single`` and
+``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``async``, ``apex`` and
+``split-learner`` stream the samplers and run rate-limited learner rounds (:mod:`.streaming`).
+Their names and options are data in :mod:`dagrl.distribution`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dagrl.policies.apex import Apex
-from dagrl.policies.asynchronous import Async
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.single import Single
-from dagrl.policies.split_learner import SplitLearner
+from dagrl.policies.streaming import Apex, Async, SplitLearner
 from dagrl.policies.sync import Sync
+from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import start_actors, start_local, start_one
 from dagrl.runtime.supervisor import Supervisor
 
@@ -32,15 +37,16 @@ def build_policy(graph: Any, client: Any = None, seed_offset: int = 0, run_dir: 
     """
     run_dir = None if run_dir is None else str(run_dir)
     cls = POLICIES[graph.spec.policy]
-    if cls.distributed:
-        if client is None:
-            raise ValueError(f"policy {cls.name} needs a Dask client")
-        hosts = start_actors(client, graph, seed_offset, run_dir=run_dir)
-        policy = cls(graph, hosts)
+    if not cls.distributed:
+        return cls(graph, start_local(graph, seed_offset, run_dir))
+    if client is None:
+        raise ValueError(f"policy {cls.name} needs a Dask client")
+    hosts = start_actors(client, graph, seed_offset, run_dir=run_dir)
 
-        def start(role: str, index: int, address: str, offset: int) -> Any:
-            return start_one(client, graph, role, index, address, offset, run_dir)
+    def start(role: str, index: int, address: str, offset: int) -> Any:
+        return start_one(client, graph, role, index, address, offset, run_dir)
 
-        policy.supervisor = Supervisor(client, graph, hosts, start, seed_offset)
-        return policy
-    return cls(graph, start_local(graph, seed_offset, run_dir))
+    supervisor = Supervisor(client, graph, hosts, start, seed_offset)
+    policy = cls(graph, hosts, Executor(client, supervisor))
+    policy.supervisor = supervisor
+    return policy

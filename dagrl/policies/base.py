@@ -1,14 +1,21 @@
-"""What every distribution policy gives the driver: one iteration at a time, plus checkpoint state."""
+"""What every distribution policy gives the driver: one iteration at a time, plus checkpoint state.
+
+Fragment calls go through one :class:`~dagrl.runtime.executor.Executor` (Dask tasks on the role's
+worker, or in-process for ``single``); control (checkpoints, heartbeats, where a host runs) goes
+through the role actors' own methods.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dagrl.context import Episodes
-from dagrl.runtime.host import Ref
+from dagrl.fragment import FragmentGraph, Node
+from dagrl.runtime.executor import Call, Executor, Report
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.supervisor import RoleFailure
 
@@ -28,7 +35,7 @@ class StepResult:
     """For each episode, the replica of the role that produced it (-1: unknown)."""
 
     def add_output(self, out: Any, source: int = -1) -> None:
-        """Count env steps and finished episodes if ``out`` is a sampler output (of replica ``source``)."""
+        """Count env steps and finished episodes if ``out`` is a sampler output or its :class:`Report`."""
         steps = getattr(out, "env_steps", None)
         episodes = getattr(out, "episodes", None)
         if isinstance(steps, int | np.integer):
@@ -48,11 +55,15 @@ class Policy:
     distributed = True
     """Whether the policy needs a Dask cluster (``single`` does not)."""
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Handle]]):
+    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Executor | None = None):
         self.graph = graph
         self.hosts = hosts
+        self.options = graph.policy_options
+        self.executor = executor or Executor()
         self.supervisor: Any = None
         """A :class:`~dagrl.runtime.supervisor.Supervisor` for policies on a cluster (set by build_policy)."""
+        self.counting: dict[int, bool] = {}
+        """Per node on a replicated role: whether its outputs carry env steps (learnt from the first report)."""
 
     def replace_in_place(self, failure: RoleFailure) -> Handle:
         """Replace a failed replica of a replicated role (sampler, replay shard) and go on; a failure of a
@@ -62,30 +73,52 @@ class Policy:
             raise failure
         return self.supervisor.replace(failure)
 
+    def counts(self, node: Node) -> bool:
+        """Whether the driver needs a :class:`Report` of ``node``'s outputs (sampler outputs)."""
+        return self.graph.algorithm.roles[node.role].many and self.counting.get(node.id, True)
+
+    def learn_counting(self, node: Node, reports: list[Report]) -> None:
+        self.counting[node.id] = any(r.counted for r in reports)
+
+    def run_graph(self, graph: FragmentGraph) -> tuple[dict[int, list[Call]], dict[int, list[Report]], Any, float]:
+        """Submit a whole fragment graph at once and wait for it: calls, reports, output, start time.
+
+        Sampler outputs stay on their workers; only their reports and the output come back.
+        """
+        t0 = time.perf_counter()
+        roles = self.graph.algorithm.roles
+        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles)
+        reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
+        wanted = [r for rs in reports.values() for r in rs]
+        if graph.output is not None:
+            wanted.append(calls[graph.output.id][0])
+        watch = [c for n in graph.nodes for c in calls[n.id]]
+        try:
+            values = self.executor.wait(wanted, watch)
+        except RoleFailure:
+            self.executor.cancel([*watch, *wanted])
+            raise
+        out = values[-1] if graph.output is not None else None
+        got = iter(values)
+        return calls, {i: [next(got) for _ in rs] for i, rs in reports.items()}, out, t0
+
     def evaluate(self) -> dict[str, float]:
-        """Run the algorithm's ``@evaluation`` graph once, in lockstep, on this policy's hosts.
+        """Run the algorithm's ``@evaluation`` graph once on this policy's hosts.
 
         Called by the driver between iterations (so a learner's ``publish`` is never concurrent with
         its ``update``); an evaluator that fails is replaced and the evaluation run again.
         """
-        from dagrl.policies.lockstep import run_nodes
-
         graph = self.graph.algorithm.eval_graph
         while True:
             try:
-                values = run_nodes(graph.nodes, self.hosts, self.graph.algorithm.roles)
+                _, _, out, _ = self.run_graph(graph)
                 break
             except RoleFailure as failure:
                 self.replace_in_place(failure)
-        out = values[graph.output.id][0]
         return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}
 
     def after_restore(self) -> None:
         """Called after the driver restored learner state from a checkpoint (republish weights)."""
-
-    @classmethod
-    def check(cls, algorithm: Any) -> None:
-        """Raise ``TypeError`` if the algorithm's iteration cannot be run by this policy."""
 
     def step(self) -> StepResult:
         raise NotImplementedError
@@ -125,10 +158,14 @@ class Policy:
                 h.close()
 
 
-def call_with_cached_args(handle: Handle, fragment: str, version: int, args: list[Any], sent: int) -> Any:
-    """Call ``fragment`` on a host that keeps its arguments: they are sent again only when ``version``
-    differs from the version the host last got (``sent``), so weights cross once per update."""
-    if version != sent:
-        for i, a in enumerate(args):
-            handle.put(f"arg{i}", a).result()
-    return handle.call(fragment, *[Ref(f"arg{i}") for i in range(len(args))]).result()
+def stage_time(node: Node, calls: dict[int, list[Call]], t0: float) -> float:
+    """Seconds from ``node``'s inputs being ready (or ``t0``) to its last replica finishing.
+
+    In-process that is exactly the fragment's run time; on a cluster it adds the scheduler's hop.
+    """
+    now = time.perf_counter()
+    mine = calls[node.id]
+    ready = max([t0, min(c.started for c in mine)] + [
+        c.done_at or now for a in node.inputs if isinstance(a, Node) and a.id in calls for c in calls[a.id]
+    ])  # fmt: skip
+    return max(0.0, max(c.done_at or now for c in mine) - ready)

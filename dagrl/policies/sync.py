@@ -7,6 +7,8 @@ from dagrl.policies.lockstep import Lockstep
 
 class Sync(Lockstep):
     """Each iteration: weights to every sampler, all samplers collect in parallel, the learner updates
-    on the gathered rollouts (A2C/PPO-style synchronous data parallelism, MSRL's AllGather policy)."""
+    on the gathered rollouts (A2C/PPO-style synchronous data parallelism, MSRL's AllGather policy).
+    The iteration is one Dask graph: ``publish`` on the learner's worker, ``collect`` on each
+    sampler's, ``update`` back on the learner's, data fetched worker to worker."""
 
     name = "sync"

@@ -12,16 +12,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dagrl.graph import Graph
-from dagrl.policies.base import Policy
 from dagrl.runtime.checkpoint import load_checkpoint, non_finite, save_checkpoint
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 from dagrl.runtime.supervisor import CrashLoop, RoleFailure
+
+if TYPE_CHECKING:  # the runtime never imports the policies; they hand themselves in
+    from dagrl.policies.base import Policy
 
 log = logging.getLogger("dagrl")
 

@@ -2,6 +2,12 @@
 
 The same class runs in-process (policy ``single``) and as a persistent Dask actor (every other
 policy): it holds state between calls and nothing else. Users never subclass it.
+
+On a worker, fragments do not reach the host through actor calls: each fragment call is a Dask
+*task* (:func:`run_fragment`) pinned to the host's worker, which finds the host in :data:`HOSTS`
+by its id. Dask runs tasks on the worker's thread pool and actor methods (``state_dict``, ``info``)
+on a separate actor thread, so the host serialises them with a lock: one fragment at a time per
+role state, and a checkpoint never sees half an update.
 """
 
 from __future__ import annotations
@@ -9,7 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +47,28 @@ def resolve_device(wants_gpu: bool, fallback: bool) -> tuple[str, str]:
     return "cpu", "GPU requested but no CUDA device here: falling back to CPU"
 
 
+HOSTS: weakref.WeakValueDictionary[str, RoleHost] = weakref.WeakValueDictionary()
+"""The role hosts living in this process, by id. Weak: a host released by Dask (its actor future
+dropped) disappears from here too."""
+
+
+class HostGone(RuntimeError):
+    """A fragment task reached a worker that no longer has its role host (released, or the worker restarted)."""
+
+
+def run_fragment(host_id: str, fragment: str, *args: Any, _after: Any = None) -> Any:
+    """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
+
+    Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
+    before this runs; the return value stays on this worker until a consumer task fetches it.
+    ``_after`` only orders this task behind others (their values are not used).
+    """
+    host = HOSTS.get(host_id)
+    if host is None:
+        raise HostGone(f"role host {host_id} is not on worker process {os.getpid()} (released or restarted)")
+    return host.call(fragment, *args)
+
+
 _REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
 """Where a role really runs, as its own process sees it (``actors.json``, ``dagrl status``)."""
 
@@ -66,6 +96,7 @@ class RoleHost:
         wants_gpu: bool = False,
         gpu_fallback: bool = True,
         torch_threads: int | None = None,
+        host_id: str | None = None,
     ):
         if torch_threads is not None:
             import torch
@@ -80,18 +111,22 @@ class RoleHost:
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
+        self.lock = threading.RLock()  # fragment tasks (worker pool) vs actor methods (actor thread)
+        self.host_id = host_id or f"{role}-{ctx.index}-{id(self):x}"
+        HOSTS[self.host_id] = self
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
         args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
-        self.calls += 1
-        t0 = time.perf_counter()
-        self.running = (fragment, t0)
-        try:
-            return self.fragments[fragment](self.state, *args)
-        finally:
-            self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
-            self.running = None
+        with self.lock:
+            self.calls += 1
+            t0 = time.perf_counter()
+            self.running = (fragment, t0)
+            try:
+                return self.fragments[fragment](self.state, *args)
+            finally:
+                self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
+                self.running = None
 
     def put(self, key: str, value: Any) -> None:
         """Keep ``value`` for later calls that pass ``Ref(key)``."""
@@ -100,11 +135,13 @@ class RoleHost:
     def state_dict(self) -> Any:
         """The role state's checkpoint, or ``None`` for roles without one (samplers)."""
         fn = getattr(self.state, "state_dict", None)
-        return fn() if fn is not None else None
+        with self.lock:
+            return fn() if fn is not None else None
 
     def load_state_dict(self, sd: Any) -> None:
         if sd is not None:
-            self.state.load_state_dict(sd)
+            with self.lock:
+                self.state.load_state_dict(sd)
 
     async def heartbeat(self) -> dict[str, Any]:
         """Liveness and progress. ``async``: Dask runs it on the worker's event loop, so it answers

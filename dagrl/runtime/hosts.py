@@ -30,8 +30,12 @@ class Done:
 class Handle:
     """A role host reached either directly (``single``) or through a Dask actor proxy."""
 
-    def __init__(self, role: str, index: int, target: Any, address: str | None = None, future: Any = None):
+    def __init__(
+        self, role: str, index: int, target: Any, address: str | None = None, future: Any = None, host_id: str = ""
+    ):
         self.role, self.index, self.target, self.address = role, index, target, address
+        self.host_id = host_id or getattr(target, "host_id", "")
+        """Finds the host on its worker (:func:`~dagrl.runtime.host.run_fragment`)."""
         self.future = future  # keeps a Dask actor alive; released by close()
         self.remote = address is not None
         self.supervisor: Any = None
@@ -143,7 +147,7 @@ def start_actors(
     futures = {key: _submit(client, graph, *key, addr, seed_offset, run_dir) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
-        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut))
+        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut, host_id=fut.key))
     _log_devices(hosts)
     return hosts
 
@@ -154,7 +158,7 @@ def start_one(
     """One role replica as a Dask actor on ``address`` (a replacement for a failed one)."""
     fut = _submit(client, graph, role, index, address, seed_offset, run_dir)
     try:
-        return Handle(role, index, fut.result(), address, fut)
+        return Handle(role, index, fut.result(), address, fut, host_id=fut.key)
     except BaseException:
         fut.release()
         raise
@@ -164,14 +168,9 @@ def _submit(
     client: Any, graph: Graph, role: str, index: int, address: str, seed_offset: int, run_dir: str | None
 ) -> Any:
     args, kwargs = _host_args(graph, role, index, seed_offset, run_dir)
+    key = f"host-{role}-{index}-{uuid.uuid4().hex}"  # also the host's id on its worker
     return client.submit(
-        RoleHost,
-        *args,
-        **kwargs,
-        actor=True,
-        workers=[address],
-        allow_other_workers=False,
-        key=f"{role}-{index}-{graph.name}-{uuid.uuid4().hex[:8]}",
+        RoleHost, *args, **kwargs, host_id=key, actor=True, workers=[address], allow_other_workers=False, key=key
     )
 
 

@@ -1,0 +1,184 @@
+"""Distribution policies as data: their names, their options, and the iteration shapes each can run.
+
+Graph files choose a policy either by name (``policy: async``) or with options
+(``policy: {name: async, max_staleness: 2}``); this module validates both without importing Dask
+or the runtime, so a bad graph is refused before anything starts. The engines that run the
+policies live in :mod:`dagrl.policies`.
+
+Every policy runs the same traced iteration; they differ in how its fragment calls are submitted:
+
+* ``single``/``sync``: the whole iteration at once, each fragment on every replica of its role;
+* ``async``/``apex``/``split-learner``: the iteration split at its *stream* (the first fragment on
+  a replicated role, ``collect``): fragments *before* it run once per weights version, the stream
+  runs back to back on every replica, *insert* fragments (consumers of the stream on another
+  replicated role: a replay ``add``) run on each arrival, and the rest, the *learn* fragments,
+  run as learner rounds tied to arrivals by a rate limiter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dagrl.fragment import Algorithm, Node
+
+__all__ = ["POLICY_OPTIONS", "ApexOptions", "AsyncOptions", "NoOptions", "StreamShape", "check", "stream_shape"]
+
+
+@dataclass
+class NoOptions:
+    """``single`` and ``sync`` take no options."""
+
+
+@dataclass
+class AsyncOptions:
+    max_staleness: int = 4
+    """Rollouts collected with weights older than this many updates are dropped (still counted)."""
+    rollouts_per_update: int = 1
+    """Rollouts the learner consumes per update."""
+    in_flight: int = 2
+    """Collect calls each sampler keeps queued on its worker, so it never idles waiting for the driver."""
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.rollouts_per_update < 1:
+            raise ValueError(f"rollouts_per_update must be >= 1, got {self.rollouts_per_update}")
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
+
+
+@dataclass
+class ApexOptions:
+    update_ratio: float | None = None
+    """Learner rounds per sampler collect; default one per N collects (N samplers), as ``sync``."""
+    rate_limit: bool = True
+    """Enforce ``update_ratio`` both ways (false: samplers and learner run free)."""
+    max_lead: int | None = None
+    """Collects samplers may run ahead of the ratio (default: 2 per sampler)."""
+    publish_every: int = 1
+    """Learner rounds between weight pushes to the samplers."""
+    in_flight: int = 2
+    """Collect calls each sampler keeps queued on its worker."""
+
+    def __post_init__(self) -> None:
+        if self.update_ratio is not None and self.update_ratio <= 0:
+            raise ValueError(f"update_ratio must be > 0, got {self.update_ratio}")
+        if self.max_lead is not None and self.max_lead < 0:
+            raise ValueError(f"max_lead must be >= 0, got {self.max_lead}")
+        if self.publish_every < 1:
+            raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
+
+
+POLICY_OPTIONS: dict[str, type] = {
+    "single": NoOptions,
+    "sync": NoOptions,
+    "async": AsyncOptions,
+    "apex": ApexOptions,
+    "split-learner": ApexOptions,
+}
+"""Every policy name and the dataclass of its options."""
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """An iteration split at its stream (see the module docstring)."""
+
+    before: list[Node]
+    stream: Node
+    insert: list[Node]
+    learn: list[Node]
+
+
+def stream_shape(algorithm: Algorithm) -> StreamShape:
+    """Split the iteration at its first fragment on a replicated role; ``TypeError`` if it has none."""
+    nodes, roles = algorithm.graph.nodes, algorithm.roles
+    streamed = [n for n in nodes if roles[n.role].many]
+    if not streamed:
+        raise TypeError("needs a fragment on a replicated role (samplers) in the iteration")
+    stream = streamed[0]
+    if any(isinstance(a, Node) and roles[a.role].many for a in stream.inputs):
+        raise TypeError(f"{stream.name} may only take inputs from single-instance roles")
+    before = [n for n in nodes if n.id < stream.id]
+    insert = [n for n in nodes if n.id > stream.id and stream in n.inputs and roles[n.role].many]
+    if any(n.role == stream.role for n in insert):
+        raise TypeError(f"the consumers of {stream.name} must run on another role (replay)")
+    learn = [n for n in nodes if n.id > stream.id and n not in insert]
+    return StreamShape(before, stream, insert, learn)
+
+
+def delayed_edges(algorithm: Algorithm) -> set[tuple[int, int]]:
+    """``split-learner``: (src, dst) node ids of learn-side edges between two single-instance roles;
+    such an edge carries the previous round's value, so both roles update at once."""
+    learn = {n.id for n in stream_shape(algorithm).learn}
+    roles = algorithm.roles
+    return {
+        (e.src.id, e.dst.id)
+        for e in algorithm.graph.edges
+        if e.src.id in learn and e.dst.id in learn and e.src.role != e.dst.role
+        and not roles[e.src.role].many and not roles[e.dst.role].many
+    }  # fmt: skip
+
+
+def check(policy: str, algorithm: Algorithm) -> None:
+    """Raise ``TypeError`` (one line) if ``policy`` cannot run ``algorithm``'s iteration."""
+    if policy in ("single", "sync"):
+        return
+    if policy == "async":
+        streamed = [n.name for n in algorithm.graph.nodes if algorithm.roles[n.role].many]
+        if len(streamed) != 1:
+            raise TypeError(
+                "needs exactly one fragment on a replicated role, streamed straight to the learner; found "
+                f"{', '.join(streamed) or 'none'} (an off-policy shape with replay: use apex)"
+            )
+        stream_shape(algorithm)  # its inputs come from single-instance roles
+        return
+    shape = stream_shape(algorithm)
+    stream = shape.stream
+    direct = [n.name for n in shape.learn if stream in n.inputs]
+    if not shape.insert or direct:
+        raise TypeError(
+            f"{policy} needs samplers -> replay -> learner, but {stream.name} feeds "
+            f"{', '.join(direct) or 'nothing'} directly (an on-policy iteration: use sync or async)"
+        )
+    if not shape.learn:
+        raise TypeError(f"{policy}: nothing runs after {', '.join(n.name for n in shape.insert)} (no learner round)")
+    if policy == "split-learner" and not delayed_edges(algorithm):
+        raise TypeError(
+            "split-learner needs two learner roles that pass values within a round "
+            "(e.g. critic -> actor, as in sac.py); this iteration has none"
+        )
+
+
+FLAT_KEYS = ("max_staleness", "rollouts_per_update", "update_ratio", "rate_limit", "max_lead", "publish_every")
+"""Top-level graph keys of earlier graph files, read as options of the policy they belong to."""
+
+
+def policy_options(policy: Any, flat: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The policy's name and raw options from a graph's ``policy`` value and its flat keys.
+
+    ``policy`` is a name or ``{name: ..., option: value}``. Flat keys that belong to the chosen
+    policy's options join them (giving one both ways is an error); the others are ignored, as
+    they always were. Raises ``KeyError(key, problem)`` naming the offending key.
+    """
+    if isinstance(policy, str):
+        name, options = policy, {}
+    elif isinstance(policy, dict):
+        options = dict(policy)
+        name = options.pop("name", None)
+        if not isinstance(name, str):
+            raise KeyError("policy.name", f"expected a policy name, got {name!r}")
+    else:
+        raise KeyError("policy", f"expected a name or a mapping with a name, got {policy!r}")
+    if name not in POLICY_OPTIONS:
+        raise KeyError("policy", f"unknown policy {name!r} (expected one of: {', '.join(POLICY_OPTIONS)})")
+    fields = POLICY_OPTIONS[name].__dataclass_fields__
+    for key, value in flat.items():
+        if value is None or key not in fields:
+            continue
+        if key in options:
+            raise KeyError(key, f"given twice: here and as policy.{key}; keep policy.{key}")
+        options[key] = value
+    return name, options

@@ -1,0 +1,346 @@
+"""The stream engine behind ``async``, ``apex`` and ``split-learner``.
+
+The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
+
+* **before** fragments (``publish``) run once per weights version, as tasks on the learner's
+  worker; their outputs stay there as futures that the stream's calls name as inputs, so each
+  sampler worker fetches a version's weights once, peer to peer;
+* the **stream** (``collect``) runs back to back on every sampler: a driver thread per sampler
+  keeps ``in_flight`` calls queued on its worker, so the worker never idles waiting for the driver;
+  **insert** fragments (a replay ``add``) follow each call on shard ``i % K``, taking the rollout
+  straight from the sampler's worker;
+* **learn** fragments (``sample -> update``, or ``update`` on the arrived rollouts) run as one
+  learner *round* at a time, submitted as a whole; a :class:`~dagrl.runtime.ratelimit.RateLimiter`
+  ties rounds to arrivals both ways (its lead is the backpressure on samplers);
+* **delayed edges** (``split-learner``) feed a round the previous round's value, so two learner
+  roles update at once.
+
+``async`` consumes ``rollouts_per_update`` rollouts per round and drops those staler than
+``max_staleness`` versions; ``apex``/``split-learner`` consume what the inserts stored.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dagrl.distribution import delayed_edges, stream_shape
+from dagrl.fragment import Node
+from dagrl.policies.base import Policy, StepResult, stage_time
+from dagrl.runtime.executor import Call, Executor, Report, route
+from dagrl.runtime.hosts import Handle
+from dagrl.runtime.ratelimit import RateLimiter
+from dagrl.runtime.supervisor import RoleFailure
+
+
+@dataclass
+class Arrival:
+    """One finished stream call: which sampler, with which weights version, its output and report."""
+
+    version: int
+    source: int
+    call: Call
+    report: Report
+
+
+@dataclass
+class _Pending:
+    version: int
+    call: Call
+    report: Call
+    inserts: list[tuple[Node, int, Call]]
+    watch: list[Call]
+
+
+class Streaming(Policy):
+    """Samplers stream; the learner runs rate-limited rounds on what arrived (see the module docstring)."""
+
+    ratio: float = 1.0
+    max_lead: int = 2
+    limited: bool = True
+    publish_every: int = 1
+    max_staleness: int | None = None
+    """Drop arrivals staler than this (``async``); ``None``: keep all (they are in replay)."""
+    batch: int | None = None
+    """Arrivals one round consumes (``async``); ``None``: all that arrived."""
+    in_flight: int = 2
+
+    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Executor | None = None):
+        super().__init__(graph, hosts, executor)
+        self.shape = stream_shape(graph.algorithm)
+        self.roles = graph.algorithm.roles
+        self.delayed: set[tuple[int, int]] = set()
+        self.configure()
+        self.limiter = RateLimiter(self.ratio, self.max_lead, self.limited)
+        self.cond = threading.Condition()
+        self.version = 0
+        self.current: dict[int, list[Call]] = {}
+        self.latest: dict[int, list[Call | None]] = {n.id: [None] * len(hosts[n.role]) for n in self.shape.insert}
+        self.arrivals: list[Arrival] = []
+        self.previous: dict[int, list[Call]] = {}
+        self.posted: RoleFailure | None = None
+        """A learner-side failure a sampler thread noticed, for the driver to handle."""
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.rounds = self.collects = self.dropped = 0
+        self.last_step_end = 0.0
+
+    def configure(self) -> None:
+        """Set the class attributes above from ``self.options`` (each policy its own)."""
+
+    # -- weights versions --------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Submit the fragments before the stream (``publish``) for a new version; they are not waited for."""
+        calls = self.executor.run_nodes(self.shape.before, self.hosts, self.roles, calls={}, inputs=self._input)
+        with self.cond:
+            self.current = calls
+            self.cond.notify_all()
+
+    def _input(self, arg: Node, node: Node) -> list[Any] | None:
+        """The calls that input ``arg`` of ``node`` stands for outside a plain submission."""
+        if arg.id in self.current and node not in self.shape.before:
+            return self.current[arg.id]
+        if (arg.id, node.id) in self.delayed and arg.id in self.previous:
+            return self.previous[arg.id]  # last round's value: both ends of the edge run at once
+        if arg.id in self.latest:
+            return self.latest[arg.id]
+        return None
+
+    # -- the sampler side --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.last_step_end = time.perf_counter()
+        self._refresh()
+        for i in range(len(self.hosts[self.shape.stream.role])):
+            t = threading.Thread(target=self._stream, args=(i,), name=f"dagrl-stream-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _submit_one(self, i: int) -> _Pending:
+        stream, ex = self.shape.stream, self.executor
+        with self.cond:
+            version, current = self.version, self.current
+        handles = self.hosts[stream.role]
+        args = [
+            route(current[a.id], a.role, stream.role, self.roles, i, len(handles)) if isinstance(a, Node) else a
+            for a in stream.inputs
+        ]
+        call = ex.submit(handles[i], stream.name, args)
+        inserts = []
+        for node in self.shape.insert:
+            shards = self.hosts[node.role]
+            k = i % len(shards)
+            node_args = [
+                [call] if a is stream else route(current[a.id], a.role, node.role, self.roles, k, len(shards))
+                if isinstance(a, Node) else a
+                for a in node.inputs
+            ]  # fmt: skip
+            inserts.append((node, k, ex.submit(shards[k], node.name, node_args)))
+        watch = [c for cs in current.values() for c in cs]
+        return _Pending(version, call, ex.report(call), inserts, watch)
+
+    def _stream(self, i: int) -> None:
+        """Keep ``in_flight`` stream calls (and their inserts) queued on sampler ``i``; record arrivals."""
+        pending: collections.deque[_Pending] = collections.deque()
+        stop = self.stopping.is_set
+        try:
+            while not stop():
+                try:
+                    while len(pending) < self.in_flight and (
+                        self.limiter.try_start_insert() if pending else self.limiter.start_insert(stop)
+                    ):
+                        pending.append(self._submit_one(i))
+                    if not pending:
+                        continue
+                    p = pending[0]
+                    ins = [c for _, _, c in p.inserts]
+                    values = self.executor.wait([p.report, *ins], [*p.watch, p.call, *ins])
+                    pending.popleft()
+                    with self.cond:
+                        for node, k, c in p.inserts:
+                            self.latest[node.id][k] = c
+                        self.arrivals.append(Arrival(p.version, i, p.call, values[0]))
+                        self.collects += 1
+                    self.limiter.insert_done()
+                except RoleFailure as failure:
+                    self.executor.cancel([c for p in pending for c in (p.call, p.report, *(c for *_, c in p.inserts))])
+                    self.limiter.insert_cancelled(len(pending))
+                    pending.clear()
+                    self._on_failure(failure)
+        except BaseException as err:  # handed to the driver thread, which raises it
+            self.error = err
+            self.limiter.wake()
+
+    def _on_failure(self, failure: RoleFailure) -> None:
+        """A sampler or replay shard is replaced here; a learner-side failure goes to the driver, and this
+        sampler waits for the weights of the restored learner."""
+        if self.roles[failure.handle.role].many:
+            self.replace_in_place(failure)
+            for node in self.shape.insert:
+                if node.role == failure.handle.role:
+                    self.latest[node.id][failure.handle.index] = None  # its stored count died with it
+            return
+        with self.cond:
+            if self.posted is None:
+                self.posted = failure
+            version = self.version
+            while self.version == version and not self.stopping.is_set():
+                self.cond.wait(0.2)
+
+    # -- the learner side --------------------------------------------------------------------------
+
+    def _raise_posted(self) -> None:
+        if self.error is not None:
+            raise self.error
+        with self.cond:
+            failure, self.posted = self.posted, None
+        if failure is not None:
+            raise failure
+
+    def _take(self, res: StepResult) -> list[Arrival] | None:
+        """The arrivals this round consumes (counted into ``res``, stale ones dropped); ``None``: not enough yet."""
+        with self.cond:
+            arrived = self.arrivals
+            if self.max_staleness is not None:
+                stale = [a for a in arrived if self.version - a.version > self.max_staleness]
+                arrived = [a for a in arrived if self.version - a.version <= self.max_staleness]
+                for a in stale:
+                    res.add_output(a.report, source=a.source)
+                self.dropped += len(stale)
+                if stale:
+                    self.limiter.insert_discarded(len(stale))
+            if self.batch is not None and len(arrived) < self.batch:
+                self.arrivals = arrived
+                return None
+            n = len(arrived) if self.batch is None else self.batch
+            taken, self.arrivals = arrived[:n], arrived[n:]
+        for a in taken:
+            res.add_output(a.report, source=a.source)
+        return taken
+
+    def step(self) -> StepResult:
+        if not self.threads:
+            self.start()
+        res = StepResult()
+        while True:
+            while not self.limiter.start_round(timeout=0.2):
+                self._raise_posted()
+            self._raise_posted()
+            taken = self._take(res)
+            if taken is None:
+                continue
+            try:
+                calls, out, t0 = self._round(taken)
+                break
+            except RoleFailure as failure:
+                if not self.roles[failure.handle.role].many:
+                    raise  # a learner: the driver rolls back
+                self._on_failure(failure)  # a replay shard or the sampler of a taken rollout: redo the round
+                kept = [a for a in taken if a.call.handle is not failure.handle]
+                self.limiter.insert_discarded(len(taken) - len(kept))
+                with self.cond:
+                    self.arrivals[:0] = kept
+        self.report_lag(res, [self.version - a.version for a in taken])
+        self.rounds += 1
+        self.limiter.round_done()
+        if self.rounds % self.publish_every == 0:
+            with self.cond:
+                self.version += 1
+            self._refresh()
+        output = self.graph.algorithm.graph.output
+        res.update_time = stage_time(output, calls, t0) if output is not None else 0.0
+        if isinstance(out, dict):
+            res.metrics = {**out, **res.metrics}
+        now = time.perf_counter()
+        res.sample_time, self.last_step_end = now - self.last_step_end, now  # samplers never pause for us
+        return res
+
+    def report_lag(self, res: StepResult, lags: list[int]) -> None:
+        res.metrics["perf/weights_lag"] = float(np.mean(lags)) if lags else 0.0
+        res.metrics["perf/collects"] = float(self.collects)
+
+    def _round(self, taken: list[Arrival]) -> tuple[dict[int, list[Call]], Any, float]:
+        """Submit one learner round as a whole and wait for its output."""
+        t0 = time.perf_counter()
+        stream = self.shape.stream
+        calls: dict[int, list[Call]] = {stream.id: [a.call for a in taken]}
+        self.executor.run_nodes(self.shape.learn, self.hosts, self.roles, calls=calls, inputs=self._input)
+        learn = [c for n in self.shape.learn for c in calls[n.id]]
+        inputs = [c for cs in (*self.latest.values(), *self.previous.values()) for c in cs if c is not None]
+        out_node = self.graph.algorithm.graph.output
+        wanted = [calls[out_node.id][0]] if out_node is not None else learn[-1:]
+        try:
+            (out,) = self.executor.wait(wanted, [*calls[stream.id], *inputs, *learn])
+        except RoleFailure:
+            self.executor.cancel(learn)
+            raise
+        for src, _ in self.delayed:
+            self.previous[src] = calls[src]
+        return calls, out, t0
+
+    def after_restore(self) -> None:
+        with self.cond:
+            self.version += 1
+            self.posted = None
+        self.previous.clear()
+        self._refresh()
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.limiter.wake()
+        with self.cond:
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join(timeout=30)
+        super().close()
+
+
+class Async(Streaming):
+    """``async``: samplers collect continuously with the weights they have; the learner updates on each
+    ``rollouts_per_update`` arrivals; rollouts staler than ``max_staleness`` updates are dropped (their
+    env steps and episodes still count). The algorithm corrects for what remains (PPO: the ratio against
+    the behaviour log-probs in the rollout)."""
+
+    name = "async"
+
+    def configure(self) -> None:
+        o = self.options
+        self.batch = o.rollouts_per_update
+        self.ratio, self.max_lead = 1.0 / o.rollouts_per_update, o.rollouts_per_update
+        self.max_staleness, self.in_flight = o.max_staleness, o.in_flight
+
+    def report_lag(self, res: StepResult, lags: list[int]) -> None:
+        res.metrics["perf/staleness"] = float(np.mean(lags)) if lags else 0.0
+        res.metrics["perf/dropped_rollouts"] = float(self.dropped)
+
+
+class Apex(Streaming):
+    """``apex``: samplers stream into replay shards (sampler i -> shard i mod K); the learner samples and
+    updates in rounds, ``update_ratio`` rounds per collect both ways (``rate_limit: false``: free)."""
+
+    name = "apex"
+
+    def configure(self) -> None:
+        o, samplers = self.options, len(self.hosts[self.shape.stream.role])
+        self.ratio = o.update_ratio if o.update_ratio is not None else 1.0 / samplers
+        self.max_lead = o.max_lead if o.max_lead is not None else 2 * samplers
+        self.limited, self.publish_every, self.in_flight = o.rate_limit, o.publish_every, o.in_flight
+
+
+class SplitLearner(Apex):
+    """``split-learner``: as ``apex``, but a value passed between two single-instance learner roles in a
+    round (SAC: the critic's new weights to the actor) arrives one round late, so both learner roles
+    update at once, on their own workers and devices (Spreeze's dual-GPU idea)."""
+
+    name = "split-learner"
+
+    def configure(self) -> None:
+        super().configure()
+        self.delayed = delayed_edges(self.graph.algorithm)

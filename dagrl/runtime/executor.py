@@ -1,0 +1,293 @@
+"""One engine for every distribution policy: each fragment call is a Dask task on its role's worker.
+
+A role replica's *state* lives in a persistent actor (a :class:`~dagrl.runtime.host.RoleHost`) on
+one worker. A fragment *call* is a task pinned to that worker (:func:`~dagrl.runtime.host.run_fragment`)
+that runs against the state; its output stays on the worker as a Dask future. A consumer task on
+another worker names that future among its arguments, so Dask fetches the value peer to peer; the
+driver only ever gathers small things (a sampler output's :class:`Report`, an update's metrics).
+Everything a policy does is built from :meth:`Executor.submit` and :meth:`Executor.wait`:
+
+* ``submit`` never blocks: a policy submits a whole iteration (or keeps a stream of calls in
+  flight), and Dask starts each task as soon as its inputs exist;
+* ``wait`` turns what can go wrong into :class:`~dagrl.runtime.supervisor.RoleFailure`: a fragment
+  that raised (blamed on the call that raised, not on its consumers), a worker that died while a
+  call of the iteration was pending or held its output, a call running past ``hang_timeout_s``.
+
+The ``single`` policy uses the same executor without Dask: ``submit`` runs the fragment at once in
+this process, so ``single`` and ``sync`` compute the same numbers through the same code.
+
+Routing between roles follows one rule (:func:`route`), in-process or remote.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagrl.context import Episodes
+from dagrl.fragment import Node
+from dagrl.runtime.host import HostGone, run_fragment
+from dagrl.runtime.supervisor import RoleFailure
+
+__all__ = ["Call", "Executor", "Report", "report", "route"]
+
+
+@dataclass
+class Report:
+    """What the driver counts of a sampler output: env steps and the episodes that finished."""
+
+    env_steps: int = 0
+    episodes: Episodes = field(default_factory=Episodes)
+    counted: bool = False
+    """Whether the output carried ``env_steps``/``episodes`` at all (other outputs need no report)."""
+
+
+def report(value: Any) -> Report:
+    """The :class:`Report` of a fragment output (a task on the output's worker: only this travels)."""
+    steps = getattr(value, "env_steps", None)
+    episodes = getattr(value, "episodes", None)
+    counted = isinstance(steps, int | np.integer) or isinstance(episodes, Episodes)
+    return Report(
+        int(steps) if isinstance(steps, int | np.integer) else 0,
+        episodes if isinstance(episodes, Episodes) else Episodes(),
+        counted,
+    )
+
+
+class Done:
+    """An in-process call's result, shaped like a finished future."""
+
+    status = "finished"
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+@dataclass(eq=False)
+class Call:
+    """One fragment call on one role replica: a Dask future (remote) or its value (in-process)."""
+
+    handle: Any
+    fragment: str
+    future: Any
+    started: float
+    done_at: float | None = None
+    """When the driver learnt the call finished (perf counter); ``None`` while pending."""
+
+    @property
+    def value(self) -> Any:
+        """What a consumer receives: the future itself (Dask resolves it on the consumer's worker)."""
+        return self.future.value if isinstance(self.future, Done) else self.future
+
+    def _stamp(self, _future: Any = None) -> None:
+        self.done_at = time.perf_counter()
+
+
+def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards: int) -> Any:
+    """What replica ``replica`` (of ``shards``) of role ``dst`` receives of role ``src``'s outputs.
+
+    * into the same role: replica ``r`` gets replica ``r``'s value;
+    * single-instance into replicated: broadcast (every replica gets it);
+    * replicated into single-instance: gathered, a list with one item per replica;
+    * replicated (N) into replicated (K): replica ``k`` gets the outputs of replicas ``i % K == k``.
+    """
+    if src == dst:
+        return outs[replica]
+    if roles[src].many and not roles[dst].many:
+        return list(outs)
+    if not roles[src].many:
+        return outs[0]
+    return outs[replica::shards]
+
+
+def _values(arg: Any) -> Any:
+    """Replace :class:`Call` objects (also inside lists) by what the callee receives."""
+    if isinstance(arg, Call):
+        return arg.value
+    if isinstance(arg, list):
+        return [_values(a) for a in arg]
+    return arg
+
+
+class Executor:
+    """Submits fragment calls to role hosts and waits for them, in-process or on a Dask cluster.
+
+    ``client`` is ``None`` for in-process hosts (``single``). Remote calls are watched by
+    ``supervisor`` (liveness every ``poll_s``, hangs past ``hang_timeout_s``).
+
+    Examples
+    --------
+    >>> from dagrl.graph import load_graph
+    >>> from dagrl.runtime.hosts import start_local
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.replicas=2"])
+    >>> ex = Executor()
+    >>> calls = ex.run_nodes(g.algorithm.graph.nodes, start_local(g), g.algorithm.roles)
+    >>> [len(calls[n.id]) for n in g.algorithm.graph.nodes]  # publish, collect on 2 samplers, update
+    [1, 2, 1]
+    >>> sorted(ex.wait(calls[2])[0])[:2]
+    ['losses/approx_kl', 'losses/clipfrac']
+    """
+
+    def __init__(self, client: Any = None, supervisor: Any = None):
+        self.client, self.supervisor = client, supervisor
+
+    @property
+    def remote(self) -> bool:
+        return self.client is not None
+
+    # -- submitting --------------------------------------------------------------------------------
+
+    def submit(self, handle: Any, fragment: str, args: Iterable[Any] = (), after: Iterable[Call] = ()) -> Call:
+        """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
+
+        ``after`` orders this call behind others on the same host without passing their values.
+        """
+        args = [_values(a) for a in args]
+        if not self.remote:
+            t0 = time.perf_counter()
+            call = Call(handle, fragment, Done(handle.target.call(fragment, *args)), t0)
+            call._stamp()
+            return call
+        key = f"{fragment}-{handle.role}-{handle.index}-{uuid.uuid4().hex}"  # task stream: "collect-sampler"
+        future = self.client.submit(
+            run_fragment,
+            handle.host_id,
+            fragment,
+            *args,
+            _after=[c.future for c in after],
+            workers=[handle.address],
+            allow_other_workers=False,
+            pure=False,
+            key=key,
+        )
+        call = Call(handle, fragment, future, time.perf_counter())
+        future.add_done_callback(call._stamp)
+        return call
+
+    def report(self, call: Call) -> Call:
+        """A small :class:`Report` of ``call``'s output, computed where the output lives."""
+        if not self.remote:
+            out = Call(call.handle, "report", Done(report(call.future.value)), call.started)
+            out.done_at = call.done_at
+            return out
+        future = self.client.submit(
+            report,
+            call.future,
+            workers=[call.handle.address],
+            allow_other_workers=False,
+            pure=False,
+            key=f"report-{call.fragment}-{uuid.uuid4().hex}",
+        )
+        out = Call(call.handle, "report", future, time.perf_counter())
+        future.add_done_callback(out._stamp)
+        return out
+
+    def run_nodes(
+        self,
+        nodes: Iterable[Node],
+        hosts: dict[str, list[Any]],
+        roles: Any,
+        calls: dict[int, list[Call]] | None = None,
+        inputs: Any = None,
+    ) -> dict[int, list[Call]]:
+        """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
+
+        ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
+        given, may supply the calls an input node stands for (a stream's arrivals, last round's value).
+        """
+        calls = {} if calls is None else calls
+        for node in nodes:
+            handles = hosts[node.role]
+            row = []
+            for r, h in enumerate(handles):
+                args = []
+                for a in node.inputs:
+                    if isinstance(a, Node):
+                        outs = inputs(a, node) if inputs is not None else None
+                        outs = calls[a.id] if outs is None else outs
+                        args.append(route(outs, a.role, node.role, roles, r, len(handles)))
+                    else:
+                        args.append(a)
+                row.append(self.submit(h, node.name, args))
+            calls[node.id] = row
+        return calls
+
+    # -- waiting -----------------------------------------------------------------------------------
+
+    def wait(self, calls: list[Call], watch: Iterable[Call] = ()) -> list[Any]:
+        """The values of ``calls``, once all are done.
+
+        ``watch`` are the other calls they depend on (the iteration so far): a failure there is
+        blamed on the call where it happened. Raises :class:`RoleFailure`.
+        """
+        if not self.remote:
+            return [c.future.value for c in calls]
+        from distributed import wait
+
+        watched = list(dict.fromkeys([*watch, *calls]))  # submission order, for blame
+        futures = [c.future for c in calls]
+        poll = self.supervisor.spec.poll_s if self.supervisor is not None else 1.0
+        while True:
+            try:
+                wait(futures, timeout=poll)
+                break
+            except TimeoutError:
+                self._check(watched)
+        self._raise_errors(watched)
+        try:
+            return self.client.gather(futures, direct=True)
+        except Exception as err:  # a worker died between finishing and handing the value over
+            self._check(watched)
+            raise RoleFailure(calls[0].handle, "lost", err) from None
+
+    def _raise_errors(self, watched: list[Call]) -> None:
+        for call in watched:  # the first erred call in submission order raised; its consumers only inherit
+            if call.future.status == "error":
+                err = call.future.exception()
+                kind = "lost" if isinstance(err, HostGone) else "raised"
+                if kind == "raised" and self.supervisor is not None and self._worker_lost(call):
+                    kind = "lost"
+                raise RoleFailure(call.handle, kind, err)
+
+    def _worker_lost(self, call: Call) -> bool:
+        from distributed.comm.core import CommClosedError
+
+        err = call.future.exception()
+        if isinstance(err, CommClosedError):
+            return True
+        return isinstance(err, OSError) and not self.supervisor.alive(call.handle.address, fresh=True)
+
+    def _check(self, watched: list[Call]) -> None:
+        """While waiting: a watched call whose worker is gone, or one running past the hang timeout."""
+        self._raise_errors(watched)
+        sup = self.supervisor
+        if sup is None:
+            return
+        for call in watched:  # a lost worker also loses the outputs it held for consumers
+            if not sup.alive(call.handle.address):
+                raise RoleFailure(call.handle, "lost", OSError("worker gone"))
+        pending = [c for c in watched if c.future.status == "pending"]
+        if pending:
+            first = pending[0]
+            waited = time.perf_counter() - first.started
+            if waited > sup.spec.hang_timeout_s:
+                msg = f"no answer for {waited:.0f} s (hang_timeout_s {sup.spec.hang_timeout_s:g})"
+                raise RoleFailure(first.handle, "hung", TimeoutError(msg))
+
+    def cancel(self, calls: Iterable[Call]) -> None:
+        """Forget calls of an abandoned iteration (a failed one is redone); their tasks are cancelled."""
+        if self.remote:
+            futures = [c.future for c in calls if c.future.status != "finished"]
+            if futures:
+                try:
+                    self.client.cancel(futures)
+                except Exception:  # the client may be closing
+                    pass

@@ -1,0 +1,100 @@
+"""One entry point for a training run: ``dagrl run``, notebooks and tests all come through :func:`train`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dagrl.graph import Graph
+from dagrl.runtime.rundir import RunDir
+
+log = logging.getLogger("dagrl")
+
+__all__ = ["train"]
+
+
+def train(
+    graph: Graph,
+    client: Any = None,
+    *,
+    cluster: Any = None,
+    rundir: RunDir | None = None,
+    resume: dict[str, Any] | None = None,
+    progress: bool = False,
+    listeners: Iterable[Callable[[dict[str, Any], Any], None]] = (),
+) -> dict[str, Any]:
+    """Train ``graph`` until a stop condition holds; return the run summary (``summary["run_dir"]``).
+
+    ``client`` is a ``distributed.Client`` to run on; without one, a distributed policy starts the
+    cluster of ``cluster`` (a :mod:`dagrl.clusters` spec; default an embedded LocalCluster) and
+    stops it at the end. ``single`` runs in this process whatever is given. ``rundir`` defaults to
+    a new ``<runs_dir>/<name>-<timestamp>``; ``resume`` is a checkpoint to continue from. Each
+    metrics row is passed to ``listeners`` (and to the RL dashboard page when on a cluster).
+
+    Examples
+    --------
+    >>> from dagrl.graph import load_graph
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2", "runs_dir=/tmp/dagrl-doctest"])
+    >>> train(g)["iterations"]
+    2
+    """
+    from dagrl.policies import POLICIES, build_policy
+    from dagrl.runtime.driver import Trainer
+    from dagrl.runtime.progress import Progress
+
+    if rundir is None:
+        rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+        rundir.write_config(graph.to_dict())
+    spec = graph.spec
+    log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
+    if resume is not None:
+        c = resume["counters"]
+        log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
+    distributed = POLICIES[spec.policy].distributed
+    with contextlib.ExitStack() as stack:
+        if not distributed:
+            client = None
+        elif client is None:
+            from dagrl.clusters import LocalClusterSpec, connect
+
+            client = stack.enter_context(connect(cluster or LocalClusterSpec(), graph, rundir.path))
+        if client is not None:
+            log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
+        offset = resume["counters"]["iteration"] if resume else 0
+        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
+        stack.callback(policy.close)
+        actors = policy.actors()
+        rundir.write_json("actors.json", actors)
+        for a in actors:
+            log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
+        trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
+        trainer.listeners.extend(listeners)
+        if client is not None:
+            from dagrl.dashboard.feed import Feed
+
+            feed = Feed(client, policy, rundir.path.name).start()
+            stack.callback(feed.close)
+            trainer.listeners.append(feed.on_row)
+        return trainer.run()
+
+
+def rl_page(dashboard_link: str) -> str:
+    """The RL page's address next to the dashboard's ``.../status``, or why there is none.
+
+    dagrl's own clusters register the page; a scheduler started by hand has it only with
+    ``--preload dagrl.dashboard`` (asked of its ``/individual-plots.json``).
+    """
+    import json
+    import urllib.request
+
+    base = dashboard_link.rsplit("/", 1)[0]
+    try:
+        with urllib.request.urlopen(f"{base}/individual-plots.json", timeout=5) as r:
+            pages = json.loads(r.read())
+    except (OSError, ValueError):
+        return f"{base}/individual-dagrl (could not ask the dashboard whether it has it)"
+    if "/individual-dagrl" in pages.values():
+        return f"{base}/individual-dagrl"
+    return "not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`"
