@@ -42,7 +42,7 @@ def test_fragments_are_tasks_on_their_workers_and_rollouts_skip_the_driver(clien
 
     ran = {}  # task prefix -> workers it ran on
     for rec in ts.data:
-        prefix = rec["key"].rsplit("-", 2)[0] if rec["key"].count("-") >= 3 else rec["key"]
+        prefix = rec["key"].rsplit("-", 1)[0]  # fragment-role-replica-<uuid>
         ran.setdefault(prefix, set()).add(rec["worker"])
     samplers = {where[("sampler", i)] for i in range(graph.role("sampler").replicas)}
     for i in range(graph.role("sampler").replicas):

@@ -21,6 +21,7 @@ Routing between roles follows one rule (:func:`route`), in-process or remote.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable
@@ -287,7 +288,5 @@ class Executor:
         if self.remote:
             futures = [c.future for c in calls if c.future.status != "finished"]
             if futures:
-                try:
+                with contextlib.suppress(Exception):  # the client may be closing
                     self.client.cancel(futures)
-                except Exception:  # the client may be closing
-                    pass
