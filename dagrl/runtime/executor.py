@@ -82,6 +82,10 @@ class Call:
     started: float
     done_at: float | None = None
     """When the driver learnt the call finished (perf counter); ``None`` while pending."""
+    inputs: Any = None
+    """The futures this call consumes, held as long as the call is: a dependency whose last client
+    reference goes while the scheduler still digests the task that names it would be forgotten,
+    leaving that task waiting forever (seen with a replay ``add`` superseded during a round)."""
 
     @property
     def value(self) -> Any:
@@ -169,7 +173,7 @@ class Executor:
             pure=False,
             key=key,
         )
-        call = Call(handle, fragment, future, time.perf_counter())
+        call = Call(handle, fragment, future, time.perf_counter(), inputs=(args, after))
         future.add_done_callback(call._stamp)
         return call
 
@@ -187,7 +191,7 @@ class Executor:
             pure=False,
             key=f"report-{call.fragment}-{uuid.uuid4().hex}",
         )
-        out = Call(call.handle, "report", future, time.perf_counter())
+        out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
         future.add_done_callback(out._stamp)
         return out
 
