@@ -87,13 +87,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     from dagrl.graph import load_graph
-    from dagrl.inspect import describe, to_dot
+    from dagrl.inspect import describe, to_dot, to_task_dot
 
     graph = load_graph(args.graph, args.set)
     print(describe(graph))
     if args.dot:
         Path(args.dot).write_text(to_dot(graph))
         print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o graph.png)")
+    if args.tasks:
+        Path(args.tasks).write_text(to_task_dot(graph))
+        print(f"wrote {args.tasks}: one iteration's Dask tasks (render with: dot -Tsvg {args.tasks} -o tasks.svg)")
     return 0
 
 
@@ -154,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
     graph.add_argument("graph")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
+    graph.add_argument(
+        "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
+    )
 
     bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (sampling, ppo-cartpole, ...)")
     bench.add_argument("name")

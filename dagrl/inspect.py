@@ -70,3 +70,32 @@ def to_dot(graph: Graph) -> str:
     out += [f'  n{e.src.id} -> n{e.dst.id} [label="{edge_kind(graph, e)}"];' for e in algo.graph.edges]
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def to_task_dot(graph: Graph) -> str:
+    """One iteration as the Dask tasks a lockstep policy submits: a node per fragment call per replica,
+    named like the task keys (``collect-sampler-0``), edges routed by the one rule, per worker."""
+    from dagrl.fragment import Node
+    from dagrl.runtime.executor import route
+
+    algo, roles = graph.algorithm, graph.algorithm.roles
+    names = {
+        n.id: [f"{n.name}-{n.role}-{r}" for r in range(graph.spec.roles[n.role].replicas)] for n in algo.graph.nodes
+    }
+    out = [f'digraph "{graph.name} tasks" {{', "  rankdir=LR;", "  node [shape=box, style=rounded];"]
+    for role, rspec in graph.spec.roles.items():
+        for r in range(rspec.replicas if role in graph.active_roles else 0):
+            tasks = [names[n.id][r] for n in algo.graph.nodes if n.role == role]
+            if tasks:
+                out.append(f'  subgraph "cluster_{role}_{r}" {{ label="worker of {role}[{r}]";')
+                out += [f'    "{t}";' for t in tasks]
+                out.append("  }")
+    for node in algo.graph.nodes:
+        for r, dst in enumerate(names[node.id]):
+            for a in node.inputs:
+                if isinstance(a, Node):
+                    srcs = route(names[a.id], a.role, node.role, roles, r, len(names[node.id]))
+                    for src in srcs if isinstance(srcs, list) else [srcs]:
+                        out.append(f'  "{src}" -> "{dst}";')
+    out.append("}")
+    return "\n".join(out) + "\n"

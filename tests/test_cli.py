@@ -180,3 +180,19 @@ def test_gpu_learner_falls_back_to_cpu_with_one_log_line(tmp_path, graphs_dir, c
     )
     lines = [line for line in capsys.readouterr().err.splitlines() if "falling back to CPU" in line]
     assert len(lines) == 1 and "learner[0]" in lines[0]
+
+
+def test_graph_tasks_draws_one_iteration_as_dask_tasks(tmp_path, capsys):
+    from dagrl.cli import main
+
+    out = tmp_path / "tasks.dot"
+    assert main(["graph", "graphs/ppo-cartpole-sync.yaml", "--tasks", str(out)]) == 0
+    dot = out.read_text()
+    for edge in [
+        '"publish-learner-0" -> "collect-sampler-0"',
+        '"publish-learner-0" -> "collect-sampler-1"',
+        '"collect-sampler-0" -> "update-learner-0"',
+        '"collect-sampler-1" -> "update-learner-0"',
+    ]:
+        assert edge in dot
+    assert dot.count("->") == 4 and 'label="worker of sampler[1]"' in dot
