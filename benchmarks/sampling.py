@@ -4,7 +4,8 @@
 
 Each sampler call steps ``envs`` CartPole envs ``steps`` times with a 64x64 MLP policy. The plain
 loop calls the same fragment on an in-process state; the actors run on a LocalCluster, one per
-worker process (two workers), called back to back (one call in flight per actor). Parallel efficiency is
+worker process (two workers), each ``collect`` a Dask task on its actor's worker with two in flight
+per sampler, as the streaming policies run them; only each rollout's report comes back. Parallel efficiency is
 Hz(2 actors) / (2 x Hz(plain loop)): 1.0 is perfect scaling over two cores.
 """
 
@@ -20,7 +21,7 @@ from dagrl.algos import ppo
 from dagrl.clusters import LocalClusterSpec, local_cluster
 from dagrl.context import RoleContext
 from dagrl.graph import load_graph
-from dagrl.runtime.host import Ref
+from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import start_actors
 
 
@@ -52,21 +53,24 @@ def actors(client, replicas: int, envs: int, steps: int, seconds: float) -> floa
         [f"roles.sampler.replicas={replicas}", f"roles.sampler.envs={envs}", f"hyperparameters.num_steps={steps}"],
     )
     hosts = start_actors(client, graph, roles=["sampler"])
+    ex = Executor(client)
     try:
-        weights = initial_weights(envs)
+        weights = client.scatter(initial_weights(envs), broadcast=True)
         samplers = hosts["sampler"]
+
+        def collect(s):  # the stream's path: a task on the sampler's worker; only its report comes back
+            return ex.report(ex.submit(s, "collect", [weights]))
+
         for s in samplers:
-            s.put("w", weights).result()
-            s.call("collect", Ref("w")).result()  # warm-up
-        inflight = {i: s.call("collect", Ref("w")) for i, s in enumerate(samplers)}
+            ex.wait([collect(s)])  # warm-up
+        inflight = {i: [collect(s), collect(s)] for i, s in enumerate(samplers)}  # in_flight 2, as streams
         done, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             for i, s in enumerate(samplers):
-                done += inflight[i].result().env_steps
-                inflight[i] = s.call("collect", Ref("w"))
+                done += ex.wait([inflight[i].pop(0)])[0].env_steps
+                inflight[i].append(collect(s))
         elapsed = time.perf_counter() - t0
-        for f in inflight.values():
-            f.result()
+        ex.wait([c for cs in inflight.values() for c in cs])
         return done / elapsed
     finally:
         for hs in hosts.values():

@@ -247,11 +247,18 @@ class Executor:
             except TimeoutError:
                 self._check(watched)
         self._raise_errors(watched)
-        try:
-            return self.client.gather(futures, direct=True)
-        except Exception as err:  # a worker died between finishing and handing the value over
-            self._check(watched)
-            raise RoleFailure(calls[0].handle, "lost", err) from None
+        values = []
+        for call in calls:  # not client.gather: a value lost with its worker is never handed over, and
+            while True:  # Dask can only recompute it on that (pinned) worker, so gather would wait forever
+                try:
+                    values.append(call.future.result(timeout=poll))
+                    break
+                except TimeoutError:
+                    self._check(watched)
+                except Exception as err:  # a worker died between finishing and handing the value over
+                    self._check(watched)
+                    raise RoleFailure(call.handle, "lost", err) from None
+        return values
 
     def _raise_errors(self, watched: list[Call]) -> None:
         for call in watched:  # the first erred call in submission order raised; its consumers only inherit
