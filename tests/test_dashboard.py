@@ -127,6 +127,27 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "rl-page.png"))
 
+    # Dask's own Task Stream shows training: fragment tasks named after fragment and role
+    browser.get(f"{base}/individual-task-stream")
+    names = """
+        const out = [];
+        if (!window.Bokeh || !Bokeh.documents.length) { return out; }  // still loading
+        for (const m of Bokeh.documents[0].all_models) {
+            if (m.data && m.data.name) { out.push(...Array.from(m.data.name)); }
+        }
+        return out;
+    """
+    seen = wait(
+        lambda: {n for n in browser.execute_script(names) if n.startswith(("collect-", "update-", "add-"))} >= {
+            "collect-sampler", "add-replay", "update-learner"
+        } and browser.execute_script(names),
+        120,
+        "fragment tasks in the Task Stream",
+    )  # fmt: skip
+    assert "sample-replay" in seen
+    time.sleep(2)
+    assert browser.save_screenshot(str(ARTIFACTS / "task-stream.png"))
+
 
 @pytest.mark.parametrize("preload", [True, False])
 def test_a_scheduler_started_by_hand_has_the_page_only_with_the_preload(preload):
