@@ -22,6 +22,7 @@ import argparse
 import time
 
 import numpy as np
+import transport_algo
 from _common import emit, table
 
 from dagrl.clusters import LocalClusterSpec, local_cluster
@@ -66,8 +67,6 @@ def driver(policy, seconds: float) -> float:
 
 
 def _held(seed: int) -> np.ndarray:
-    import transport_algo
-
     return np.random.default_rng(seed).integers(0, 255, transport_algo.SHAPE, dtype=np.uint8)
 
 
@@ -119,7 +118,7 @@ def main() -> None:
         "transport",
         {
             "samplers": args.samplers,
-            "rollout_bytes": int(np.prod((128, 8, 4, 84, 84))),
+            "rollout_bytes": int(np.prod(transport_algo.SHAPE)),
             "peer_bytes_s": peer_bs,
             "driver_bytes_s": drv,
             "ceiling_bytes_s": ceil,

@@ -150,11 +150,8 @@ class Executor:
 
     # -- submitting --------------------------------------------------------------------------------
 
-    def submit(self, handle: Any, fragment: str, args: Iterable[Any] = (), after: Iterable[Call] = ()) -> Call:
-        """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
-
-        ``after`` orders this call behind others on the same host without passing their values.
-        """
+    def submit(self, handle: Any, fragment: str, args: Iterable[Any] = ()) -> Call:
+        """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them)."""
         args = [_values(a) for a in args]
         if not self.remote:
             t0 = time.perf_counter()
@@ -167,13 +164,12 @@ class Executor:
             handle.host_id,
             fragment,
             *args,
-            _after=[c.future for c in after],
             workers=[handle.address],
             allow_other_workers=False,
             pure=False,
             key=key,
         )
-        call = Call(handle, fragment, future, time.perf_counter(), inputs=(args, after))
+        call = Call(handle, fragment, future, time.perf_counter(), inputs=args)
         future.add_done_callback(call._stamp)
         return call
 

@@ -72,12 +72,11 @@ class HostGone(RuntimeError):
     """A fragment task reached a worker that no longer has its role host (released, or the worker restarted)."""
 
 
-def run_fragment(host_id: str, fragment: str, *args: Any, _after: Any = None) -> Any:
+def run_fragment(host_id: str, fragment: str, *args: Any) -> Any:
     """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
 
     Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
     before this runs; the return value stays on this worker until a consumer task fetches it.
-    ``_after`` only orders this task behind others (their values are not used).
     """
     host = HOSTS.get(host_id)
     if host is None:
