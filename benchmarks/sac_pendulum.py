@@ -67,36 +67,37 @@ def dagrl(name: str, seed: int, budget: int, client, root: str) -> dict:
     }
 
 
-def frame_rates(seconds: float) -> tuple[float, float]:
+def frame_rates(seconds: float, device: str = "cpu", batch: int = BATCH) -> tuple[float, float]:
     """Transitions/s through 16-step update calls: dagrl's two fragments vs one raw torch loop."""
     import gymnasium as gym
 
     env = gym.make("Pendulum-v1")
-    cfg = sac.Config(hidden=128, batch_size=BATCH, gradient_steps=STEPS)
+    cfg = sac.Config(hidden=128, batch_size=batch, gradient_steps=STEPS)
     ctx = RoleContext(
-        "critic", 0, 1, 0, "Pendulum-v1", observation_space=env.observation_space, action_space=env.action_space
-    )
+        "critic", 0, 1, 0, "Pendulum-v1", device=device,
+        observation_space=env.observation_space, action_space=env.action_space,
+    )  # fmt: skip
     crit, act = sac.critic(ctx, cfg), sac.actor(ctx, cfg)
     rng = np.random.default_rng(0)
-    n = BATCH * STEPS
+    n = batch * STEPS
     data = {
         "obs": rng.standard_normal((n, 3)).astype(np.float32), "action": rng.uniform(-2, 2, (n, 1)).astype(np.float32),
         "reward": rng.standard_normal(n).astype(np.float32), "next_obs": rng.standard_normal((n, 3)).astype(np.float32),
         "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
     }  # fmt: skip
-    batch = [Sample(data, np.arange(n), np.ones(n, np.float32))]
+    samples = [Sample(data, np.arange(n), np.ones(n, np.float32))]
 
     def dagrl_call() -> None:
-        sac.update_actor(act, batch, sac.update_critic(crit, batch, sac.publish(act)))
+        sac.update_actor(act, samples, sac.update_critic(crit, samples, sac.publish(act)))
 
     # the same networks and math, without fragments, numpy exchange or re-batching
     q, target, policy = crit.q, crit.target, act.policy
     q_opt, pi_opt, a_opt, log_alpha = crit.optimizer, act.optimizer, act.alpha_optimizer, act.log_alpha
-    t = {k: torch.as_tensor(v).float() for k, v in data.items()}
+    t = {k: torch.as_tensor(v).float().to(device) for k, v in data.items()}
 
     def raw_call() -> None:
-        for i in range(0, n, BATCH):
-            b = {k: v[i : i + BATCH] for k, v in t.items()}
+        for i in range(0, n, batch):
+            b = {k: v[i : i + batch] for k, v in t.items()}
             alpha = log_alpha.detach().exp()
             with torch.no_grad():
                 na, nlp = policy(b["next_obs"])
@@ -120,13 +121,19 @@ def frame_rates(seconds: float) -> tuple[float, float]:
             al.backward()
             a_opt.step()
 
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     rates = {}
     for name, fn in (("raw", raw_call), ("dagrl", dagrl_call), ("raw2", raw_call), ("dagrl2", dagrl_call)):
         fn()
+        sync()
         calls, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             fn()
             calls += 1
+        sync()
         rates[name] = calls * n / (time.perf_counter() - t0)
     return (rates["dagrl"] + rates["dagrl2"]) / 2, (rates["raw"] + rates["raw2"]) / 2
 
@@ -138,16 +145,24 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=40_000)
     p.add_argument("--skip-sb3", action="store_true")
     p.add_argument("--frame-seconds", type=float, default=5.0)
+    p.add_argument("--frame-device", default="cpu", help="device of the frame-rate measurement (cpu, cuda)")
+    p.add_argument(
+        "--frame-batch", type=int, nargs="+", default=[BATCH], help="batch sizes of the frame-rate measurement"
+    )
+    p.add_argument("--frames-only", action="store_true", help="measure the update frame rate only")
     args = p.parse_args()
     from distributed import Client
 
     torch.set_num_threads(1)
-    dagrl_fps, raw_fps = frame_rates(args.frame_seconds)
-    print(
-        f"update frame rate: dagrl {dagrl_fps:,.0f} /s, raw torch {raw_fps:,.0f} /s: "
-        f"{dagrl_fps / raw_fps:.2f} x (target >= 0.95)",
-        flush=True,
-    )
+    for batch in args.frame_batch:
+        dagrl_fps, raw_fps = frame_rates(args.frame_seconds, args.frame_device, batch)
+        print(
+            f"update frame rate ({args.frame_device}, batch {batch}): dagrl {dagrl_fps:,.0f} /s, "
+            f"raw torch {raw_fps:,.0f} /s: {dagrl_fps / raw_fps:.2f} x (target >= 0.95)",
+            flush=True,
+        )
+    if args.frames_only:
+        return
     names = ([] if args.skip_sb3 else ["sb3"]) + args.policies
     results: dict[str, list[dict]] = {k: [] for k in names}
     root = tempfile.mkdtemp(prefix="dagrl-bench-sac-")

@@ -12,11 +12,9 @@ role state, and a checkpoint never sees half an update.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -25,6 +23,7 @@ from typing import Any
 
 from dagrl.context import RoleContext
 from dagrl.fragment import load_algorithm
+from dagrl.runtime.wire import to_cpu
 
 log = logging.getLogger("dagrl")
 
@@ -48,20 +47,6 @@ def resolve_device(wants_gpu: bool, fallback: bool) -> tuple[str, str]:
         raise RuntimeError(f"GPU requested but {socket.gethostname()} has no CUDA device (gpu_fallback is false)")
     return "cpu", "GPU requested but no CUDA device here: falling back to CPU"
 
-
-def _register_sizeof() -> None:
-    """Fragment outputs are dataclasses of arrays (a ``Rollout``); Dask's ``sizeof`` sees only the object
-    header (56 bytes), which misleads its memory accounting, spilling and transfer logs. Count the fields."""
-    from dask.sizeof import sizeof
-
-    @sizeof.register(object)
-    def _sizeof(obj: Any) -> int:
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            return sys.getsizeof(obj) + sum(sizeof(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-        return sys.getsizeof(obj)
-
-
-_register_sizeof()
 
 HOSTS: weakref.WeakValueDictionary[str, RoleHost] = weakref.WeakValueDictionary()
 """The role hosts living in this process, by id. Weak: a host released by Dask (its actor future
@@ -151,7 +136,7 @@ class RoleHost:
         """The role state's checkpoint, or ``None`` for roles without one (samplers)."""
         fn = getattr(self.state, "state_dict", None)
         with self.lock:
-            return fn() if fn is not None else None
+            return to_cpu(fn()) if fn is not None else None
 
     def load_state_dict(self, sd: Any) -> None:
         if sd is not None:
