@@ -44,6 +44,8 @@ class RoleContext:
     env_id: str
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     num_envs: int = 1
+    vector: str = "sync"
+    """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess."""
     device: str = "cpu"
     observation_space: Any = None
     action_space: Any = None
@@ -53,7 +55,7 @@ class RoleContext:
     """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
 
     def make_envs(self) -> Any:
-        """A gymnasium vector env of ``num_envs`` copies, autoreset in the same step.
+        """A gymnasium vector env of ``num_envs`` copies (``vector`` mode), autoreset in the same step.
 
         When an episode ends, ``step`` returns the first observation of the next one and puts the
         last observation of the finished one in ``info["final_obs"]``.
@@ -63,7 +65,7 @@ class RoleContext:
         envs = gym.make_vec(
             self.env_id,
             num_envs=self.num_envs,
-            vectorization_mode="sync",
+            vectorization_mode=self.vector,
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
             **self.env_kwargs,
         )

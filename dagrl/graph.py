@@ -39,6 +39,9 @@ class EnvSpec:
     """Keyword arguments for ``gymnasium.make``."""
 
 
+VECTOR_MODES = ("sync", "async")
+
+
 @dataclass
 class RoleSpec:
     replicas: int = 1
@@ -52,8 +55,14 @@ class RoleSpec:
     ``<run dir>/<role>-<i>``."""
     memory: str | None = None
     """RAM each replica may use for data, e.g. ``2GiB`` (a replay store's memory budget)."""
+    vector: str = "sync"
+    """How a sampler steps its ``envs``: ``sync`` one after another in its own process (gymnasium's
+    SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that one sampler
+    uses several cores or overlaps envs that wait (remote or sleeping simulators)."""
 
     def __post_init__(self) -> None:
+        if self.vector not in VECTOR_MODES:
+            raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
         if self.memory is not None:
             self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
         if self.replicas < 1:

@@ -1,0 +1,201 @@
+"""How env-step throughput scales with samplers: dagrl `sync` and `async` vs Stable-Baselines3.
+
+    dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
+                        [--policies sync async] [--seconds 8] [--skip-sb3]
+
+PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
+costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
+policy and sampler count k, a real training run on one LocalCluster (k + 1 workers are started once
+for the largest k) is timed over ``seconds`` after a warm-up; throughput is env steps/s between the
+first metrics row after the warm-up and the last. Learner work is kept small and proportional
+(one update per k rollouts, one epoch), so the sampler side is what is measured.
+
+* **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
+* **setups**: ``sync``, ``async`` (samplers step their envs in turn) and ``async-subproc`` (each env
+  of a sampler in its own subprocess, ``roles.sampler.vector: async``).
+* **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
+* **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
+  envs), same n_steps and one epoch, timed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from _common import emit, table
+
+from dagrl.algos import ppo
+from dagrl.clusters import LocalClusterSpec, local_cluster
+from dagrl.context import RoleContext
+from dagrl.graph import load_graph
+from dagrl.training import train
+
+GRAPH = "graphs/ppo-costly-cartpole.yaml"
+ENV = "dagrl.envs:CostlyCartPole-v0"
+NUM_STEPS = 32
+SETUPS = {
+    "sync": "policy sync, each sampler steps its envs in turn",
+    "async": "policy async, each sampler steps its envs in turn",
+    "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
+}
+
+
+class Window:
+    """Env steps/s between the first metrics row after ``warmup`` seconds and the last row."""
+
+    def __init__(self, warmup: float):
+        self.t0, self.warmup, self.rows = time.perf_counter(), warmup, []
+
+    def on_row(self, row: dict, *_: object) -> None:
+        now = time.perf_counter()
+        if now - self.t0 >= self.warmup:
+            self.rows.append((now, row["env_steps"]))
+
+    def rate(self) -> float:
+        if len(self.rows) < 2:
+            return float("nan")
+        (t_a, s_a), (t_b, s_b) = self.rows[0], self.rows[-1]
+        return (s_b - s_a) / (t_b - t_a)
+
+
+def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
+    policy, _, vector = setup.partition("-")
+    options = f"{{name: async, max_staleness: 2, rollouts_per_update: {k}}}" if policy == "async" else policy
+    graph = load_graph(GRAPH, [
+        f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
+        f"roles.sampler.vector={'async' if vector == 'subproc' else 'sync'}",
+        f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}", f"hyperparameters.num_steps={NUM_STEPS}",
+        "hyperparameters.update_epochs=1", f"hyperparameters.minibatch_size={k * args.envs * NUM_STEPS}",
+        "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
+        "checkpoint.every=0", f"runs_dir={root}",
+    ])  # fmt: skip
+    window = Window(args.warmup)
+    summary = train(graph, client, listeners=[window.on_row])
+    return {"steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"]}
+
+
+def plain_loop(args: argparse.Namespace, cost: str) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    ctx = RoleContext(
+        "sampler", 0, 1, seed=0, env_id=ENV, num_envs=args.envs, env_kwargs={"step_ms": args.step_ms, "cost": cost}
+    )
+    state = ppo.sampler(ctx, ppo.Config(num_steps=NUM_STEPS))
+    weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
+    ppo.collect(state, weights)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        done += ppo.collect(state, weights).env_steps
+    return done / (time.perf_counter() - t0)
+
+
+def sb3(k: int, args: argparse.Namespace, cost: str) -> float:
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    torch.set_num_threads(1)
+    n = k * args.envs
+
+    class Clock(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t0, self.marks = time.perf_counter(), []
+
+        def _on_step(self) -> bool:
+            now = time.perf_counter()
+            if now - self.t0 >= args.warmup:
+                self.marks.append((now, self.model.num_timesteps))
+            return now - self.t0 < args.warmup + args.seconds
+
+    def make(i: int):
+        return lambda: gym.make(ENV, step_ms=args.step_ms, cost=cost)
+
+    envs = SubprocVecEnv([make(i) for i in range(n)])
+    try:
+        model = PPO(
+            "MlpPolicy", envs, n_steps=NUM_STEPS, batch_size=n * NUM_STEPS, n_epochs=1, gamma=0.98, gae_lambda=0.8,
+            learning_rate=1e-3, policy_kwargs={"net_arch": [64, 64]}, device="cpu", seed=0,
+        )  # fmt: skip
+        clock = Clock()
+        model.learn(total_timesteps=10**9, callback=clock)
+    finally:
+        envs.close()
+    (t_a, s_a), (t_b, s_b) = clock.marks[0], clock.marks[-1]
+    return (s_b - s_a) / (t_b - t_a)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samplers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--envs", type=int, default=4, help="envs per sampler")
+    p.add_argument("--step-ms", type=float, default=1.0)
+    p.add_argument("--cost", nargs="+", default=["sleep", "busy"], choices=["sleep", "busy"])
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=["sync", "async"],
+        choices=list(SETUPS),
+        help=", ".join(f"{k}: {v}" for k, v in SETUPS.items()),
+    )
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (after the warm-up)")
+    p.add_argument("--warmup", type=float, default=4.0)
+    p.add_argument("--busy-max", type=int, default=None, help="largest k for --cost busy (default: core count)")
+    p.add_argument("--skip-sb3", action="store_true")
+    args = p.parse_args()
+    import os
+
+    from distributed import Client
+
+    cores = os.cpu_count() or 1
+    ks = {c: sorted(k for k in args.samplers if c == "sleep" or k <= (args.busy_max or cores)) for c in args.cost}
+    root = tempfile.mkdtemp(prefix="dagrl-bench-scaling-")
+    rows, runs = [], []
+    t0 = time.perf_counter()
+    with (
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), max(args.samplers) + 1) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        print(f"LocalCluster of {max(args.samplers) + 1} workers: {time.perf_counter() - t0:.1f} s", flush=True)
+        for cost in args.cost:
+            plain = plain_loop(args, cost)
+            print(f"[{cost}] plain loop, {args.envs} envs: {plain:,.0f} steps/s", flush=True)
+            base: dict[str, float] = {}
+            for k in ks[cost]:
+                row = {"cost": cost, "samplers": k, "envs": k * args.envs, "plain x k": plain * k}
+                for policy in args.policies:
+                    r = dagrl(policy, k, args, cost, client, root)
+                    base.setdefault(policy, r["steps_s"])
+                    row[policy] = r["steps_s"]
+                    row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
+                    runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
+                    print(f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s", flush=True)
+                if not args.skip_sb3:
+                    row["sb3"] = sb3(k, args, cost)
+                    runs.append({"cost": cost, "samplers": k, "policy": "sb3", "steps_s": row["sb3"]})
+                    print(f"[{cost}] sb3 SubprocVecEnv x{k * args.envs}: {row['sb3']:,.0f} steps/s", flush=True)
+                    for policy in args.policies:
+                        row[f"{policy}/sb3"] = row[policy] / row["sb3"]
+                rows.append(row)
+    cols = ["cost", "samplers", "envs", "plain x k"]
+    for policy in args.policies:
+        cols += [policy, f"{policy} eff"]
+    if not args.skip_sb3:
+        cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
+    print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler")
+    print(table(rows, cols))
+    for cost in args.cost:
+        effs = [r.get("async eff") for r in rows if r["cost"] == cost and "async eff" in r]
+        if effs:
+            print(f"[{cost}] async efficiency: min {min(effs):.2f}, median {statistics.median(effs):.2f}")
+    emit("scaling", {"args": vars(args), "rows": rows, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
