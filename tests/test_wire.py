@@ -14,6 +14,15 @@ from dagrl.context import RoleContext
 from dagrl.runtime.host import RoleHost
 from dagrl.runtime.wire import to_cpu
 
+
+def learner_context(seed: int) -> RoleContext:
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    return RoleContext("learner", 0, 1, seed, "CartPole-v1", observation_space=env.observation_space,
+                       action_space=env.action_space)  # fmt: skip
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -42,12 +51,11 @@ def test_cuda_tensor_crosses_dask_on_the_cpu():
 def test_gpu_learner_checkpoint_holds_cpu_tensors_and_loads_back():
     from dagrl.algos.ppo import Config
 
-    ctx = RoleContext("learner", 0, 1, seed=0, env_id="CartPole-v1")
-    host = RoleHost("ppo", "learner", ctx, Config(), wants_gpu=True)
+    host = RoleHost("ppo", "learner", learner_context(seed=0), Config(), wants_gpu=True)
     assert host.device == "cuda"
     sd = host.state_dict()
     tensors = [v for v in sd["agent"].values()]
     assert tensors and all(v.device.type == "cpu" for v in tensors)
-    other = RoleHost("ppo", "learner", RoleContext("learner", 0, 1, seed=1, env_id="CartPole-v1"), Config())
+    other = RoleHost("ppo", "learner", learner_context(seed=1), Config())
     other.load_state_dict(sd)  # a GPU run's checkpoint resumes on a CPU-only machine
     assert all(torch.equal(a, b) for a, b in zip(other.state_dict()["agent"].values(), tensors, strict=True))
