@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import runpy
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,15 @@ def _setup_logging(quiet: bool) -> None:
     log.propagate = False
 
 
-def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, Any]:
-    """Everything validated before a cluster starts: graph, cluster, checkpoint, run dir."""
+def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, Any, bool]:
+    """Everything validated before a cluster starts: graph, cluster, checkpoint, run dir (and whether
+    this command created it)."""
     import torch
 
-    from dagrl.clusters import LocalClusterSpec, load_cluster
+    from dagrl.clusters import LocalClusterSpec, check_local, load_cluster
     from dagrl.graph import load_graph, validate_device_request
-    from dagrl.runtime.checkpoint import load_checkpoint
+    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
+    from dagrl.runtime.hosts import check_fits
     from dagrl.runtime.rundir import RunDir
 
     resume = rundir = None
@@ -47,7 +50,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
         graph_path = graph_path or rundir.config_path
         try:
             resume = load_checkpoint(rundir.path)
-        except (FileNotFoundError, ValueError) as err:
+        except (FileNotFoundError, CheckpointError) as err:
             raise ConfigError("--resume", "", str(err)) from None
     if graph_path is None:
         raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
@@ -55,21 +58,35 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     cluster = load_cluster(args.cluster, args.scheduler)
     if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
         validate_device_request(graph, torch.cuda.is_available())
+    if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
+        check_local(cluster, graph)
+    if resume is not None:
+        try:
+            check_fits(graph, resume["roles"])
+        except ValueError as err:
+            used = Path(resume["path"]).name
+            raise ConfigError("--resume", "", f"checkpoint {used} does not fit graph {graph_path}: {err}") from None
     if rundir is None and args.run_dir is not None:
         rundir = RunDir(args.run_dir)
         if not rundir.path.is_dir():
             raise ConfigError("--run-dir", "", f"{args.run_dir} does not exist")
+    created = rundir is None
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
     rundir.write_config(graph.to_dict())
-    return graph, cluster, resume, rundir
+    return graph, cluster, resume, rundir, created
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dagrl.training import train
 
-    graph, cluster, resume, rundir = _load_for_run(args)
-    summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet)
+    graph, cluster, resume, rundir, created = _load_for_run(args)
+    try:
+        summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet)
+    except BaseException:
+        if created and not rundir.list_checkpoints():  # never started (no cluster, no placement): leave nothing
+            shutil.rmtree(rundir.path, ignore_errors=True)
+        raise
     if summary["stop_reason"] == "interrupted":
         log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
         return 130
@@ -169,6 +186,14 @@ def parser() -> argparse.ArgumentParser:
 SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")
 
 
+def os_error(err: OSError) -> str:
+    """One line for an error of the machine: what failed and where."""
+    text = " ".join(str(err).split())
+    if err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "bench":
@@ -192,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SlurmError as err:
         print(f"dagrl: error: SLURM: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the machine: a full disk, permissions, a refused connection
+        print(f"dagrl: error: {os_error(err)}", file=sys.stderr)
         return 2
     except TrainingError as err:
         print(f"dagrl: training stopped: {err}", file=sys.stderr)

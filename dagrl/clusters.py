@@ -29,7 +29,7 @@ from dagrl.schema import ConfigError, from_dict, read_yaml
 
 log = logging.getLogger("dagrl")
 
-__all__ = ["LocalClusterSpec", "SchedulerSpec", "SlurmError", "SlurmSpec", "connect", "load_cluster"]
+__all__ = ["LocalClusterSpec", "SchedulerSpec", "SlurmError", "SlurmSpec", "check_local", "connect", "load_cluster"]
 
 
 class SlurmError(RuntimeError):
@@ -62,6 +62,54 @@ class LocalClusterSpec:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
         if self.gpu_workers != "auto" and self.gpu_workers < 0:
             raise ValueError(f"gpu_workers must be >= 0 or auto, got {self.gpu_workers}")
+        limit = self.memory_per_worker
+        if limit != "auto" and parse_memory(limit, "memory_per_worker") < MIN_WORKER_MEMORY:
+            raise ValueError(
+                f"memory_per_worker must be at least 512MiB (a worker with torch loaded holds ~350 MB), "
+                f"got {self.memory_per_worker!r}"
+            )
+
+
+MIN_WORKER_MEMORY = 512 * 2**20
+
+
+def check_local(spec: LocalClusterSpec, graph: Any) -> None:
+    """Refuse, before anything starts, a graph the local cluster of ``spec`` cannot host: a role
+    asking for a resource or more threads than its workers have, or more workers than this machine
+    can run (a typo such as ``replicas: 10000``)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    most = max(64, 8 * cores)
+    n_workers = graph.n_actors if spec.workers == "auto" else spec.workers
+    roles = graph.active_roles
+    if max(n_workers, graph.n_actors) > most:
+        name = max(roles, key=lambda r: roles[r].replicas)
+        raise ConfigError(
+            graph.path,
+            f"roles.{name}.replicas",
+            f"{roles[name].replicas}: {graph.n_actors} role actors in all, more than the {most} one "
+            f"{cores}-core machine runs (use a SLURM cluster file for more)",
+        )
+    offered = {**spec.resources, "CPU": spec.threads_per_worker}
+    for name, role in roles.items():
+        for key, amount in role.resources.items():
+            if key == "GPU":
+                continue  # judged by gpu_fallback
+            if key not in offered:
+                raise ConfigError(
+                    graph.path,
+                    f"roles.{name}.resources.{key}",
+                    f"{amount:g}: no worker of the local cluster advertises {key} "
+                    f"(add it to the cluster file's resources:)",
+                )
+            if amount > offered[key]:
+                what = "threads_per_worker" if key == "CPU" else f"resources.{key}"
+                raise ConfigError(
+                    graph.path,
+                    f"roles.{name}.resources.{key}",
+                    f"{amount:g}: the local cluster's workers offer {offered[key]:g} ({what})",
+                )
 
 
 @dataclass
@@ -148,13 +196,13 @@ class SlurmSpec:
             raise ValueError(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
 
 
-def parse_memory(text: str) -> int:
+def parse_memory(text: str, key: str = "memory") -> int:
     from dask.utils import parse_bytes
 
     try:
         return parse_bytes(text)
     except (ValueError, TypeError):
-        raise ValueError(f"memory must look like 4GiB or 512MB, got {text!r}") from None
+        raise ValueError(f"{key} must look like 4GiB or 512MB, got {text!r}") from None
 
 
 ClusterSpec = LocalClusterSpec | SchedulerSpec | SlurmSpec
@@ -189,13 +237,17 @@ def cuda_count() -> int:
         return 0
 
 
+CONNECT_TIMEOUT_S = 10
+"""How long ``--scheduler ADDRESS`` waits for the scheduler to answer before a one-line error."""
+
+
 @contextlib.contextmanager
 def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) -> Iterator[Any]:
     """Yield a ``distributed.Client`` for ``spec``, sized for ``graph``; a cluster started here is closed on exit."""
     from distributed import Client
 
     if isinstance(spec, SchedulerSpec):
-        with Client(spec.address, direct_to_workers=True) as client:
+        with Client(spec.address, direct_to_workers=True, timeout=CONNECT_TIMEOUT_S) as client:
             yield client
         return
     if isinstance(spec, SlurmSpec):

@@ -19,6 +19,8 @@ Example::
 from __future__ import annotations
 
 import importlib
+import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,7 @@ from typing import Any
 
 from dagrl import distribution
 from dagrl.fragment import Algorithm, load_algorithm
-from dagrl.schema import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
+from dagrl.schema import ConfigError, apply_overrides, at_least, from_dict, read_yaml, to_dict
 
 __all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "load_graph", "resolve_graph"]
 
@@ -40,6 +42,8 @@ class EnvSpec:
 
 
 VECTOR_MODES = ("sync", "async")
+MAX_ENVS = {"sync": 4096, "async": 256}
+"""Most envs one sampler replica steps: ``async`` starts a process per env."""
 
 
 @dataclass
@@ -65,10 +69,12 @@ class RoleSpec:
             raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
         if self.memory is not None:
             self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
-        if self.envs < 1:
-            raise ValueError(f"envs must be >= 1, got {self.envs}")
+        at_least(self, 1, "replicas", "envs")
+        most = MAX_ENVS[self.vector]
+        if self.envs > most:
+            raise ValueError(
+                f"envs must be <= {most} with vector: {self.vector} (one replica's envs; add replicas), got {self.envs}"
+            )
         for name, amount in self.resources.items():
             if amount < 0:
                 raise ValueError(f"resources.{name} must be >= 0, got {amount}")
@@ -103,8 +109,11 @@ class StopSpec:
     """Stop after this many iterations."""
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
+        at_least(self, 1, "window", "env_steps", "iterations")
+        if self.wall_time_s is not None and not self.wall_time_s > 0:
+            raise ValueError(f"wall_time_s must be > 0, got {self.wall_time_s}")
+        if self.mean_return is not None and not math.isfinite(self.mean_return):
+            raise ValueError(f"mean_return must be a finite number, got {self.mean_return}")
 
 
 @dataclass
@@ -113,6 +122,10 @@ class CheckpointSpec:
     """Write a checkpoint every this many iterations (0: only at the end)."""
     keep: int = 3
     """How many recent checkpoints to keep on disk."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "every")
+        at_least(self, 1, "keep")
 
 
 @dataclass
@@ -181,6 +194,9 @@ class GraphSpec:
     """Threads each role's torch may use (one role per worker process)."""
     runs_dir: str = "runs"
     """Where run directories are created."""
+
+
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass
@@ -277,6 +293,12 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         )
     if spec.torch_threads < 1:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
+    if spec.seed < 0:
+        raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
+    if not NAME.fullmatch(spec.name):
+        raise ConfigError(
+            where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"
+        )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
     return Graph(spec, algo, config, obs_space, act_space, where, options)

@@ -64,7 +64,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError("--set", ".".join(path[: i + 1]), "is not a mapping")
+                raise ConfigError("--set", text, f"{'.'.join(path[: i + 1])} is {child!r}, not a mapping")
             node = child
         node[path[-1]] = value
     return data
@@ -180,6 +180,33 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str | Path | None, pref
     except (TypeError, ValueError) as err:
         raise ConfigError(where, prefix, str(err)) from None
     return obj
+
+
+def at_least(obj: Any, low: float, *names: str) -> None:
+    """Raise ``ValueError`` naming the first of ``obj``'s fields ``names`` that is set and below ``low``.
+
+    For a dataclass's ``__post_init__``; :func:`from_dict` turns the error into a :class:`ConfigError`.
+    """
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def positive(obj: Any, *names: str) -> None:
+    """Like :func:`at_least`, for fields that must be > 0 (learning rates, coefficients)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def unit_interval(obj: Any, *names: str) -> None:
+    """Like :func:`at_least`, for fields in [0, 1] (discounts, probabilities, Polyak rates)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {value}")
 
 
 def to_dict(obj: Any) -> Any:

@@ -21,6 +21,7 @@ from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample
+from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -69,9 +70,11 @@ class Config:
     """Sample calls over which the importance-weight exponent anneals to 1."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        at_least(self, 1, "steps", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
+        at_least(self, 1, "eval_episodes", "eps_steps", "per_beta_steps")
+        at_least(self, 0, "learning_starts", "per_alpha")
+        positive(self, "lr", "max_grad_norm")
+        unit_interval(self, "gamma", "eps_start", "eps_end", "apex_eps", "per_beta")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from torch import nn
 from dagrl.context import Episodes, RoleContext
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -57,11 +58,10 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes")
+        at_least(self, 0, "ent_coef", "vf_coef")
+        positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
+        unit_interval(self, "gamma", "gae_lambda")
 
 
 # ---------------------------------------------------------------------------------------------------

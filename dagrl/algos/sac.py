@@ -23,6 +23,7 @@ from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_nump
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -57,9 +58,10 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "gradient_steps", "buffer_size", "hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        at_least(self, 1, "steps", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
+        at_least(self, 0, "learning_starts")
+        positive(self, "policy_lr", "q_lr", "alpha")
+        unit_interval(self, "gamma", "tau")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_nump
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
+from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -60,9 +61,11 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        at_least(self, 1, "steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden")
+        at_least(self, 1, "eval_episodes")
+        at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip")
+        positive(self, "lr")
+        unit_interval(self, "gamma", "tau")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -12,33 +13,76 @@ from dagrl.runtime.rundir import RunDir
 
 FORMAT = 1
 
+log = logging.getLogger("dagrl")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (truncated, corrupt, another format)."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, permissions); the previous ones are intact."""
+
 
 def save_checkpoint(rundir: RunDir, iteration: int, payload: dict[str, Any], keep: int = 3) -> Path:
-    """Write ``payload`` for ``iteration``; a crash mid-write leaves the previous checkpoints intact."""
-    rundir.checkpoints.mkdir(parents=True, exist_ok=True)
+    """Write ``payload`` for ``iteration``; a crash or a full disk mid-write leaves the previous
+    checkpoints intact and no partial file (:class:`CheckpointWriteError` names the file and the cause)."""
     path = rundir.checkpoint_path(iteration)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        torch.save({"format": FORMAT, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        rundir.checkpoints.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch reports a short write as RuntimeError
+        tmp.unlink(missing_ok=True)
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        raise CheckpointWriteError(f"{path}: cannot write checkpoint ({reason}); earlier checkpoints kept") from None
     for old in rundir.list_checkpoints()[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint file, or the newest one in a run directory."""
+    """Read a checkpoint file, or the newest intact one in a run directory.
+
+    In a run directory, an unreadable newest checkpoint (a disk that filled up, a copy cut short) is
+    skipped with a warning for the next older one; only when none can be read is it an error.
+    ``data["path"]`` says which file was read.
+    """
     path = Path(path)
-    if path.is_dir():
-        found = RunDir(path).list_checkpoints()
-        if not found:
-            raise FileNotFoundError(f"{path}: no checkpoints in {path / 'checkpoints'}")
-        path = found[-1]
-    data = torch.load(path, map_location="cpu", weights_only=False)
-    if data.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {data.get('format')!r}, expected {FORMAT}")
+    if not path.is_dir():
+        return _read(path)
+    found = RunDir(path).list_checkpoints()
+    if not found:
+        raise FileNotFoundError(f"{path}: no checkpoints in {path / 'checkpoints'}")
+    problems = []
+    for candidate in reversed(found):
+        try:
+            data = _read(candidate)
+        except CheckpointError as err:
+            problems.append(str(err))
+            continue
+        for problem in problems:
+            log.warning("%s; using %s instead", problem, candidate.name)
+        return data
+    raise CheckpointError(f"{path}: no readable checkpoint ({'; '.join(problems)})")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: unreadable checkpoint ({reason})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise CheckpointError(f"{path}: checkpoint format {found!r}, expected {FORMAT}")
+    data["path"] = str(path)
     return data
 
 

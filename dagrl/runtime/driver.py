@@ -76,6 +76,7 @@ class Trainer:
             self.counters = Counters(**resume["counters"])
             self.recent.extend(resume.get("recent", []))
             policy.load_state_dict(resume["roles"])
+            rundir.truncate_metrics(self.counters.iteration)
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.recent)) if self.recent else None
@@ -124,6 +125,7 @@ class Trainer:
         roles = self.graph.algorithm.roles
         self.policy.load_state_dict({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
         self.policy.after_restore()
+        self.rundir.truncate_metrics(self.counters.iteration)
         log.warning(
             "%s[%d] restored from the checkpoint of iteration %d (%d iterations, %d env steps redone)",
             failure.handle.role,
@@ -194,8 +196,11 @@ class Trainer:
             "elapsed_s": self.counters.elapsed_s,
             "run_dir": str(self.rundir.path),
         }
-        self.rundir.write_summary(summary)
-        self.rundir.plot()
+        try:
+            self.rundir.write_summary(summary)
+            self.rundir.plot()
+        except OSError as err:  # the run itself is done and checkpointed: say what is missing, do not fail
+            log.warning("could not write %s (%s); the checkpoints are complete", err.filename or "run files", err)
         return summary
 
     def _count(self, res: Any, start: float) -> None:

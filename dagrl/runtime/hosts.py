@@ -138,6 +138,29 @@ def start_local(graph: Graph, seed_offset: int = 0, run_dir: str | None = None) 
     return hosts
 
 
+def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the role if checkpointed role states ``roles`` cannot load into ``graph``.
+
+    Learner-side roles (one instance each) are built here, on the CPU, and loaded: a resume whose
+    ``--set`` changed a network's shape fails in one line before any cluster starts, not in a worker.
+    """
+    algo = graph.algorithm
+    extra = sorted(set(roles) - set(algo.roles))
+    if extra:
+        raise ValueError(f"roles {', '.join(extra)} are not roles of algorithm {graph.spec.algorithm}")
+    for role, states in roles.items():
+        if algo.roles[role].many or not any(s is not None for s in states or []):
+            continue
+        args, kwargs = _host_args(graph, role, 0, 0, None)
+        try:
+            host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
+            host.load_state_dict(states[0])
+        except Exception as err:  # a shape or key mismatch, in the algorithm's own terms
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            detail = " ".join(lines[:2])
+            raise ValueError(f"role {role}: {detail[:300] or type(err).__name__}") from None
+
+
 def start_actors(
     client: Any, graph: Graph, seed_offset: int = 0, roles: list[str] | None = None, run_dir: str | None = None
 ) -> dict[str, list[Handle]]:

@@ -74,6 +74,22 @@ class RunDir:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
 
+    def truncate_metrics(self, iteration: int) -> int:
+        """Drop the rows after ``iteration`` (a rollback or a resume redoes them); how many were dropped.
+
+        Rewritten atomically, so the file never shows repeated iterations or env steps going back.
+        """
+        if not self.metrics_path.exists():
+            return 0
+        lines = self.metrics_path.read_text().splitlines()
+        keep = [line for line in lines if line.strip() and json.loads(line).get("iteration", 0) <= iteration]
+        if len(keep) == len([line for line in lines if line.strip()]):
+            return 0
+        tmp = self.path / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.metrics_path)
+        return len(lines) - len(keep)
+
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
@@ -111,6 +127,10 @@ class RunDir:
         )
         hz.line(steps, [r.get("perf/sample_hz") or 0 for r in rows], legend_label="sample Hz", color="navy")
         hz.line(steps, [r.get("perf/update_hz") or 0 for r in rows], legend_label="update Hz", color="firebrick")
-        out = self.path / "curve.html"
-        out.write_text(file_html(column(ret, hz), INLINE, title=self.path.name))
+        out, tmp = self.path / "curve.html", self.path / ".curve.html.tmp"
+        try:
+            tmp.write_text(file_html(column(ret, hz), INLINE, title=self.path.name))
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
         return out

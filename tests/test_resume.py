@@ -1,0 +1,128 @@
+"""Resume that cannot be broken: a corrupt newest checkpoint, a resume whose overrides do not fit,
+metrics after going back to an older checkpoint."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from dagrl.cli import main
+from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from dagrl.runtime.rundir import RunDir
+
+BASE = ["--set", "checkpoint.every=2", "--set", "checkpoint.keep=5", "--set", "stop.mean_return=null", "--quiet"]
+
+
+def payload(i: int) -> dict:
+    return {"counters": {"iteration": i}, "roles": {}}
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    run = RunDir(tmp_path)
+    for i in (2, 4, 6):
+        save_checkpoint(run, i, payload(i), keep=5)
+    newest = run.checkpoint_path(6)
+    newest.write_bytes(newest.read_bytes()[:100])  # cut short, as by a full disk or a killed copy
+    with caplog.at_level(logging.WARNING, logger="dagrl"):
+        data = load_checkpoint(tmp_path)
+    assert data["counters"]["iteration"] == 4 and data["path"].endswith("ckpt-00000004.pt")
+    assert "ckpt-00000006.pt: unreadable checkpoint" in caplog.text
+
+
+def test_no_readable_checkpoint_is_one_error_naming_each_file(tmp_path):
+    run = RunDir(tmp_path)
+    save_checkpoint(run, 1, payload(1))
+    torch.save({"format": 99}, run.checkpoint_path(2))
+    run.checkpoint_path(1).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path)
+    assert "ckpt-00000002.pt: checkpoint format 99" in str(err.value)
+    assert "ckpt-00000001.pt: unreadable" in str(err.value)
+
+
+def test_truncate_metrics_drops_rows_after_the_iteration(tmp_path):
+    run = RunDir(tmp_path)
+    for i in range(1, 6):
+        run.log({"iteration": i, "env_steps": 10 * i})
+    assert run.truncate_metrics(3) == 2
+    assert [r["iteration"] for r in run.read_metrics()] == [1, 2, 3]
+    assert run.truncate_metrics(3) == 0
+
+
+def test_resume_from_an_older_checkpoint_redoes_iterations_without_repeating_rows(tmp_path, graphs_dir):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=5", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    run = RunDir(path)
+    assert [int(p.stem[5:]) for p in run.list_checkpoints()] == [0, 2, 4, 5]
+    newest = run.list_checkpoints()[-1]
+    newest.write_bytes(newest.read_bytes()[:64])  # iteration 5's checkpoint is lost: resume goes back to 4
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=7", *BASE]) == 0
+    rows = run.read_metrics()
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
+    steps = [r["env_steps"] for r in rows]
+    assert steps == sorted(steps)
+
+
+def test_resume_with_overrides_that_do_not_fit_changes_nothing(tmp_path, graphs_dir, capsys):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=2", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    config = (path / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(path), "--set", "hyperparameters.hidden=32", *BASE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("dagrl: error: --resume: checkpoint ckpt-00000002.pt does not fit graph")
+    assert "role learner" in err[0] and "size mismatch" in err[0]
+    assert (path / "config.yaml").read_text() == config
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=3", *BASE]) == 0
+    assert [r["iteration"] for r in RunDir(path).read_metrics()] == [1, 2, 3]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB tmpfs (needs root, as CI has; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(disk, leave: int) -> None:
+    """Fill ``disk`` until ``leave`` bytes are free."""
+    import os
+
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    (disk / "filler").write_bytes(b"\0" * max(0, free - leave))
+
+
+def test_a_full_disk_fails_the_checkpoint_write_cleanly(small_disk):
+    run = RunDir(small_disk / "run")
+    run.path.mkdir()
+    big = {"counters": {"iteration": 1}, "roles": {"learner": [{"w": torch.zeros(100_000)}]}}  # ~400 kB
+    save_checkpoint(run, 1, big)
+    fill(small_disk, 100_000)
+    from dagrl.runtime.checkpoint import CheckpointWriteError
+
+    with pytest.raises(CheckpointWriteError, match="ckpt-00000002.pt: cannot write checkpoint"):
+        save_checkpoint(run, 2, {**big, "counters": {"iteration": 2}})
+    assert [p.name for p in run.checkpoints.iterdir()] == ["ckpt-00000001.pt"]  # no .tmp left
+    assert load_checkpoint(run.path)["counters"]["iteration"] == 1
+
+
+def test_a_run_that_reached_its_stop_exits_0_when_only_the_curve_does_not_fit(small_disk, graphs_dir, capsys):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    fill(small_disk, 600_000)  # checkpoints (~50-130 kB each, 2 kept) fit; curve.html (bokeh inline, > 1 MB) does not
+    over = ["--set", f"runs_dir={small_disk}", "--set", "stop.iterations=2", "--set", "checkpoint.keep=2"]
+    assert main(["run", graph, *over, *BASE]) == 0
+    (path,) = [p for p in small_disk.iterdir() if p.is_dir()]
+    assert not (path / "curve.html").exists() and not (path / ".curve.html.tmp").exists()
+    assert "could not write" in capsys.readouterr().err
+    assert load_checkpoint(path)["counters"]["iteration"] == 2
