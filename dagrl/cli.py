@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagrl.catalog import resolve
 from dagrl.clusters import SlurmError
 from dagrl.runtime.driver import TrainingError
 from dagrl.runtime.placement import PlacementError
-from dagrl.schema import ConfigError
+from dagrl.schema import ConfigError, changed_keys, read_yaml
 
 log = logging.getLogger("dagrl")
 
@@ -42,7 +43,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     from dagrl.runtime.rundir import RunDir
 
     resume = rundir = None
-    graph_path = args.graph
+    graph_path = resolve("graphs", args.graph, "GRAPH")
     if args.resume is not None:
         rundir = RunDir(args.resume)
         if not rundir.config_path.exists():
@@ -55,17 +56,21 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     if graph_path is None:
         raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
     graph = load_graph(graph_path, args.set)
-    cluster = load_cluster(args.cluster, args.scheduler)
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
     if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
         validate_device_request(graph, torch.cuda.is_available())
     if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
         check_local(cluster, graph)
+    changes = {}
     if resume is not None:
+        changes = changed_keys(read_yaml(rundir.config_path), graph.to_dict())
         try:
             check_fits(graph, resume["roles"])
         except ValueError as err:
             used = Path(resume["path"]).name
-            raise ConfigError("--resume", "", f"checkpoint {used} does not fit graph {graph_path}: {err}") from None
+            raise ConfigError(
+                "--resume", "", f"checkpoint {used} does not fit graph {graph_path}: {err} (changed: {_said(changes)})"
+            ) from None
     if rundir is None and args.run_dir is not None:
         rundir = RunDir(args.run_dir)
         if not rundir.path.is_dir():
@@ -73,8 +78,16 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     created = rundir is None
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+    if changes:  # a resume that changes the run: say what, and keep it in events.jsonl
+        log.info("resuming with changes: %s", _said(changes))
+        at = resume["counters"]["iteration"]
+        rundir.append_event({"event": "config_change", "iteration": at, "changes": changes})
     rundir.write_config(graph.to_dict())
     return graph, cluster, resume, rundir, created
+
+
+def _said(changes: dict[str, tuple[Any, Any]]) -> str:
+    return "; ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()) or "nothing"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -106,7 +119,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from dagrl.graph import load_graph
     from dagrl.inspect import describe, to_dot, to_task_dot
 
-    graph = load_graph(args.graph, args.set)
+    graph = load_graph(resolve("graphs", args.graph, "GRAPH"), args.set)
     print(describe(graph))
     if args.dot:
         Path(args.dot).write_text(to_dot(graph))
@@ -114,6 +127,19 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if args.tasks:
         Path(args.tasks).write_text(to_task_dot(graph))
         print(f"wrote {args.tasks}: one iteration's Dask tasks (render with: dot -Tsvg {args.tasks} -o tasks.svg)")
+    return 0
+
+
+def cmd_list(kind: str) -> int:
+    """``dagrl graphs`` / ``dagrl clusters``: every file usable by name, with its first comment line."""
+    from dagrl import catalog
+
+    found = catalog.entries(kind)
+    width = max((len(n) for n in found), default=0)
+    for name, path in found.items():
+        print(f"{name:<{width}}  {catalog.describe(path)}")
+    where = ", ".join(str(d) for d in catalog.search_dirs(kind))
+    print(f"({len(found)} {kind}, by name from: {where})", file=sys.stderr)
     return 0
 
 
@@ -140,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train the algorithm of a graph file")
-    run.add_argument("graph", nargs="?", help="graphs/*.yaml (optional with --resume)")
+    run.add_argument("graph", nargs="?", help="a graph file or name (`dagrl graphs`; optional with --resume)")
     run.add_argument(
         "--set",
         action="append",
@@ -149,15 +175,15 @@ def parser() -> argparse.ArgumentParser:
         help="override a graph field, e.g. hyperparameters.lr=3e-4",
     )
     where = run.add_mutually_exclusive_group()
-    where.add_argument("--cluster", help="clusters/*.yaml (default: an embedded LocalCluster)")
+    where.add_argument("--cluster", help="a cluster file or name (`dagrl clusters`; default: an embedded LocalCluster)")
     where.add_argument("--scheduler", help="attach to a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress line, warnings only")
     run.add_argument("--run-dir", help="write into this existing run directory (used by dagrl submit)")
 
     submit = sub.add_parser("submit", help="train on SLURM in the background: returns a job id and run directory")
-    submit.add_argument("graph")
-    submit.add_argument("--cluster", required=True, help="clusters/*.yaml of kind slurm")
+    submit.add_argument("graph", help="a graph file or name")
+    submit.add_argument("--cluster", required=True, help="a cluster file or name of kind slurm (e.g. slurm)")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument("--dry-run", action="store_true", help="print every sbatch script; submit nothing")
 
@@ -177,6 +203,9 @@ def parser() -> argparse.ArgumentParser:
     graph.add_argument(
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
     )
+
+    sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
+    sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
 
     bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (sampling, ppo-cartpole, ...)")
     bench.add_argument("name")
@@ -201,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(getattr(args, "quiet", False))
     try:
         if args.command in SUBMIT_COMMANDS:
+            try:
+                import dask_jobqueue  # noqa: F401
+            except ImportError:
+                raise ConfigError(
+                    f"dagrl {args.command}", "", "needs the slurm extra: pip install 'dagrl[slurm]'"
+                ) from None
             from dagrl import submit
 
             return getattr(submit, f"cmd_{args.command}")(args)
@@ -208,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "graph":
             return cmd_graph(args)
+        if args.command in ("graphs", "clusters"):
+            return cmd_list(args.command)
         return cmd_bench(args, rest)
     except ConfigError as err:
         print(f"dagrl: error: {err}", file=sys.stderr)

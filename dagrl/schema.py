@@ -209,6 +209,20 @@ def unit_interval(obj: Any, *names: str) -> None:
             raise ValueError(f"{name} must lie in [0, 1], got {value}")
 
 
+def changed_keys(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two nested mappings: key -> (old, new).
+
+    >>> changed_keys({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4})
+    {'a.c': (2, 3), 'd': (None, 4)}
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return {} if old == new else {prefix: (old, new)}
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in [*old, *(k for k in new if k not in old)]:
+        out.update(changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
 def to_dict(obj: Any) -> Any:
     """Dataclasses (nested) to plain YAML-serialisable data."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

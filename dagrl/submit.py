@@ -84,9 +84,12 @@ def cmd_submit(args: Any) -> int:
     import yaml
 
     from dagrl import slurm
+    from dagrl.catalog import resolve
     from dagrl.clusters import SlurmSpec, load_cluster
     from dagrl.graph import load_graph
 
+    args.graph = resolve("graphs", args.graph, "GRAPH")
+    args.cluster = resolve("clusters", args.cluster, "--cluster")
     graph = load_graph(args.graph, args.set)
     spec = load_cluster(args.cluster)
     if not isinstance(spec, SlurmSpec):

@@ -1,5 +1,5 @@
 """A corpus of malformed and hostile inputs: each is one line on stderr naming what and where,
-exit code 2, no traceback, and no run directory left behind (nothing started).
+exit code 2, no traceback, no run directory left behind and no process started.
 
 Cases are ``(id, argv after "dagrl run", words the line must hold)``; ``{g}`` is the graph file,
 ``{tmp}`` the test's directory. Graph keys come through ``--set`` (validated like the file itself).
@@ -7,6 +7,7 @@ Cases are ``(id, argv after "dagrl run", words the line must hold)``; ``{g}`` is
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from dagrl.cli import main
@@ -128,6 +129,7 @@ def check(tmp_path, capsys, argv: list[str], words: list[str]) -> None:
     runs = tmp_path / "runs"
     fill = {"tmp": str(tmp_path)}
     argv = [a.format(**fill) for a in argv]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     code = main(["run", "--set", f"runs_dir={runs}", *argv] if argv and "--resume" not in argv else ["run", *argv])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -138,6 +140,8 @@ def check(tmp_path, capsys, argv: list[str], words: list[str]) -> None:
         assert word.format(**fill) in lines[0], (word, lines[0])
     assert "Traceback" not in err
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+    started = [p.cmdline() for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not started, started  # no worker, nanny or env process
 
 
 @pytest.mark.parametrize(("argv", "words"), [c[1:] for c in GRAPH_CASES], ids=[c[0] for c in GRAPH_CASES])

@@ -77,9 +77,12 @@ def test_resume_with_overrides_that_do_not_fit_changes_nothing(tmp_path, graphs_
     assert len(err) == 1, err
     assert err[0].startswith("dagrl: error: --resume: checkpoint ckpt-00000002.pt does not fit graph")
     assert "role learner" in err[0] and "size mismatch" in err[0]
+    assert "(changed: hyperparameters.hidden 64 -> 32)" in err[0]
     assert (path / "config.yaml").read_text() == config
     assert main(["run", "--resume", str(path), "--set", "stop.iterations=3", *BASE]) == 0
     assert [r["iteration"] for r in RunDir(path).read_metrics()] == [1, 2, 3]
+    (change,) = [e for e in RunDir(path).read_events() if e["event"] == "config_change"]
+    assert change["iteration"] == 2 and change["changes"] == {"stop.iterations": [2, 3]}
 
 
 @pytest.fixture

@@ -60,6 +60,7 @@ class Run:
     """A training run in a background thread, with the trainer reachable for killing its roles."""
 
     def __init__(self, graph, client, tmp_path):
+        client.wait_for_workers(4, timeout=60)  # a worker killed by the previous test is back: one role per worker
         self.rundir = RunDir.create(tmp_path, graph.name)
         self.policy = build_policy(graph, client, run_dir=self.rundir.path)
         self.trainer = Trainer(graph, self.policy, self.rundir, progress=Progress(enabled=False))

@@ -1,10 +1,20 @@
-"""A one-line live progress display: redrawn in place on a terminal, a log line every few seconds otherwise."""
+"""A one-line live progress display: redrawn in place on a terminal, a log line every few seconds otherwise.
+
+On a terminal the line fits its width (80 columns hold all of it), and log records and warnings of
+this process (Dask's among them) are printed above the line instead of into it.
+"""
 
 from __future__ import annotations
 
+import logging
+import shutil
 import sys
 import time
-from typing import TextIO
+import warnings
+from typing import Any, TextIO
+
+LOGGERS = ("distributed", "dask", "dagrl")
+"""Loggers whose records go above the line while it is drawn."""
 
 
 def _si(x: float) -> str:
@@ -14,6 +24,37 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
+def format_row(row: dict) -> str:
+    """One metrics row as at most 79 characters.
+
+    >>> format_row({"iteration": 12, "env_steps": 25088, "episodes": 310, "time_s": 16.2,
+    ...             "charts/episode_return_mean": 475.3, "perf/sample_hz": 1520.0, "perf/update_hz": 3.1})
+    'it    12 steps  25.1k ep    310 ret   475.3 smp   1.5k/s upd      3/s   16.2s'
+    """
+    ret = row.get("charts/episode_return_mean")
+    return (
+        f"it {row['iteration']:>5} steps {_si(row['env_steps']):>6} ep {row['episodes']:>6} "
+        f"ret {'-' if ret is None else f'{ret:.1f}':>7} "
+        f"smp {_si(row.get('perf/sample_hz', 0.0)):>6}/s upd {_si(row.get('perf/update_hz', 0.0)):>6}/s "
+        f"{row['time_s']:6.1f}s"
+    )
+
+
+class _Above(logging.Handler):
+    """Writes a logger's records above the progress line, formatted as its own handlers would."""
+
+    def __init__(self, progress: Progress, formatter: logging.Formatter | None):
+        super().__init__()
+        self.progress = progress
+        self.setFormatter(formatter or logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.progress.above(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
 class Progress:
     def __init__(self, stream: TextIO | None = None, every_s: float = 5.0, enabled: bool = True):
         self.stream = stream or sys.stderr
@@ -21,6 +62,10 @@ class Progress:
         self.every_s = every_s
         self.enabled = enabled
         self.last = 0.0
+        self.line = ""
+        self.captured = False
+        self._saved: list[tuple[logging.Logger, list[logging.Handler]]] = []
+        self._showwarning: Any = None
 
     def update(self, row: dict, force: bool = False) -> None:
         if not self.enabled:
@@ -29,20 +74,46 @@ class Progress:
         if not self.tty and not force and now - self.last < self.every_s:
             return
         self.last = now
-        ret = row.get("charts/episode_return_mean")
-        line = (
-            f"it {row['iteration']:>5}  steps {_si(row['env_steps']):>6}  episodes {row['episodes']:>6}  "
-            f"return {'-' if ret is None else f'{ret:8.1f}'}  "
-            f"sample {_si(row.get('perf/sample_hz', 0.0)):>6} Hz  update {_si(row.get('perf/update_hz', 0.0)):>6} Hz  "
-            f"{row['time_s']:6.1f}s"
-        )
+        line = format_row(row)
         if self.tty:
-            self.stream.write("\r" + line + "\x1b[K")
+            if not self.captured:
+                self._capture()
+            self.line = line[: max(20, shutil.get_terminal_size().columns - 1)]
+            self.stream.write("\r" + self.line + "\x1b[K")
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def above(self, text: str) -> None:
+        """Print ``text`` on its own lines above the progress line, then redraw the line."""
+        self.stream.write("\r\x1b[K" + text.rstrip("\n") + "\n" + self.line)
+        self.stream.flush()
+
+    def _capture(self) -> None:
+        """Send this process's log records and warnings above the line until :meth:`close`."""
+        self.captured = True
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]
+            if streams:
+                self._saved.append((logger, list(logger.handlers)))
+                above = _Above(self, streams[0].formatter)
+                above.setLevel(streams[0].level)
+                logger.handlers[:] = [h for h in logger.handlers if h not in streams] + [above]
+        self._showwarning = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+            self.above(warnings.formatwarning(message, category, filename, lineno, line))
+
+        warnings.showwarning = show
+
     def close(self) -> None:
+        self.captured = False
+        for logger, handlers in self._saved:
+            logger.handlers[:] = handlers
+        self._saved = []
+        if self._showwarning is not None:
+            warnings.showwarning, self._showwarning = self._showwarning, None
         if self.enabled and self.tty:
             self.stream.write("\n")
             self.stream.flush()

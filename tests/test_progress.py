@@ -1,0 +1,70 @@
+"""The progress line: fits 80 columns, and log records and warnings go above it, not into it."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import warnings
+
+import pytest
+
+from dagrl.runtime.progress import Progress, format_row
+
+BIG = {
+    "iteration": 99999,
+    "env_steps": 123_456_789,
+    "episodes": 999_999,
+    "time_s": 86399.9,
+    "charts/episode_return_mean": -12345.6,
+    "perf/sample_hz": 1.5e6,
+    "perf/update_hz": 250_000.0,
+}
+
+
+@pytest.fixture
+def dask_logger():
+    """The "distributed" logger as distributed sets it up in a process of its own (pytest replaces it)."""
+    logger = logging.getLogger("distributed")
+    saved = list(logger.handlers), logger.propagate
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    logger.handlers[:], logger.propagate = [handler], False
+    yield logger
+    logger.handlers[:], logger.propagate = saved
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_line_fits_80_columns_even_with_large_numbers():
+    assert len(format_row(BIG)) < 80
+    assert len(format_row({**BIG, "charts/episode_return_mean": None})) < 80
+
+
+def test_dask_log_records_and_warnings_print_above_the_line(dask_logger):
+    term = Terminal()
+    logger = dask_logger
+    before = list(logger.handlers)
+    progress = Progress(stream=term)
+    progress.update({**BIG, "iteration": 1})
+    logger.warning("Worker process still alive after 4.0 seconds, killing")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = warnings.showwarning  # catch_warnings restores it; progress wraps it meanwhile
+        progress.close()
+        progress = Progress(stream=term)
+        progress.update({**BIG, "iteration": 2})
+        warnings.warn("Creating scratch directories is taking a surprisingly long time", UserWarning, stacklevel=1)
+        progress.close()
+    out = term.getvalue()
+    lines = out.split("\n")
+    record = next(i for i, line in enumerate(lines) if "still alive" in line)
+    shown = lines[record].rsplit("\r\x1b[K", 1)[1]  # what the terminal shows: the line cleared, then the record
+    assert shown.endswith("distributed - WARNING - Worker process still alive after 4.0 seconds, killing")
+    assert lines[record + 1].startswith("it     1 ")  # and the progress line drawn again below it
+    shown = [line.rsplit("\r\x1b[K", 1)[1] for line in lines if "\r\x1b[K" in line]
+    assert any("UserWarning: Creating scratch" in line for line in shown)
+    assert logger.handlers == before
