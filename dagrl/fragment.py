@@ -81,24 +81,42 @@ def fragment(*, role: str) -> Callable[[Callable[..., Any]], Fragment]:
     return wrap
 
 
+RECOVERY = ("replace", "rollback")
+
+
 @dataclass(frozen=True)
 class RoleDef:
-    """How to build one instance of a role's state, and whether the role may be replicated."""
+    """How to build one instance of a role's state, whether the role may be replicated, and how a
+    lost instance is recovered."""
 
     name: str
     factory: Callable[..., Any]
     many: bool = False
+    recover: str = ""
+    """``replace``: a new instance from the factory on a live worker, and the run goes on (samplers,
+    evaluators, replay shards, whose factories reopen their stores); ``rollback``: a new instance and
+    the whole run back to the last checkpoint (learners, whose state is the run). Default: ``replace``
+    for a replicated role, ``rollback`` otherwise."""
+
+    def __post_init__(self) -> None:
+        if not self.recover:
+            object.__setattr__(self, "recover", "replace" if self.many else "rollback")
+        if self.recover not in RECOVERY:
+            raise ValueError(f"role {self.name}: recover must be one of {', '.join(RECOVERY)}, got {self.recover!r}")
 
 
-def role(name: str, *, many: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def role(name: str, *, many: bool = False, recover: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark ``factory(ctx, cfg) -> state`` as the state constructor of role ``name``.
 
     ``many=True`` declares that the role may run as several replicas (samplers); a value flowing from
-    such a role into a single-instance role arrives there as a list, one item per replica.
+    such a role into a single-instance role arrives there as a list, one item per replica. ``recover``
+    says what happens when an instance is lost (:class:`RoleDef`); replication and recovery are
+    separate, so a single-instance role that holds no run state (an evaluator) can be ``replace``.
     """
+    definition = RoleDef(name, lambda *a: None, many, recover)  # checks recover where the algorithm says it
 
     def wrap(factory: Callable[..., Any]) -> Callable[..., Any]:
-        factory.__dagrl_role__ = RoleDef(name, factory, many)  # type: ignore[attr-defined]
+        factory.__dagrl_role__ = RoleDef(name, factory, many, definition.recover)  # type: ignore[attr-defined]
         return factory
 
     return wrap

@@ -84,12 +84,9 @@ def job_name(run: str, part: str) -> str:
 
 
 def worker_jobs(spec: SlurmSpec, graph: Any, pools: dict[str, str]) -> list[tuple[str, str]]:
-    """``(worker name, pool)`` for every worker job: one per role replica, named ``<pool>-<i>``."""
-    out = []
-    for pool in spec.pools:
-        count = sum(graph.spec.roles[r].replicas for r, p in pools.items() if p == pool)
-        out += [(f"{pool}-{i}", pool) for i in range(count)]
-    return out
+    """``(worker name, pool)`` for every worker job: one per role replica, named ``<role>-<i>`` (its
+    job ``dagrl-<run>-<role>-<i>``), and placement puts replica i of the role there first."""
+    return [(f"{role}-{i}", pool) for role, pool in pools.items() for i in range(graph.spec.roles[role].replicas)]
 
 
 def worker_job_options(
@@ -110,7 +107,7 @@ def worker_job_options(
         queue=pool.partition or spec.partition,
         account=pool.account or spec.account,
         walltime=pool.walltime or spec.walltime,
-        job_name=job_name(run, pool_name),
+        job_name=job_name(run, worker),
         job_extra_directives=directives,
         job_script_prologue=[*spec.prologue, "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"],
         worker_extra_args=[

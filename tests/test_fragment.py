@@ -84,3 +84,19 @@ def test_iteration_must_return_a_fragment_output():
 
     with pytest.raises(TypeError, match="must return"):
         trace(it)
+
+
+def test_recovery_is_declared_apart_from_replication():
+    from dagrl.algos import ppo
+    from dagrl.fragment import role
+
+    algo = load_algorithm("ppo")
+    assert {r: (d.many, d.recover) for r, d in algo.roles.items()} == {
+        "sampler": (True, "replace"),
+        "learner": (False, "rollback"),
+        "evaluator": (False, "replace"),
+    }
+    assert role("learner", recover="replace")(lambda ctx, cfg: None).__dagrl_role__.recover == "replace"
+    with pytest.raises(ValueError, match="role learner: recover must be one of replace, rollback, got 'reopen'"):
+        role("learner", recover="reopen")
+    assert ppo.learner.__dagrl_role__.recover == "rollback"

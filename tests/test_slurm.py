@@ -111,8 +111,8 @@ def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a dry run wrote files"
     dry_run = Path(re.search(r"run directory would be (\S+)", dry.stdout).group(1))
     planned = dry_run_scripts(dry.stdout)
-    assert set(planned) == {"driver", "gpu-0", "cpu-0", "cpu-1"}
-    assert "--gres=gpu:1" in planned["gpu-0"] and "--gres" not in planned["cpu-0"]
+    assert set(planned) == {"driver", "learner-0", "sampler-0", "sampler-1"}  # worker jobs named after roles
+    assert "--gres=gpu:1" in planned["learner-0"] and "--gres" not in planned["sampler-0"]
 
     t0 = time.monotonic()
     out, run = submit(tmp_path, "--set", "stop.iterations=4")
@@ -138,9 +138,10 @@ def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path
     assert len(jobs) == 3 and submitted["driver_job"] not in jobs, "one job per actor, none in the driver's job"
     for a in actors:
         if a["role"] == "learner":
-            assert a["env"]["SLURM_JOB_NAME"].endswith("-gpu") and a["env"]["SLURM_JOB_GPUS"] == "0", a
+            assert a["env"]["SLURM_JOB_NAME"].endswith("-learner-0") and a["env"]["SLURM_JOB_GPUS"] == "0", a
         else:
-            assert a["env"]["SLURM_JOB_NAME"].endswith("-cpu") and "SLURM_JOB_GPUS" not in a["env"], a
+            name = a["env"]["SLURM_JOB_NAME"]
+            assert name.endswith(f"-sampler-{a['index']}") and "SLURM_JOB_GPUS" not in a["env"], a
         assert a["address"].startswith("tls://"), "TLS was asked for"
 
     # --dry-run printed exactly what was submitted (modulo run directory and scheduler address)
@@ -191,9 +192,9 @@ def test_a_cancelled_worker_job_is_resubmitted_and_the_run_finishes(slurm, tmp_p
     log = dagrl("logs", str(run), "--no-follow").stdout
     assert state == "COMPLETED", log
     assert "done (iterations)" in log
-    assert re.search(r"worker cpu-\d \(job \d+\) left the cluster; resubmitted its job as cpu-\d-r1", log), log
+    assert re.search(r"worker sampler-\d \(job \d+\) left the cluster; resubmitted its job as sampler-\d-r1", log), log
     (restart,) = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert (restart["role"], restart["kind"]) == ("sampler", "lost")
     assert restart["new_worker"] != sampler["address"]
-    assert sorted(p.name for p in (run / "jobs").glob("cpu-*-r1.sh")), "the new job's script is kept"
+    assert sorted(p.name for p in (run / "jobs").glob("sampler-*-r1.sh")), "the new job's script is kept"
     assert not slurm.jobs()

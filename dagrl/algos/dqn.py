@@ -177,7 +177,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     return LearnerState(cfg, q, target, optimizer, device)
 
 
-@role("evaluator")
+@role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)

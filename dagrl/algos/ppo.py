@@ -218,7 +218,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device)
 
 
-@role("evaluator")
+@role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)

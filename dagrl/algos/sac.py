@@ -238,7 +238,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     )  # fmt: skip
 
 
-@role("evaluator")
+@role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)

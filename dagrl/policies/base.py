@@ -66,10 +66,10 @@ class Policy:
         """Per node on a replicated role: whether its outputs carry env steps (learnt from the first report)."""
 
     def replace_in_place(self, failure: RoleFailure) -> Handle:
-        """Replace a failed replica of a replicated role (sampler, replay shard) and go on; a failure of a
-        single-instance role (a learner) is the driver's to handle (roll back to the checkpoint)."""
+        """Replace a failed instance of a ``recover="replace"`` role (sampler, replay shard, evaluator) and
+        go on; a ``rollback`` role (a learner) is the driver's to handle (roll back to the checkpoint)."""
         algo, role = self.graph.algorithm, failure.handle.role
-        if self.supervisor is None or not (algo.roles[role].many or role in algo.eval_only_roles):
+        if self.supervisor is None or not (algo.roles[role].recover == "replace" or role in algo.eval_only_roles):
             raise failure
         return self.supervisor.replace(failure)
 

@@ -181,7 +181,7 @@ class Streaming(Policy):
     def _on_failure(self, failure: RoleFailure) -> None:
         """A sampler or replay shard is replaced here; a learner-side failure goes to the driver, and this
         sampler waits for the weights of the restored learner."""
-        if self.roles[failure.handle.role].many:
+        if self.roles[failure.handle.role].recover == "replace":
             self.replace_in_place(failure)
             for node in self.shape.insert:
                 if node.role == failure.handle.role:
@@ -240,7 +240,7 @@ class Streaming(Policy):
                 calls, out, t0 = self._round(taken)
                 break
             except RoleFailure as failure:
-                if not self.roles[failure.handle.role].many:
+                if self.roles[failure.handle.role].recover != "replace":
                     raise  # a learner: the driver rolls back
                 self._on_failure(failure)  # a replay shard or the sampler of a taken rollout: redo the round
                 kept = [a for a in taken if a.call.handle is not failure.handle]

@@ -31,6 +31,8 @@ def save_checkpoint(rundir: RunDir, iteration: int, payload: dict[str, Any], kee
     tmp = path.with_suffix(".tmp")
     try:
         rundir.checkpoints.mkdir(parents=True, exist_ok=True)
+        for stale in rundir.checkpoints.glob("*.tmp"):  # left by a writer killed mid-write
+            stale.unlink(missing_ok=True)
         with tmp.open("wb") as f:
             torch.save({"format": FORMAT, **payload}, f)
             f.flush()

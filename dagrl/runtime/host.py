@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from dagrl.context import RoleContext
@@ -26,13 +25,6 @@ from dagrl.fragment import load_algorithm
 from dagrl.runtime.wire import to_cpu
 
 log = logging.getLogger("dagrl")
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A value kept in a host's memory by :meth:`RoleHost.put`, passed instead of sending it again."""
-
-    key: str
 
 
 def resolve_device(wants_gpu: bool, fallback: bool) -> tuple[str, str]:
@@ -107,7 +99,6 @@ class RoleHost:
         self.role, self.index, self.device = role, ctx.index, ctx.device
         self.fragments = algo.fragments
         self.state = algo.roles[role].factory(ctx, config)
-        self.memory: dict[str, Any] = {}
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
@@ -116,8 +107,7 @@ class RoleHost:
         HOSTS[self.host_id] = self
 
     def call(self, fragment: str, *args: Any) -> Any:
-        """Run ``fragment(state, *args)``; :class:`Ref` arguments are read from this host's memory."""
-        args = tuple(self.memory[a.key] if isinstance(a, Ref) else a for a in args)
+        """Run ``fragment(state, *args)`` under the host's lock (one fragment at a time per role state)."""
         with self.lock:
             self.calls += 1
             t0 = time.perf_counter()
@@ -127,10 +117,6 @@ class RoleHost:
             finally:
                 self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
                 self.running = None
-
-    def put(self, key: str, value: Any) -> None:
-        """Keep ``value`` for later calls that pass ``Ref(key)``."""
-        self.memory[key] = value
 
     def state_dict(self) -> Any:
         """The role state's checkpoint, or ``None`` for roles without one (samplers)."""

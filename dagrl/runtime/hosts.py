@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +63,6 @@ class Handle:
 
     def call(self, fragment: str, *args: Any) -> Any:
         return self._invoke("call", fragment, *args)
-
-    def put(self, key: str, value: Any) -> Any:
-        return self._invoke("put", key, value)
 
     def state_dict(self) -> Any:
         return self._invoke("state_dict")
@@ -171,9 +169,28 @@ def start_actors(
     futures = {key: _submit(client, graph, *key, addr, seed_offset, run_dir) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
-        hosts[role].append(Handle(role, i, fut.result(), placement[(role, i)], fut, host_id=fut.key))
+        actor = _started(client, fut, placement[(role, i)], f"{role}[{i}]")
+        hosts[role].append(Handle(role, i, actor, placement[(role, i)], fut, host_id=fut.key))
     _log_devices(hosts)
     return hosts
+
+
+ACTOR_START_TIMEOUT_S = 300.0
+"""How long a role actor may take to build its state (envs, networks, a replay store) on its worker."""
+
+
+def _started(client: Any, fut: Any, address: str, what: str) -> Any:
+    """The actor of ``fut``, or an error naming the role when its worker leaves (an actor pinned to a
+    dead worker would wait forever) or it does not start in :data:`ACTOR_START_TIMEOUT_S`."""
+    end = time.monotonic() + ACTOR_START_TIMEOUT_S
+    while True:
+        try:
+            return fut.result(timeout=2.0)
+        except TimeoutError:
+            if address not in client.scheduler_info(n_workers=-1)["workers"]:
+                raise RuntimeError(f"{what}: worker {address} left before the role's actor started") from None
+            if time.monotonic() > end:
+                raise RuntimeError(f"{what}: actor not started on {address} in {ACTOR_START_TIMEOUT_S:g} s") from None
 
 
 def start_one(
@@ -182,7 +199,7 @@ def start_one(
     """One role replica as a Dask actor on ``address`` (a replacement for a failed one)."""
     fut = _submit(client, graph, role, index, address, seed_offset, run_dir)
     try:
-        return Handle(role, index, fut.result(), address, fut, host_id=fut.key)
+        return Handle(role, index, _started(client, fut, address, f"{role}[{index}]"), address, fut, host_id=fut.key)
     except BaseException:
         fut.release()
         raise

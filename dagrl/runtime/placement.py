@@ -19,8 +19,9 @@ def place(
 
     ``workers`` is ``client.scheduler_info()["workers"]``: address -> info with ``resources``.
     Roles asking for a GPU go first, onto workers advertising ``GPU``; the rest spread over the
-    least-loaded workers. ``CPU`` is checked against a worker's threads; any other resource must be
-    advertised by the worker (``dask worker --resources "SSD=1"``).
+    least-loaded workers; a worker *named* ``<role>-<i>`` (SLURM's per-role jobs) takes replica i of
+    that role. ``CPU`` is checked against a worker's threads; any other resource must be advertised by
+    the worker (``dask worker --resources "SSD=1"``).
 
     Examples
     --------
@@ -46,6 +47,9 @@ def place(
                     candidates = gpu_ok
                 elif not gpu_fallback:
                     raise PlacementError(f"role {name} needs GPU={spec.gpus:g} and no worker has it free")
+            named = [a for a in candidates if workers[a].get("name") == f"{name}-{i}" and load[a] == 0]
+            if named:  # a worker started for this replica (SLURM's per-role jobs)
+                candidates = named
             addr = min(candidates, key=lambda a: (load[a], -free_gpu[a] if spec.gpus else free_gpu[a]))
             if spec.gpus > 0 and free_gpu[addr] >= spec.gpus:
                 free_gpu[addr] -= spec.gpus

@@ -11,10 +11,11 @@ failed call raises :class:`RoleFailure` naming the handle and what happened:
 * ``raised``: the fragment raised (an env error in ``step`` names the env id, with its traceback).
 
 :meth:`Supervisor.replace` recreates the role replica on a live worker. Who calls it, and what is
-restored, depends on the role (see ``docs/architecture.md``): replicated roles (samplers, replay
-shards, evaluators) are replaced in place by the policy and the iteration goes on (a sampler gets
-current weights with its next call, a replay shard reopens its zarr store); a single-instance role
-(a learner) is replaced by the driver, which rolls the run back to the last checkpoint. More than
+restored, is the role's ``recover`` (``@role(..., recover=...)``, see ``docs/architecture.md``):
+``replace`` roles (samplers, replay shards, evaluators) are replaced in place by the policy and the
+iteration goes on (a sampler gets current weights with its next call, a replay shard reopens its
+zarr store); ``rollback`` roles (learners) are replaced by the driver, which rolls the run back to
+the last checkpoint. More than
 ``max_restarts`` restarts of one role within ``window_s`` is a crash loop: :class:`CrashLoop`
 stops the run, naming the role, the worker and the exception, and the last checkpoint stays.
 """
