@@ -295,7 +295,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
     if spec.seed < 0:
         raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
-    if not NAME.fullmatch(spec.name):
+    if spec.name and not NAME.fullmatch(spec.name):  # "": a graph built in code, not read from a file
         raise ConfigError(
             where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"
         )

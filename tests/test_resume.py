@@ -19,7 +19,8 @@ def payload(i: int) -> dict:
     return {"counters": {"iteration": i}, "roles": {}}
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("dagrl"), "propagate", True)  # `dagrl run` in earlier tests turns it off
     run = RunDir(tmp_path)
     for i in (2, 4, 6):
         save_checkpoint(run, i, payload(i), keep=5)
