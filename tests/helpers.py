@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 import dagrl
 from dagrl.graph import load_graph
@@ -21,3 +27,18 @@ def user_module(tmp_path: Any, monkeypatch: Any, name: str, source: str) -> str:
     (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     return name
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``1m``, ``3M``) mounted at ``path``: a disk that fills up. Needs root, as CI
+    has; elsewhere the test is skipped."""
+    path.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from dagrl.replay import NStep, ReplayError, ReplayStore, Schema
+from tests.helpers import tmpfs
 
 SCHEMA = Schema({"obs": ("float32", (17,)), "action": ("int64", ()), "reward": ("float32", ()), "done": ("bool", ())})
 
@@ -177,12 +178,8 @@ def test_bad_sampling_and_sizes(tmp_path):
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        yield disk
 
 
 def test_full_disk_is_a_clear_error_and_loses_nothing_acknowledged(tiny_disk):

@@ -11,6 +11,7 @@ import torch
 from dagrl.cli import main
 from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from dagrl.runtime.rundir import RunDir
+from tests.helpers import tmpfs
 
 BASE = ["--set", "checkpoint.every=2", "--set", "checkpoint.keep=5", "--set", "stop.mean_return=null", "--quiet"]
 
@@ -88,15 +89,8 @@ def test_resume_with_overrides_that_do_not_fit_changes_nothing(tmp_path, graphs_
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 3 MiB tmpfs (needs root, as CI has; skipped where mounting is not allowed)."""
-    import subprocess
-
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "disk", "3M") as disk:
+        yield disk
 
 
 def fill(disk, leave: int) -> None:
