@@ -83,7 +83,11 @@ def check_local(spec: LocalClusterSpec, graph: Any) -> None:
     most = max(64, 8 * cores)
     n_workers = graph.n_actors if spec.workers == "auto" else spec.workers
     roles = graph.active_roles
-    if max(n_workers, graph.n_actors) > most:
+    if n_workers > most and graph.n_actors <= most:
+        raise ConfigError(
+            "cluster", "workers", f"{spec.workers}: more worker processes than the {most} one {cores}-core machine runs"
+        )
+    if graph.n_actors > most:
         name = max(roles, key=lambda r: roles[r].replicas)
         raise ConfigError(
             graph.path,

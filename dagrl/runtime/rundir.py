@@ -81,13 +81,12 @@ class RunDir:
         """
         if not self.metrics_path.exists():
             return 0
-        lines = self.metrics_path.read_text().splitlines()
-        keep = [line for line in lines if line.strip() and json.loads(line).get("iteration", 0) <= iteration]
-        if len(keep) == len([line for line in lines if line.strip()]):
-            return 0
-        tmp = self.path / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.metrics_path)
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        keep = [line for line in lines if json.loads(line).get("iteration", 0) <= iteration]
+        if len(keep) < len(lines):
+            tmp = self.path / ".metrics.jsonl.tmp"
+            tmp.write_text("".join(line + "\n" for line in keep))
+            os.replace(tmp, self.metrics_path)
         return len(lines) - len(keep)
 
     def read_metrics(self) -> list[dict[str, Any]]:
