@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from dagrl.graph import Graph
@@ -59,6 +62,9 @@ def train(
         elif client is None:
             from dagrl.clusters import LocalClusterSpec, connect
 
+            local = cluster is None or isinstance(cluster, LocalClusterSpec)
+            if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line
+                stack.enter_context(worker_logs(rundir.path / "logs"))
             client = stack.enter_context(connect(cluster or LocalClusterSpec(), graph, rundir.path))
         if client is not None:
             log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
@@ -78,6 +84,19 @@ def train(
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
         return trainer.run()
+
+
+@contextlib.contextmanager
+def worker_logs(directory: Path) -> Iterator[None]:
+    """Local workers started meanwhile write their stderr under ``directory`` (see ``runtime/preload.py``)."""
+    from dagrl.runtime.preload import LOGS_ENV
+
+    log.info("worker logs: %s/worker-<pid>.log", directory)
+    os.environ[LOGS_ENV] = str(directory)
+    try:
+        yield
+    finally:
+        os.environ.pop(LOGS_ENV, None)
 
 
 def rl_page(dashboard_link: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import warnings
 
@@ -68,3 +69,25 @@ def test_dask_log_records_and_warnings_print_above_the_line(dask_logger):
     shown = [line.rsplit("\r\x1b[K", 1)[1] for line in lines if "\r\x1b[K" in line]
     assert any("UserWarning: Creating scratch" in line for line in shown)
     assert logger.handlers == before
+
+
+def test_workers_sharing_the_terminal_write_their_stderr_to_a_file(tmp_path):
+    """What a local worker does when the driver draws the line on a terminal (runtime/preload.py)."""
+    import subprocess
+
+    code = (
+        "import logging, os, sys, warnings, distributed\n"  # distributed's handler exists before the preload
+        "from dagrl.runtime import preload\n"
+        "preload.dask_setup(None)\n"
+        "logging.getLogger('distributed').warning('Event loop was unresponsive in Worker for 3.1s')\n"
+        "warnings.warn('a gymnasium warning')\n"
+        "os.system('echo from-a-child-process >&2')\n"
+        "print(os.getpid())\n"
+    )
+    env = {**os.environ, "DAGRL_WORKER_LOGS": str(tmp_path / "logs")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    text = (tmp_path / "logs" / f"worker-{out.stdout.strip()}.log").read_text()
+    for line in ("distributed - WARNING - Event loop was unresponsive", "UserWarning: a gymnasium warning"):
+        assert line in text, text
+    assert "from-a-child-process" in text

@@ -4,14 +4,32 @@ A terminal's Ctrl-C is for the driver, which then checkpoints and shuts down. Ct
 to the whole foreground process group, worker processes included; if they died
 with it, the learner's state would be gone before the driver could write its final checkpoint.
 Workers ignore SIGINT; their nanny still stops them (SIGTERM) when the driver closes the cluster.
+
+When the driver draws its live progress line on a terminal that its local workers share, it sets
+``DAGRL_WORKER_LOGS``: each worker then writes its stderr (Dask's log records, warnings, env output)
+to ``<that directory>/worker-<pid>.log`` instead of over the line.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
+
+LOGS_ENV = "DAGRL_WORKER_LOGS"
+
+
+def stderr_to_file(directory: str | Path) -> Path:
+    """Point this process's stderr (file descriptor 2, so Python's and C's writes alike) at a file."""
+    path = Path(directory) / f"worker-{os.getpid()}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
 
 
 def dask_setup(worker: Any) -> None:
@@ -21,3 +39,5 @@ def dask_setup(worker: Any) -> None:
     # processes, which multiprocessing forbids to have children; the env subprocesses are daemonic
     # themselves and end with the worker, so this process may start them.
     multiprocessing.current_process().daemon = False
+    if os.environ.get(LOGS_ENV):
+        stderr_to_file(os.environ[LOGS_ENV])
