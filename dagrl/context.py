@@ -54,6 +54,43 @@ class RoleContext:
     memory_bytes: int | None = None
     """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
 
+    def average_gradients(self, parameters: Any) -> None:
+        """Average the ``.grad`` of ``parameters`` over this role's data-parallel replicas, in place.
+
+        Call it between ``loss.backward()`` and clipping/``optimizer.step()``: under ``dp-learners``
+        every replica then steps with the same gradient and stays identical; anywhere else (one
+        learner) it does nothing. One all-reduce of all gradients flattened into a single buffer.
+        """
+        dist = _group()
+        if dist is None:
+            return
+        import torch
+
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        at = 0
+        for g in grads:
+            g.copy_(flat[at : at + g.numel()].view_as(g))
+            at += g.numel()
+
+    def mean_over_replicas(self, value: float) -> float:
+        """``value`` averaged over this role's data-parallel replicas (``value`` itself with one).
+
+        For decisions every replica must take alike, e.g. stopping epochs early on the approximate KL.
+        """
+        dist = _group()
+        if dist is None:
+            return value
+        import torch
+
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / dist.get_world_size()
+
     def make_envs(self) -> Any:
         """A gymnasium vector env of ``num_envs`` copies (``vector`` mode), autoreset in the same step.
 
@@ -70,6 +107,15 @@ class RoleContext:
             **self.env_kwargs,
         )
         return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
+
+
+def _group() -> Any:
+    """``torch.distributed`` when this process is one of several data-parallel replicas, else ``None``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist
+    return None
 
 
 class EnvError(RuntimeError):

@@ -22,7 +22,17 @@ from typing import Any
 
 from dagrl.fragment import Algorithm, Node
 
-__all__ = ["POLICY_OPTIONS", "ApexOptions", "AsyncOptions", "NoOptions", "StreamShape", "check", "stream_shape"]
+__all__ = [
+    "POLICY_OPTIONS",
+    "ApexOptions",
+    "AsyncOptions",
+    "DataParallelOptions",
+    "NoOptions",
+    "StreamShape",
+    "check",
+    "data_parallel_roles",
+    "stream_shape",
+]
 
 
 @dataclass
@@ -72,9 +82,30 @@ class ApexOptions:
             raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DataParallelOptions:
+    backend: str = "auto"
+    """``torch.distributed`` backend of the learner replicas: ``gloo`` (CPU, or CUDA tensors through
+    the host), ``nccl`` (one distinct GPU per replica); ``auto``: nccl when every replica has a GPU
+    of its own, else gloo."""
+    timeout_s: float = 120.0
+    """How long a replica waits for the others (joining the group, one gradient all-reduce) before
+    failing; a replica whose peer died fails at once."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
 POLICY_OPTIONS: dict[str, type] = {
     "single": NoOptions,
     "sync": NoOptions,
+    "dp-learners": DataParallelOptions,
     "async": AsyncOptions,
     "apex": ApexOptions,
     "split-learner": ApexOptions,
@@ -124,7 +155,7 @@ def delayed_edges(algorithm: Algorithm) -> set[tuple[int, int]]:
 
 def check(policy: str, algorithm: Algorithm) -> None:
     """Raise ``TypeError`` (one line) if ``policy`` cannot run ``algorithm``'s iteration."""
-    if policy in ("single", "sync"):
+    if policy in ("single", "sync", "dp-learners"):
         return
     if policy == "async":
         streamed = [n.name for n in algorithm.graph.nodes if algorithm.roles[n.role].many]
@@ -150,6 +181,12 @@ def check(policy: str, algorithm: Algorithm) -> None:
             "split-learner needs two learner roles that pass values within a round "
             "(e.g. critic -> actor, as in sac.py); this iteration has none"
         )
+
+
+def data_parallel_roles(algorithm: Algorithm) -> list[str]:
+    """Roles ``dp-learners`` may run as several identical replicas: single-instance roles whose state
+    is the run (``recover="rollback"``: learners), not evaluators or replicated roles."""
+    return [name for name, r in algorithm.roles.items() if not r.many and r.recover == "rollback"]
 
 
 FLAT_KEYS = ("max_staleness", "rollouts_per_update", "update_ratio", "rate_limit", "max_lead", "publish_every")

@@ -281,12 +281,15 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             raise ConfigError(
                 where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})"
             )
+    parallel = distribution.data_parallel_roles(algo) if spec.policy == "dp-learners" else []
     for name, rdef in algo.roles.items():
         rspec = spec.roles.setdefault(name, RoleSpec())
-        if rspec.replicas > 1 and not rdef.many:
+        if rspec.replicas > 1 and not rdef.many and name not in parallel:
+            hint = " (data-parallel replicas of a learner: policy dp-learners)" if rdef.recover == "rollback" else ""
             raise ConfigError(
-                where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance"
+                where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance{hint}"
             )
+    _check_shards(spec, algo, parallel, where)
     if spec.evaluate.every and algo.eval_graph is None:
         raise ConfigError(
             where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
@@ -302,6 +305,22 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
     return Graph(spec, algo, config, obs_space, act_space, where, options)
+
+
+def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:
+    """Data-parallel replicas all-reduce once per minibatch, so each must get as many rollouts as the
+    others: a replicated role feeding one needs a multiple of its replicas."""
+    for edge in algo.graph.edges:
+        src, dst = edge.src.role, edge.dst.role
+        if dst not in parallel or not algo.roles[src].many:
+            continue
+        n, k = spec.roles[src].replicas, spec.roles[dst].replicas
+        if n % k:
+            raise ConfigError(
+                where,
+                f"roles.{src}.replicas",
+                f"{n}: must be a multiple of roles.{dst}.replicas ({k}), so every {dst} replica gets the same share",
+            )
 
 
 def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:

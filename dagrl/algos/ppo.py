@@ -178,6 +178,8 @@ class LearnerState:
     optimizer: torch.optim.Optimizer
     gen: torch.Generator
     device: torch.device
+    ctx: RoleContext
+    """Averages gradients over data-parallel learner replicas (``dp-learners``); else a no-op."""
     updates: int = 0
 
     def state_dict(self) -> dict:
@@ -215,7 +217,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
         torch.manual_seed(ctx.seed)
         agent = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
-    return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device)
+    return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
 
 
 @role("evaluator", recover="replace")
@@ -314,6 +316,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
             state.optimizer.zero_grad()
             loss.backward()
+            state.ctx.average_gradients(agent.parameters())
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             state.optimizer.step()
             with torch.no_grad():
@@ -325,7 +328,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             stats["approx_kl"] += approx_kl
             stats["clipfrac"] += clipfrac
             steps += 1
-        if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+        if cfg.target_kl is not None and state.ctx.mean_over_replicas(approx_kl) > cfg.target_kl:
             break
     state.updates += 1
     metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}

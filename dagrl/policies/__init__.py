@@ -1,7 +1,8 @@
 """Distribution policies: how one training iteration maps onto role hosts. None knows an algorithm.
 
 Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`): ``single`` and
-``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``async``, ``apex`` and
+``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``dp-learners`` too, with
+data-parallel learner replicas (:mod:`.dataparallel`), ``async``, ``apex`` and
 ``split-learner`` stream the samplers and run rate-limited learner rounds (:mod:`.streaming`).
 Their names and options are data in :mod:`dagrl.distribution`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dagrl.policies.base import Policy, StepResult
+from dagrl.policies.dataparallel import DataParallel
 from dagrl.policies.single import Single
 from dagrl.policies.streaming import Apex, Async, SplitLearner
 from dagrl.policies.sync import Sync
@@ -24,6 +26,7 @@ POLICIES: dict[str, type[Policy]] = {
     "async": Async,
     "apex": Apex,
     "split-learner": SplitLearner,
+    "dp-learners": DataParallel,
 }
 
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]

@@ -90,15 +90,16 @@ class Policy:
         calls = self.executor.run_nodes(graph.nodes, self.hosts, roles)
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
         wanted = [r for rs in reports.values() for r in rs]
-        if graph.output is not None:
-            wanted.append(calls[graph.output.id][0])
+        outs: list[Call] = []
+        if graph.output is not None:  # every data-parallel learner replica's metrics, else the first
+            outs = calls[graph.output.id] if not roles[graph.output.role].many else calls[graph.output.id][:1]
         watch = [c for n in graph.nodes for c in calls[n.id]]
         try:
-            values = self.executor.wait(wanted, watch)
+            values = self.executor.wait([*wanted, *outs], watch)
         except RoleFailure:
             self.executor.cancel([*watch, *wanted])
             raise
-        out = values[-1] if graph.output is not None else None
+        out = merge_outputs(values[len(wanted) :]) if outs else None
         got = iter(values)
         return calls, {i: [next(got) for _ in rs] for i, rs in reports.items()}, out, t0
 
@@ -116,6 +117,11 @@ class Policy:
             except RoleFailure as failure:
                 self.replace_in_place(failure)
         return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}
+
+    def restore(self, sd: dict[str, list[Any]]) -> None:
+        """Load checkpointed learner-side state after a rollback (the failed host already replaced)."""
+        self.load_state_dict(sd)
+        self.after_restore()
 
     def after_restore(self) -> None:
         """Called after the driver restored learner state from a checkpoint (republish weights)."""
@@ -156,6 +162,22 @@ class Policy:
         for handles in self.hosts.values():
             for h in handles:
                 h.close()
+
+
+def merge_outputs(values: list[Any]) -> Any:
+    """One iteration output from data-parallel replicas' metrics: each key averaged, except
+    ``perf/frames`` (samples consumed), summed. A single output is returned as it is.
+
+    >>> merge_outputs([{"losses/v": 1.0, "perf/frames": 8.0}, {"losses/v": 3.0, "perf/frames": 8.0}])
+    {'losses/v': 2.0, 'perf/frames': 16.0}
+    """
+    if len(values) == 1 or not all(isinstance(v, dict) for v in values):
+        return values[0]
+    merged = {}
+    for key in values[0]:
+        column = [float(v[key]) for v in values if key in v]
+        merged[key] = float(np.sum(column)) if key == "perf/frames" else float(np.mean(column))
+    return merged
 
 
 def stage_time(node: Node, calls: dict[int, list[Call]], t0: float) -> float:

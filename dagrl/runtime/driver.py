@@ -123,8 +123,7 @@ class Trainer:
         self.recent.clear()
         self.recent.extend(ckpt.get("recent", []))
         roles = self.graph.algorithm.roles
-        self.policy.load_state_dict({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
-        self.policy.after_restore()
+        self.policy.restore({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
         self.rundir.truncate_metrics(self.counters.iteration)
         log.warning(
             "%s[%d] restored from the checkpoint of iteration %d (%d iterations, %d env steps redone)",

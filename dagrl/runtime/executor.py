@@ -100,17 +100,21 @@ def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards:
     """What replica ``replica`` (of ``shards``) of role ``dst`` receives of role ``src``'s outputs.
 
     * into the same role: replica ``r`` gets replica ``r``'s value;
-    * single-instance into replicated: broadcast (every replica gets it);
+    * single-instance into anything: broadcast (every replica gets it);
     * replicated into single-instance: gathered, a list with one item per replica;
     * replicated (N) into replicated (K): replica ``k`` gets the outputs of replicas ``i % K == k``.
+
+    A single-instance role run as K > 1 data-parallel replicas (``dp-learners``) keeps identical
+    state on every replica: what it sends is replica 0's (broadcast), what it receives is sharded
+    like a replicated role's.
     """
     if src == dst:
         return outs[replica]
-    if roles[src].many and not roles[dst].many:
-        return list(outs)
     if not roles[src].many:
         return outs[0]
-    return outs[replica::shards]
+    if roles[dst].many or shards > 1:
+        return outs[replica::shards]
+    return list(outs)
 
 
 def _values(arg: Any) -> Any:

@@ -129,6 +129,20 @@ class RoleHost:
             with self.lock:
                 self.state.load_state_dict(sd)
 
+    def join_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        """Become rank ``rank`` of this role's data-parallel group (after any running fragment)."""
+        from dagrl.runtime.collective import join
+
+        with self.lock:
+            join(backend, host, port, rank, world, timeout_s)
+
+    def digest(self) -> str | None:
+        """A hash of the role state's checkpoint (data-parallel replicas must agree on it)."""
+        from dagrl.runtime.collective import digest
+
+        sd = self.state_dict()
+        return None if sd is None else digest(sd)
+
     async def heartbeat(self) -> dict[str, Any]:
         """Liveness and progress. ``async``: Dask runs it on the worker's event loop, so it answers
         while a fragment is running in the actor's thread."""
@@ -147,7 +161,10 @@ class RoleHost:
         }
 
     def info(self) -> dict[str, Any]:
+        from dagrl.runtime.collective import gpu_id
+
         return {
+            "gpu": gpu_id() if self.device == "cuda" else None,
             "role": self.role,
             "index": self.index,
             "device": self.device,

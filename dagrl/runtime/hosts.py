@@ -73,6 +73,12 @@ class Handle:
     def info(self) -> Any:
         return self._invoke("info")
 
+    def join_group(self, *args: Any) -> Any:
+        return self._invoke("join_group", *args)
+
+    def digest(self) -> Any:
+        return self._invoke("digest")
+
     def close(self) -> None:
         if self.future is not None:
             with contextlib.suppress(Exception):  # the client may be closing, or the actor's worker gone

@@ -1,0 +1,132 @@
+"""``dp-learners``: the ``sync`` iteration with K identical learner replicas averaging gradients.
+
+A learner role given ``replicas: K`` runs as K data-parallel replicas, one per worker process,
+joined in a ``torch.distributed`` group (:mod:`dagrl.runtime.collective`: gloo on CPU, NCCL where
+each replica has a GPU of its own). The iteration is submitted as under ``sync``; the routing rule
+(:func:`dagrl.runtime.executor.route`) gives learner replica k the rollouts of samplers
+``i % K == k`` and sends replica 0's weights to every sampler. The algorithm averages gradients
+with ``ctx.average_gradients`` before each optimiser step, so the replicas stay bit-identical:
+checked after the first iteration and at every checkpoint, which stores replica 0's state once.
+
+A replica that fails rolls all of them back: the dead one is replaced, the group formed anew and
+every replica loaded from the checkpoint (a survivor whose all-reduce failed with its peer is
+not blamed for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagrl.distribution import data_parallel_roles
+from dagrl.policies.base import StepResult
+from dagrl.policies.lockstep import Lockstep
+from dagrl.runtime.collective import form_group
+from dagrl.runtime.driver import TrainingError
+from dagrl.runtime.hosts import Handle
+from dagrl.runtime.supervisor import RoleFailure
+
+
+class ReplicasDiverged(TrainingError):
+    """Data-parallel replicas hold different states: the algorithm does not average its gradients."""
+
+
+class DataParallel(Lockstep):
+    name = "dp-learners"
+
+    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
+        super().__init__(graph, hosts, executor)
+        self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
+        self.backends: dict[str, str] = {}
+        self.checked = False
+
+    def step(self) -> StepResult:
+        self._ready()
+        res = super().step()
+        if not self.checked:
+            self._check_identical("after the first iteration")
+            self.checked = True
+        return res
+
+    def replace_in_place(self, failure: RoleFailure) -> Handle:
+        if failure.handle.role in self.parallel:
+            raise self._blame(failure)
+        return super().replace_in_place(failure)
+
+    def restore(self, sd: dict[str, list[Any]]) -> None:
+        for role in self.parallel:
+            for h in list(self.hosts[role]):
+                try:
+                    h.heartbeat().result()
+                except RoleFailure as lost:
+                    self.supervisor.replace(lost)
+        self._form()
+        self.load_state_dict(sd)
+        self.after_restore()
+
+    def state_dict(self) -> dict[str, list[Any]]:
+        """Every role's state; a data-parallel role's once (replica 0's), after checking the others match it."""
+        self._ready()
+        while True:
+            try:
+                self._check_identical("at a checkpoint")
+                futures = {
+                    role: [h.state_dict() for h in (hs[:1] if role in self.parallel else hs)]
+                    for role, hs in self.hosts.items()
+                }
+                return {role: [f.result() for f in fs] for role, fs in futures.items()}
+            except RoleFailure as failure:
+                self.replace_in_place(failure)
+
+    def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
+        """A data-parallel role's first state goes to every replica (a checkpoint holds one)."""
+        spread = {r: [s[0]] * len(self.hosts[r]) if r in self.parallel and s else s for r, s in sd.items()}
+        super().load_state_dict(spread)
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _ready(self) -> None:
+        """Once: form the groups and give every replica replica 0's state."""
+        if len(self.backends) == len(self.parallel):
+            return
+        self._form()
+        for role in self.parallel:
+            sd = self.hosts[role][0].state_dict().result()
+            for f in [h.load_state_dict(sd) for h in self.hosts[role][1:]]:
+                f.result()
+
+    def _form(self) -> None:
+        """(Re)form each data-parallel role's process group; a replica found dead is replaced first."""
+        options = self.options
+        for role in self.parallel:
+            while True:
+                try:
+                    self.backends[role] = form_group(
+                        self.executor.client, self.hosts[role], options.backend, options.timeout_s
+                    )
+                    break
+                except RoleFailure as failure:
+                    self.supervisor.replace(failure)
+
+    def _blame(self, failure: RoleFailure) -> RoleFailure:
+        """A replica that raised because a peer died mid all-reduce: blame the dead peer instead."""
+        if failure.kind != "raised":
+            return failure
+        for h in self.hosts[failure.handle.role]:
+            if h is failure.handle:
+                continue
+            try:
+                h.heartbeat().result()
+            except RoleFailure as lost:
+                return lost
+        return failure
+
+    def _check_identical(self, when: str) -> None:
+        for role in self.parallel:
+            digests = [f.result() for f in [h.digest() for h in self.hosts[role]]]
+            differ = [i for i, d in enumerate(digests) if d != digests[0]]
+            if differ:
+                raise ReplicasDiverged(
+                    f"{role} replicas {', '.join(map(str, differ))} differ from replica 0 {when}: algorithm "
+                    f"{self.graph.spec.algorithm} must call ctx.average_gradients(...) before each optimiser "
+                    "step to run under dp-learners"
+                )

@@ -1,0 +1,125 @@
+"""``dp-learners`` on a real LocalCluster: identical learner replicas, a killed one, a bad algorithm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dagrl.graph import ConfigError, load_graph
+from dagrl.policies.base import merge_outputs
+from dagrl.policies.dataparallel import ReplicasDiverged
+from dagrl.runtime.collective import choose_backend
+from tests.test_supervision import Run
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Four worker processes under nannies: two samplers, two learner replicas, one per process."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        Client(lc, direct_to_workers=True) as client,
+    ):
+        yield client
+
+
+def _arrays(sd, prefix=""):
+    """Every tensor/array of a nested state dict, by path."""
+    out = {}
+    if isinstance(sd, dict):
+        for k, v in sd.items():
+            out.update(_arrays(v, f"{prefix}{k}."))
+    elif isinstance(sd, list | tuple):
+        for i, v in enumerate(sd):
+            out.update(_arrays(v, f"{prefix}{i}."))
+    elif hasattr(sd, "numpy") or isinstance(sd, np.ndarray):
+        out[prefix] = np.asarray(sd)
+    return out
+
+
+def test_learner_replicas_stay_bit_identical_and_learn_from_both_shards(cluster, tmp_path):
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["stop.iterations=6", "stop.mean_return=null"])
+    run = Run(graph, cluster, tmp_path)
+    first = run.policy.hosts["learner"][0].state_dict().result()  # after broadcast: replica 0's initial state
+    summary = run.finish()
+    assert summary["iterations"] == 6
+    # Run.finish closed the policy; the checkpoint holds replica 0 once, and the run checked the others
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(run.rundir.path)
+    assert len(ckpt["roles"]["learner"]) == 1
+    assert ckpt["roles"]["learner"][0]["updates"] == 6
+    before, after = _arrays(first["agent"]), _arrays(ckpt["roles"]["learner"][0]["agent"])
+    assert any(not np.array_equal(before[k], after[k]) for k in before)  # it did learn
+    rows = run.rundir.read_metrics()
+    # frames of both replicas are summed: 20 epochs x one 128-row minibatch x 2 replicas
+    assert rows[-1]["perf/frames"] == 20 * 128 * 2
+    assert rows[-1]["env_steps"] == 6 * 2 * 4 * 32
+
+
+def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["stop.iterations=4", "stop.mean_return=null"])
+    from dagrl.policies import build_policy
+
+    cluster.wait_for_workers(4, timeout=60)
+    policy = build_policy(graph, cluster)
+    try:
+        for _ in range(4):
+            policy.step()
+        states = [h.state_dict().result() for h in policy.hosts["learner"]]
+        a, b = _arrays(states[0]), _arrays(states[1])
+        assert a.keys() == b.keys() and len(a) > 6
+        assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
+        assert states[0]["updates"] == states[1]["updates"] == 4
+    finally:
+        policy.close()
+
+
+def test_an_algorithm_that_does_not_average_gradients_is_stopped_with_its_name(cluster, tmp_path):
+    graph = load_graph(
+        "graphs/ppo-cartpole-dp.yaml", ["algorithm=tests.unaveraged", "stop.iterations=3", "stop.mean_return=null"]
+    )
+    run = Run(graph, cluster, tmp_path)
+    with pytest.raises(ReplicasDiverged, match=r"learner replicas 1 differ .*tests.unaveraged.*average_gradients"):
+        run.finish()
+
+
+@pytest.mark.slow
+def test_killed_learner_replica_rolls_both_back_and_the_run_reaches_475(cluster, tmp_path):
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["checkpoint.every=5"])
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(12)
+    run.kill("learner", 1)
+    summary = run.finish()
+    assert summary["stop_reason"] == "mean_return", summary
+    restarts = run.events("restart")
+    assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("learner", 1, "lost")], restarts
+    (rollback,) = run.events("rollback")
+    assert rollback["role"] == "learner" and rollback["to_iteration"] >= 10
+    iterations = [r["iteration"] for r in run.rundir.read_metrics()]
+    assert iterations == list(range(1, len(iterations) + 1))  # redone iterations replaced their rows
+
+
+def test_graph_errors_name_the_key():
+    single = r"roles\.learner\.replicas.*2: role learner runs as a single instance.*dp-learners"
+    with pytest.raises(ConfigError, match=single):
+        load_graph("graphs/ppo-cartpole-sync.yaml", ["roles.learner.replicas=2"])
+    share = r"roles\.sampler\.replicas.*3: must be a multiple of roles\.learner\.replicas \(2\)"
+    with pytest.raises(ConfigError, match=share):
+        load_graph("graphs/ppo-cartpole-dp.yaml", ["roles.sampler.replicas=3"])
+    with pytest.raises(ConfigError, match=r"roles\.evaluator\.replicas"):
+        load_graph("graphs/ppo-cartpole-dp.yaml", ["evaluate.every=5", "roles.evaluator.replicas=2"])
+    with pytest.raises(ConfigError, match=r"policy: backend must be one of auto, gloo, nccl, got .mpi."):
+        load_graph("graphs/ppo-cartpole-dp.yaml", ["policy.backend=mpi"])
+
+
+def test_merge_and_backend_rules():
+    merged = merge_outputs([{"losses/v": 1.0, "perf/frames": 8.0}, {"losses/v": 3.0, "perf/frames": 8.0}])
+    assert merged == {"losses/v": 2.0, "perf/frames": 16.0}
+    assert merge_outputs([{"a": 1.0}]) == {"a": 1.0}
+    two_gpus = [{"device": "cuda", "gpu": "a"}, {"device": "cuda", "gpu": "b"}]
+    assert choose_backend("auto", two_gpus) == "nccl"
+    assert choose_backend("auto", [{"device": "cuda", "gpu": "a"}] * 2) == "gloo"  # one GPU shared: no NCCL
+    assert choose_backend("auto", [{"device": "cpu", "gpu": None}] * 2) == "gloo"
+    assert choose_backend("gloo", two_gpus) == "gloo"
