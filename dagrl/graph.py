@@ -133,6 +133,11 @@ class EvaluateSpec:
     every: int = 0
     """Run the algorithm's ``@evaluation`` every this many iterations (0: never); its ``eval/*``
     metrics join that iteration's row, and its evaluation-only roles (``evaluator``) are started."""
+    concurrent: bool = False
+    """Evaluate beside training instead of between iterations: the evaluation starts after iteration
+    N with that iteration's weights, training goes on, and its ``eval/*`` metrics join the row of
+    the iteration during which it finished, with ``eval/iteration: N``. One at a time: an evaluation
+    due while the previous one still runs is skipped."""
 
     def __post_init__(self) -> None:
         if self.every < 0:

@@ -46,3 +46,41 @@ def test_every_algorithm_evaluates(tmp_path, graph_file):
     rows = rundir.read_metrics()
     assert "eval/return_mean" not in rows[0]
     assert np.isfinite(rows[1]["eval/return_mean"]) and rows[1]["eval/return_std"] >= 0
+
+
+TRAINING_KEYS = ("charts/episode_return", "losses/policy", "losses/value", "losses/approx_kl", "env_steps")
+
+
+def test_concurrent_evaluation_leaves_training_bit_identical_and_lags_behind_it(tmp_path):
+    common = ["stop.iterations=24", "stop.mean_return=null", "hyperparameters.eval_episodes=100"]
+    _, plain = train("graphs/ppo-cartpole-single.yaml", tmp_path / "plain", common)
+    summary, beside = train(
+        "graphs/ppo-cartpole-single.yaml",
+        tmp_path / "beside",
+        [*common, "evaluate.every=4", "evaluate.concurrent=true"],
+    )
+    rows, reference = beside.read_metrics(), plain.read_metrics()
+    for row, ref in zip(rows, reference, strict=True):  # the evaluator never touches training state
+        assert {k: row.get(k) for k in TRAINING_KEYS} == {k: ref.get(k) for k in TRAINING_KEYS}
+    evaluated = [(r["iteration"], r["eval/iteration"]) for r in rows if "eval/iteration" in r]
+    assert len(evaluated) >= 2
+    assert all(of % 4 == 0 and of <= at for at, of in evaluated)
+    assert any(of < at for at, of in evaluated)  # training went on while an evaluation ran
+    assert [of for _, of in evaluated] == sorted({of for _, of in evaluated})  # each at most once, in order
+    started = 24 // 4 - int(rows[-1]["eval/skipped"])
+    assert len(evaluated) + ("eval" in summary) == started  # every started evaluation is reported once
+    if "eval" in summary:
+        assert summary["eval"]["eval/iteration"] > evaluated[-1][1]
+
+
+def test_concurrent_evaluation_on_a_cluster(client, tmp_path):
+    overrides = [
+        "stop.iterations=16", "stop.mean_return=null", "evaluate.every=2", "evaluate.concurrent=true",
+        "hyperparameters.eval_episodes=20",
+    ]  # fmt: skip
+    summary, rundir = train("graphs/ppo-cartpole-sync.yaml", tmp_path, overrides, client=client)
+    rows = rundir.read_metrics()
+    assert [r["iteration"] for r in rows] == list(range(1, 17))
+    evaluated = [r for r in rows if "eval/iteration" in r]
+    assert len(evaluated) >= 2
+    assert all(np.isfinite(r["eval/return_mean"]) and r["eval/iteration"] <= r["iteration"] for r in evaluated)

@@ -11,6 +11,8 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +74,7 @@ class Trainer:
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
+        self.evaluation = Evaluation(policy, graph.spec.evaluate)
         if resume is not None:
             self.counters = Counters(**resume["counters"])
             self.recent.extend(resume.get("recent", []))
@@ -160,9 +163,7 @@ class Trainer:
                 while reason is None:
                     try:
                         res = self.policy.step()
-                        evaluate = self.graph.spec.evaluate.every
-                        if evaluate and (self.counters.iteration + 1) % evaluate == 0:
-                            res.metrics.update(self.policy.evaluate())
+                        res.metrics.update(self.evaluation.after(self.counters.iteration + 1))
                         self._count(res, start)
                         last_row = self._row(res)
                         self.rundir.log(last_row)
@@ -182,6 +183,7 @@ class Trainer:
                 raise
             finally:
                 self.progress.close()
+        final_eval = self.evaluation.close()
         try:
             self.checkpoint()
         except (RoleFailure, CrashLoop) as err:
@@ -195,6 +197,8 @@ class Trainer:
             "elapsed_s": self.counters.elapsed_s,
             "run_dir": str(self.rundir.path),
         }
+        if final_eval:
+            summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
         try:
             self.rundir.write_summary(summary)
             self.rundir.plot()
@@ -238,6 +242,59 @@ class Trainer:
             for role, n in sorted(restarts.items()):
                 row[f"sup/restarts/{role}"] = float(n)
         return row
+
+
+class Evaluation:
+    """When the algorithm's ``@evaluation`` runs: between iterations (blocking), or beside training
+    in a thread of the driver (``evaluate.concurrent``), its fragments on their own roles' hosts.
+
+    A concurrent evaluation's ``publish`` takes the learner's lock like any fragment, so it sees the
+    weights of one whole update; the evaluator is its own role, so training never waits for it.
+    """
+
+    def __init__(self, policy: Policy, spec: Any):
+        self.policy, self.every, self.concurrent = policy, spec.every, spec.concurrent
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="dagrl-eval") if self.every and self.concurrent else None
+        self.running: tuple[int, Future] | None = None
+        self.skipped = 0
+
+    def after(self, iteration: int) -> dict[str, float]:
+        """Metrics for the row of ``iteration``, which just finished: an evaluation run now (blocking)
+        or a concurrent one that finished meanwhile; starts a concurrent one when it is due."""
+        due = bool(self.every) and iteration % self.every == 0
+        if self.pool is None:
+            return self.policy.evaluate() if due else {}
+        out = self._finished()
+        if due:
+            if self.running is None:
+                self.running = (iteration, self.pool.submit(self.policy.evaluate))
+            else:
+                self.skipped += 1
+                log.debug("evaluation due at iteration %d skipped: the previous one still runs", iteration)
+        out["eval/skipped"] = float(self.skipped)
+        return out
+
+    def _finished(self, wait_s: float = 0.0) -> dict[str, float]:
+        if self.running is None:
+            return {}
+        iteration, future = self.running
+        try:
+            metrics = future.result(timeout=wait_s)
+        except FutureTimeout:
+            return {}
+        except Exception as err:  # a learner lost under it: the training loop handles that learner itself
+            log.warning("evaluation of iteration %d failed: %s", iteration, err)
+            metrics = {}
+        self.running = None
+        return {**metrics, "eval/iteration": float(iteration)} if metrics else {}
+
+    def close(self, wait_s: float = 300.0) -> dict[str, float]:
+        """At the end of training: wait for a running evaluation and return its metrics."""
+        if self.pool is None:
+            return {}
+        out = self._finished(wait_s)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        return out
 
 
 @contextlib.contextmanager
