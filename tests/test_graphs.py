@@ -23,4 +23,4 @@ def test_shipped_graph_validates(path):
 
 def test_every_algorithm_has_a_graph():
     algos = {load_graph(p).spec.algorithm for p in GRAPHS if p.name not in NEEDS}
-    assert algos == {"ppo", "dqn", "sac", "td3"}
+    assert algos == {"ppo", "dqn", "sac", "td3", "impala"}

@@ -127,6 +127,8 @@ class LearnerState:
     target: nn.Module
     optimizer: torch.optim.Optimizer
     device: torch.device
+    ctx: RoleContext
+    """Averages gradients over data-parallel learner replicas (``dp-learners``); else a no-op."""
     gradient_steps: int = 0
 
     def state_dict(self) -> dict:
@@ -174,7 +176,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
         target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
     target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr)
-    return LearnerState(cfg, q, target, optimizer, device)
+    return LearnerState(cfg, q, target, optimizer, device, ctx)
 
 
 @role("evaluator", recover="replace")
@@ -233,6 +235,7 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         td[start : start + cfg.batch_size] = (q - target).abs().detach().cpu().numpy()
         state.optimizer.zero_grad()
         loss.backward()
+        state.ctx.average_gradients(state.q.parameters())
         nn.utils.clip_grad_norm_(state.q.parameters(), cfg.max_grad_norm)
         state.optimizer.step()
         state.gradient_steps += 1
@@ -245,12 +248,9 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         "losses/q_mean": float(np.mean(qs)),
         "perf/frames": float(len(losses) * cfg.batch_size),
     }
-    priorities, at = [], 0
-    for s in samples:  # one entry per shard, in shard order
-        if s is None:
-            priorities.append(None)
-            continue
-        priorities.append((s.indices, td[at : at + len(s)]))
+    priorities, at = {}, 0
+    for s in present:  # by the shard that drew the rows
+        priorities[s.shard] = (s.indices, td[at : at + len(s)])
         at += len(s)
     return UpdateResult(metrics, priorities)
 

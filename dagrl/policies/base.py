@@ -90,9 +90,7 @@ class Policy:
         calls = self.executor.run_nodes(graph.nodes, self.hosts, roles)
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
         wanted = [r for rs in reports.values() for r in rs]
-        outs: list[Call] = []
-        if graph.output is not None:  # every data-parallel learner replica's metrics, else the first
-            outs = calls[graph.output.id] if not roles[graph.output.role].many else calls[graph.output.id][:1]
+        outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in calls[n.id]]
         try:
             values = self.executor.wait([*wanted, *outs], watch)
@@ -102,6 +100,12 @@ class Policy:
         out = merge_outputs(values[len(wanted) :]) if outs else None
         got = iter(values)
         return calls, {i: [next(got) for _ in rs] for i, rs in reports.items()}, out, t0
+
+    def output_calls(self, output: Node, calls: dict[int, list[Call]]) -> list[Call]:
+        """The calls whose values make the iteration's output (merged by :func:`merge_outputs`):
+        every replica of a single-instance role (data-parallel learners), the first of a replicated
+        one (replay shards pass the learner's metrics on, each the same)."""
+        return calls[output.id][:1] if self.graph.algorithm.roles[output.role].many else calls[output.id]
 
     def evaluate(self) -> dict[str, float]:
         """Run the algorithm's ``@evaluation`` graph once on this policy's hosts.

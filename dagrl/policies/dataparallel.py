@@ -4,8 +4,9 @@ A learner role given ``replicas: K`` runs as K data-parallel replicas, one per w
 joined in a ``torch.distributed`` group (:mod:`dagrl.runtime.collective`: gloo on CPU, NCCL where
 each replica has a GPU of its own). The iteration is submitted as under ``sync``; the routing rule
 (:func:`dagrl.runtime.executor.route`) gives learner replica k the rollouts of samplers
-``i % K == k`` and sends replica 0's weights to every sampler. The algorithm averages gradients
-with ``ctx.average_gradients`` before each optimiser step, so the replicas stay bit-identical:
+``i % K == k`` (replay shards likewise) and sampler i reads the weights of replica i % K. The
+algorithm averages gradients with ``ctx.average_gradients`` before each optimiser step, so the
+replicas stay bit-identical:
 checked after the first iteration and at every checkpoint, which stores replica 0's state once.
 
 A replica that fails rolls all of them back: the dead one is replaced, the group formed anew and
@@ -46,6 +47,13 @@ class DataParallel(Lockstep):
             self._check_identical("after the first iteration")
             self.checked = True
         return res
+
+    def output_calls(self, output: Any, calls: dict[int, list[Any]]) -> list[Any]:
+        """Replay shard m passes on learner replica m % K's metrics: shards 0..K-1 give all K."""
+        if not self.graph.algorithm.roles[output.role].many:
+            return calls[output.id]
+        k = max((len(self.hosts[r]) for r in self.parallel), default=1)
+        return calls[output.id][:k]
 
     def replace_in_place(self, failure: RoleFailure) -> Handle:
         if failure.handle.role in self.parallel:

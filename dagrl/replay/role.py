@@ -30,10 +30,11 @@ class Transitions:
 
 @dataclass
 class UpdateResult:
-    """A learner's metrics plus new priorities for the rows it sampled, one entry per replay shard."""
+    """A learner's metrics plus new priorities for the rows it sampled: (indices, |TD error|) by the
+    shard that drew them (:attr:`Sample.shard`), so a shard finds its own whoever sampled it."""
 
     metrics: dict[str, float]
-    priorities: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
+    priorities: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,19 +89,22 @@ def sample(state: ReplayState, stored: int) -> Sample | None:
         return None
     want = state.batch_size * state.batches
     if want <= stored:
-        return state.store.sample(want)
+        out = state.store.sample(want)
+        out.shard = state.shard
+        return out
     parts = [state.store.sample(min(stored, want - k)) for k in range(0, want, stored)]  # early on: rows repeat
     return Sample(
         {f: np.concatenate([p.data[f] for p in parts]) for f in parts[0].data},
         np.concatenate([p.indices for p in parts]),
         np.concatenate([p.weights for p in parts]),
+        state.shard,
     )
 
 
 @fragment(role="replay")
 def reprioritize(state: ReplayState, result: UpdateResult) -> dict[str, float]:
     """Give this shard's sampled rows their new priorities (PER); pass the metrics on."""
-    mine = result.priorities[state.shard] if state.shard < len(result.priorities) else None
+    mine = result.priorities.get(state.shard)
     if mine is not None and state.store.prioritized:
         state.store.update_priorities(*mine)
     return result.metrics

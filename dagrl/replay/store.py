@@ -53,6 +53,8 @@ class Sample:
     data: dict[str, np.ndarray]
     indices: np.ndarray
     weights: np.ndarray
+    shard: int = -1
+    """The replay shard that drew it (set by the replay role's ``sample`` fragment)."""
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -100,18 +100,19 @@ def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards:
     """What replica ``replica`` (of ``shards``) of role ``dst`` receives of role ``src``'s outputs.
 
     * into the same role: replica ``r`` gets replica ``r``'s value;
-    * single-instance into anything: broadcast (every replica gets it);
+    * single-instance into anything: broadcast (every replica gets the same value);
     * replicated into single-instance: gathered, a list with one item per replica;
     * replicated (N) into replicated (K): replica ``k`` gets the outputs of replicas ``i % K == k``.
 
     A single-instance role run as K > 1 data-parallel replicas (``dp-learners``) keeps identical
-    state on every replica: what it sends is replica 0's (broadcast), what it receives is sharded
-    like a replicated role's.
+    state on every replica: replica ``r`` of the receiver gets replica ``r % K``'s value (the same
+    weights, read from K places; an update result back to the shards it sampled); what it receives
+    is sharded like a replicated role's.
     """
     if src == dst:
         return outs[replica]
-    if not roles[src].many:
-        return outs[0]
+    if not roles[src].many:  # data-parallel replicas: replica r % K's, so replay shard m gets the
+        return outs[replica % len(outs)]  # result of the learner that drew its rows (shards m % K)
     if roles[dst].many or shards > 1:
         return outs[replica::shards]
     return list(outs)

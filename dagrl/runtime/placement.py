@@ -35,6 +35,7 @@ def place(
     load = {addr: 0 for addr in sorted(workers)}
     free_gpu = {addr: float(info.get("resources", {}).get("GPU", 0)) for addr, info in workers.items()}
     out: dict[tuple[str, int], str] = {}
+    taken: set[tuple[str, str]] = set()
     order = sorted(roles.items(), key=lambda kv: -kv[1].gpus)
     for name, spec in order:
         for i in range(spec.replicas):
@@ -50,10 +51,14 @@ def place(
             named = [a for a in candidates if workers[a].get("name") == f"{name}-{i}" and load[a] == 0]
             if named:  # a worker started for this replica (SLURM's per-role jobs)
                 candidates = named
-            addr = min(candidates, key=lambda a: (load[a], -free_gpu[a] if spec.gpus else free_gpu[a]))
+            addr = min(  # least loaded; among equals, one without this role (data-parallel replicas)
+                candidates,
+                key=lambda a: (load[a], (name, a) in taken, -free_gpu[a] if spec.gpus else free_gpu[a]),
+            )
             if spec.gpus > 0 and free_gpu[addr] >= spec.gpus:
                 free_gpu[addr] -= spec.gpus
             load[addr] += 1
+            taken.add((name, addr))
             out[(name, i)] = addr
     return out
 

@@ -1,0 +1,181 @@
+"""IMPALA: an actor-critic learner correcting stale rollouts with V-trace (Espeholt et al., 2018).
+
+Samplers act with whatever weights they last received; the learner's policy has moved on since, so
+each rollout is off-policy by a few updates. V-trace weighs every step by the truncated importance
+ratio rho_t = min(rho_bar, pi(a|x) / mu(a|x)) of the learner's policy pi against the behaviour
+policy mu (whose log-probs the rollout carries), and builds value targets
+
+    v_s = V(x_s) + delta_s + gamma c_s (v_{s+1} - V(x_{s+1})),   delta_s = rho_s (r_s + gamma V(x_{s+1}) - V(x_s)),
+
+with c_s = lambda min(c_bar, ratio), cut at episode ends. The policy follows rho_s grad log pi(a_s|x_s)
+(r_s + gamma v_{s+1} - V(x_s)). With ``vtrace: false`` every ratio is taken as 1: the same updates
+without the correction (what staleness costs, measured in ``tests/test_impala.py``).
+
+Samplers, their rollouts, the learner's ``publish`` and the evaluator are PPO's (:mod:`dagrl.algos.ppo`):
+only the learner's update differs. Runs under every policy; it is meant for ``async`` with a large
+``max_staleness`` (``graphs/impala-cartpole.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.algos.ppo import (
+    ActorCritic,
+    LearnerState,
+    Rollout,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    publish,
+    sampler,
+)
+from dagrl.context import RoleContext
+from dagrl.fragment import fragment, iteration, role
+from dagrl.schema import at_least, positive, unit_interval
+
+__all__ = [  # PPO's samplers, publish and evaluator are this algorithm's too
+    "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner", "publish", "sampler",
+    "train_iteration", "update", "vtrace",
+]  # fmt: skip
+
+
+@dataclass
+class Config:
+    num_steps: int = 32
+    """Env steps per env per rollout."""
+    gamma: float = 0.98
+    """Discount factor."""
+    vtrace_lambda: float = 1.0
+    """Lambda of the trace coefficients c_t (1: the paper's)."""
+    rho_bar: float = 1.0
+    """Truncation of the importance ratio in the TD errors and the policy gradient."""
+    c_bar: float = 1.0
+    """Truncation of the importance ratio in the traces."""
+    vtrace: bool = True
+    """False: ratios taken as 1 (no off-policy correction), for comparison."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    update_epochs: int = 4
+    """Gradient steps per batch of rollouts, each with targets recomputed from the current critic."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "num_steps", "update_epochs", "hidden", "eval_episodes")
+        at_least(self, 0, "ent_coef", "vf_coef")
+        positive(self, "lr", "max_grad_norm", "rho_bar", "c_bar")
+        unit_interval(self, "gamma", "vtrace_lambda")
+
+
+def vtrace(
+    log_rhos: torch.Tensor,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    values: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    lam: float = 1.0,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace value targets ``v_s`` and policy-gradient advantages for ``[T, N]`` tensors.
+
+    ``dones[t]`` cuts the bootstrap after step t. With every ``log_rhos`` 0 (on-policy) and
+    ``lam`` 1, ``v_s`` is the n-step return bootstrapped from ``last_value``.
+
+    >>> T = torch.tensor
+    >>> v, adv = vtrace(T([[0.0], [0.0]]), T([[1.0], [1.0]]), T([[0.0], [0.0]]), T([[0.0], [0.0]]), T([0.0]), 0.5)
+    >>> v.flatten().tolist(), adv.flatten().tolist()
+    ([1.5, 1.0], [1.5, 1.0])
+    """
+    rhos = log_rhos.exp()
+    clipped_rho = rhos.clamp(max=rho_bar)
+    cs = lam * rhos.clamp(max=c_bar)
+    live = 1.0 - dones
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    deltas = clipped_rho * (rewards + gamma * live * next_values - values)
+    diffs = torch.zeros_like(values)  # v_s - V(x_s)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(len(rewards))):
+        running = deltas[t] + gamma * live[t] * cs[t] * running
+        diffs[t] = running
+    targets = values + diffs
+    next_targets = torch.cat([targets[1:], last_value.unsqueeze(0)])
+    advantages = clipped_rho * (rewards + gamma * live * next_targets - values)
+    return targets, advantages
+
+
+@role("learner")
+def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
+    device = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
+    return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
+
+
+@fragment(role="learner")
+def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
+    """``update_epochs`` gradient steps on the whole batch, V-trace targets recomputed for each."""
+    cfg, agent, dev = state.cfg, state.agent, state.device
+    T, N = rollouts[0].rewards.shape  # every rollout has the same shape: stack them along envs
+
+    def cat(field: str) -> torch.Tensor:
+        return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis=1), device=dev)
+
+    obs, actions, behaviour = cat("obs"), cat("actions"), cat("logprobs")
+    rewards, dones = cat("rewards"), cat("dones")
+    last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]), device=dev)
+    n = obs.shape[1]
+    flat_obs = obs.reshape(T * n, *obs.shape[2:])
+    flat_act = actions.reshape(T * n, *actions.shape[2:])
+    stats = {"policy": 0.0, "value": 0.0, "entropy": 0.0, "rho_mean": 0.0, "rho_clipfrac": 0.0}
+    for _ in range(cfg.update_epochs):
+        dist = agent.dist(flat_obs)
+        logp = dist.log_prob(flat_act).reshape(T, n)
+        values = agent.value(flat_obs).reshape(T, n)
+        with torch.no_grad():
+            log_rhos = logp - behaviour if cfg.vtrace else torch.zeros_like(logp)
+            last = agent.value(last_obs)
+            targets, adv = vtrace(
+                log_rhos, rewards, dones, values, last, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar
+            )
+            rhos = (logp - behaviour).exp()
+        pg_loss = -(logp * adv).mean()
+        v_loss = ((values - targets) ** 2).mean()
+        entropy = dist.entropy().mean()
+        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.ctx.average_gradients(agent.parameters())
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+        state.optimizer.step()
+        stats["policy"] += pg_loss.item()
+        stats["value"] += v_loss.item()
+        stats["entropy"] += entropy.item()
+        stats["rho_mean"] += rhos.mean().item()
+        stats["rho_clipfrac"] += (rhos > cfg.rho_bar).float().mean().item()
+    state.updates += 1
+    metrics = {f"losses/{k}": v / cfg.update_epochs for k, v in stats.items()}
+    metrics["perf/frames"] = float(cfg.update_epochs * T * n)
+    return metrics
+
+
+@iteration
+def train_iteration():
+    return update(collect(publish()))
