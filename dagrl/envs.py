@@ -5,6 +5,18 @@ to stand for an expensive simulator: ``cost: sleep`` waits (a remote or GPU-boun
 core is free meanwhile), ``cost: busy`` spins (a CPU-bound one: the core is taken). Use it as
 ``env: {id: "dagrl.envs:CostlyCartPole-v0", kwargs: {step_ms: 1.0, cost: sleep}}``.
 
+``dagrl.envs:BrightHalf-v0`` is the smallest image task: each step shows a noisy ``uint8`` image
+``(channels, size, size)`` whose left or right half is brighter; the action names the half (+1 when
+right). 16 steps an episode: guessing earns 8, seeing earns 16. It checks that an image pipeline
+(uint8 through samplers, transport and replay, a CNN encoder) learns at all, in seconds on a CPU.
+
+``dagrl.envs:Atari-v0`` is an Atari game of the Arcade Learning Environment (``pip install
+"dagrl[atari]"``) with the usual preprocessing, by gymnasium's own wrappers: up to 30 no-op
+actions at reset, 4 frames repeated per action (max-pooled over the last two), 84x84 grayscale,
+4 frames stacked into a ``uint8`` ``(4, 84, 84)`` observation, rewards clipped to [-1, 1]; no
+sticky actions. ``env: {id: "dagrl.envs:Atari-v0", kwargs: {game: Pong}}``. With
+``episodic_life: true`` a lost life ends the episode (returns are then per life).
+
 Examples
 --------
 >>> import gymnasium as gym
@@ -21,9 +33,10 @@ import time
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["CostlyCartPole"]
+__all__ = ["BrightHalf", "CostlyCartPole", "make_atari"]
 
 COSTS = ("sleep", "busy")
 
@@ -48,6 +61,70 @@ class CostlyCartPole(CartPoleEnv):
                 pass
         return super().step(action)
 
+
+class BrightHalf(gym.Env):
+    """Which half of the image is bright? A two-action image task with optimal return ``length``."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, size: int = 84, channels: int = 1, length: int = 16):
+        if size < 36:  # the Nature CNN's three convolutions need 36 pixels
+            raise ValueError(f"size must be >= 36, got {size}")
+        self.observation_space = gym.spaces.Box(0, 255, (channels, size, size), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length, self.size = length, size
+
+    def _show(self) -> np.ndarray:
+        self.side = int(self.np_random.integers(2))
+        img = self.np_random.integers(0, 120, self.observation_space.shape, dtype=np.uint8)
+        half = self.size // 2
+        cols = slice(half, None) if self.side else slice(0, half)
+        img[:, :, cols] += 100
+        return img
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._show(), {}
+
+    def step(self, action: Any) -> tuple:
+        reward = float(int(action) == self.side)
+        self.t += 1
+        return self._show(), reward, False, self.t >= self.length, {}
+
+
+def make_atari(
+    game: str = "Pong",
+    noop_max: int = 30,
+    frame_skip: int = 4,
+    screen_size: int = 84,
+    frame_stack: int = 4,
+    episodic_life: bool = False,
+    clip_rewards: bool = True,
+    repeat_action_probability: float = 0.0,
+    **kwargs: Any,
+) -> gym.Env:
+    """An ALE game with the standard DQN/PPO preprocessing (see the module docstring)."""
+    try:
+        import ale_py
+    except ImportError:
+        raise gym.error.DependencyNotInstalled('Atari needs ale-py: pip install "dagrl[atari]"') from None
+    from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation
+
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=repeat_action_probability, **kwargs)
+    env = AtariPreprocessing(
+        env, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size, terminal_on_life_loss=episodic_life
+    )
+    env = FrameStackObservation(env, frame_stack)
+    return ClipReward(env, -1.0, 1.0) if clip_rewards else env
+
+
+if "Atari-v0" not in gym.registry:
+    gym.register("Atari-v0", entry_point=make_atari)
+
+if "BrightHalf-v0" not in gym.registry:
+    gym.register("BrightHalf-v0", entry_point=BrightHalf)
 
 if "CostlyCartPole-v0" not in gym.registry:
     gym.register("CostlyCartPole-v0", entry_point=CostlyCartPole, max_episode_steps=500, reward_threshold=475.0)

@@ -1,4 +1,5 @@
-"""Building blocks shared by algorithm files: MLPs, twin Q networks, weights as numpy, minibatches.
+"""Building blocks shared by algorithm files: encoders (MLP, Nature CNN), twin Q networks, weights as
+numpy, minibatches.
 
 Algorithms never import each other; what two of them need alike lives here, free of Dask.
 """
@@ -17,6 +18,59 @@ def mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
     )
+
+
+def is_image(space) -> bool:
+    """A ``uint8`` observation of shape ``(C, H, W)`` (stacked frames first, as gymnasium's
+    ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``)."""
+    return len(getattr(space, "shape", ()) or ()) == 3 and np.dtype(space.dtype) == np.uint8
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature paper's encoder (Mnih et al., 2015): three convolutions and a 512-unit layer.
+
+    Takes ``uint8`` images ``[B, C, H, W]`` and scales them to [0, 1] itself, so observations stay
+    ``uint8`` (4 x smaller) through samplers, transport and replay.
+
+    >>> net = NatureCNN(4, (84, 84))
+    >>> net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape
+    torch.Size([2, 512])
+    """
+
+    def __init__(self, channels: int, size: tuple[int, int], features: int = 512):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            n = self.convs(torch.zeros(1, channels, *size)).shape[1]
+        self.head = nn.Sequential(nn.Linear(n, features), nn.ReLU())
+        self.features = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.convs(obs.float() / 255.0))
+
+
+def obs_array(obs: np.ndarray) -> np.ndarray:
+    """Observations as stored and sent: ``uint8`` images as they are, anything else as float32."""
+    return obs.copy() if obs.dtype == np.uint8 else obs.astype(np.float32)
+
+
+def obs_tensor(obs: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A batch of observations for a network: ``uint8`` kept (the CNN scales it), else float32."""
+    return torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False), device=device)
+
+
+def encoder(space, hidden: int) -> tuple[nn.Module, int]:
+    """The trunk for an observation space and its output width: a :class:`NatureCNN` for images
+    (:func:`is_image`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""
+    if is_image(space):
+        cnn = NatureCNN(space.shape[0], tuple(space.shape[1:]))
+        return cnn, cnn.features
+    return nn.Flatten(), int(np.prod(space.shape))
 
 
 class TwinQ(nn.Module):

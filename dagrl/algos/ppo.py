@@ -19,6 +19,7 @@ from torch import nn
 from dagrl.context import Episodes, RoleContext
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.networks import encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,31 +78,43 @@ def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy and the value; categorical or diagonal-Gaussian actions."""
+    """Separate tanh MLPs for the policy and the value over vector observations; over images
+    (``uint8`` ``[C, H, W]``) one shared Nature CNN with a linear head each. Categorical or
+    diagonal-Gaussian actions."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
         super().__init__()
-        n_obs = int(np.prod(obs_space.shape))
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
-        self.critic = nn.Sequential(
-            _layer(n_obs, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, 1, 1.0)
-        )
-        self.actor = nn.Sequential(
-            _layer(n_obs, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, n_act, 0.01)
-        )
+        self.trunk, width = encoder(obs_space, hidden)
+        if is_image(obs_space):
+            self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
+        else:
+            self.critic = nn.Sequential(
+                _layer(width, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, 1, 1.0)
+            )
+            self.actor = nn.Sequential(
+                _layer(width, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, n_act, 0.01)
+            )
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(n_act))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.critic(self.trunk(obs)).squeeze(-1)
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The most likely action (evaluation)."""
-        out = self.actor(obs.flatten(1))
+        out = self.actor(self.trunk(obs))
         return out.argmax(-1) if self.discrete else out
 
+    def dist_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        """The action distribution and the value, through the trunk once."""
+        features = self.trunk(obs)
+        return self._dist(self.actor(features)), self.critic(features).squeeze(-1)
+
     def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(obs.flatten(1))
+        return self._dist(self.actor(self.trunk(obs)))
+
+    def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         normal = torch.distributions.Normal(out, self.log_std.exp(), validate_args=False)
@@ -244,7 +257,7 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     cfg, envs, agent = state.cfg, state.envs, state.agent
     agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     T, N = cfg.num_steps, envs.num_envs
-    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), np.float32)
+    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), obs_array(state.obs).dtype)  # images stay uint8
     act_buf = np.zeros((T, N, *envs.single_action_space.shape), envs.single_action_space.dtype)
     logp_buf = np.zeros((T, N), np.float32)
     rew_buf = np.zeros((T, N), np.float32)
@@ -253,7 +266,7 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     with torch.no_grad():
         for t in range(T):
             obs_buf[t] = state.obs
-            action, logp = agent.sample(torch.as_tensor(state.obs, dtype=torch.float32), state.gen)
+            action, logp = agent.sample(obs_tensor(state.obs), state.gen)
             act = action.numpy()
             env_act = (
                 act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
@@ -267,14 +280,14 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
             state.ep_length += 1
             cut = truncated & ~terminated
             if cut.any():  # the episode was cut by a time limit, not ended: bootstrap its tail
-                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)]).astype(np.float32)
-                rew_buf[t, cut] += cfg.gamma * agent.value(torch.from_numpy(final)).numpy()
+                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
+                rew_buf[t, cut] += cfg.gamma * agent.value(obs_tensor(final)).numpy()
             if done.any():
                 finished_returns.extend(state.ep_return[done])
                 finished_lengths.extend(state.ep_length[done])
                 state.ep_return[done], state.ep_length[done] = 0.0, 0
     episodes = Episodes(np.asarray(finished_returns, np.float64), np.asarray(finished_lengths, np.int64))
-    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, state.obs.astype(np.float32), episodes, T * N)
+    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N)
 
 
 @fragment(role="learner")
@@ -304,14 +317,14 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
         order = torch.randperm(batch, generator=state.gen).to(dev)
         for start in range(0, batch - mb + 1, mb):
             idx = order[start : start + mb]
-            dist = agent.dist(b_obs[idx])
+            dist, value = agent.dist_value(b_obs[idx])
             logratio = dist.log_prob(b_act[idx]) - b_logp[idx]
             ratio = logratio.exp()
             adv = b_adv[idx]
             if cfg.norm_adv and len(idx) > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-            v_loss = ((agent.value(b_obs[idx]) - b_ret[idx]) ** 2).mean()
+            v_loss = ((value - b_ret[idx]) ** 2).mean()
             entropy = dist.entropy().mean()
             loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
             state.optimizer.zero_grad()
