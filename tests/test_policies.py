@@ -73,3 +73,17 @@ def test_placement_checks_cpu_threads_and_custom_resources():
     assert place({"sampler": RoleSpec(resources={"CPU": 2})}, workers) == {("sampler", 0): "tcp://b"}
     with pytest.raises(PlacementError, match="TPU"):
         place({"learner": RoleSpec(resources={"TPU": 1})}, workers)
+
+
+def test_data_parallel_replicas_get_distinct_workers_first_and_on_replacement():
+    from dagrl.runtime.placement import place_one
+
+    workers = {f"tcp://{i}": {"resources": {}} for i in range(4)}
+    roles = {"sampler": RoleSpec(replicas=2), "replay": RoleSpec(replicas=2), "learner": RoleSpec(replicas=2)}
+    out = place(roles, workers)  # 6 actors on 4 workers: the two learners still apart
+    assert out[("learner", 0)] != out[("learner", 1)]
+    load = {"tcp://0": 1, "tcp://1": 1, "tcp://2": 2, "tcp://3": 2}
+    assert place_one("learner", RoleSpec(replicas=2), workers, load, True) == "tcp://0"
+    avoid = frozenset({"tcp://0"})  # where the other replica lives
+    assert place_one("learner", RoleSpec(replicas=2), workers, load, True, avoid) == "tcp://1"
+    assert place_one("learner", RoleSpec(replicas=2), {"tcp://0": {}}, {}, True, avoid) is None

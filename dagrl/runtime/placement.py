@@ -76,13 +76,19 @@ def _fits(spec: RoleSpec, info: Mapping[str, Any]) -> bool:
 
 
 def place_one(
-    name: str, spec: RoleSpec, workers: Mapping[str, Mapping[str, Any]], load: Mapping[str, int], gpu_fallback: bool
+    name: str,
+    spec: RoleSpec,
+    workers: Mapping[str, Mapping[str, Any]],
+    load: Mapping[str, int],
+    gpu_fallback: bool,
+    avoid: frozenset[str] = frozenset(),
 ) -> str | None:
     """The least-loaded live worker that fits one replica of ``name`` (a replacement), or ``None``.
 
-    GPU roles prefer workers advertising ``GPU``; CPU roles prefer workers without one.
+    GPU roles prefer workers advertising ``GPU``; CPU roles prefer workers without one. Workers in
+    ``avoid`` (those of the role's other data-parallel replicas, one process each) are never chosen.
     """
-    candidates = [a for a in sorted(workers) if _fits(spec, workers[a])]
+    candidates = [a for a in sorted(workers) if _fits(spec, workers[a]) and a not in avoid]
     has_gpu = {a: float(workers[a].get("resources", {}).get("GPU", 0)) >= max(spec.gpus, 1e-9) for a in candidates}
     if spec.gpus > 0:
         gpu_ok = [a for a in candidates if has_gpu[a]]

@@ -226,11 +226,14 @@ class Supervisor:
             load = collections.Counter(
                 h.address for hs in self.hosts.values() for h in hs if h is not old and h.address in workers
             )
-            addr = place_one(old.role, self.graph.role(old.role), workers, load, self.graph.spec.gpu_fallback)
+            role = self.graph.role(old.role)
+            parallel = not self.graph.algorithm.roles[old.role].many and role.replicas > 1  # dp-learners
+            avoid = frozenset(h.address for h in self.hosts[old.role] if h is not old) if parallel else frozenset()
+            addr = place_one(old.role, role, workers, load, self.graph.spec.gpu_fallback, avoid)
             if addr is not None and (load[addr] == 0 or time.monotonic() > end):
                 return addr
             if time.monotonic() > give_up:
-                raise RuntimeError(f"no live worker can host {old.role} (needs {self.graph.role(old.role).resources})")
+                raise RuntimeError(f"no live worker can host {old.role} (needs {role.resources})")
             time.sleep(0.25)
 
 
