@@ -66,3 +66,22 @@ def test_ppo_with_the_cnn_learns_which_half_is_bright(client, tmp_path):
     summary, rundir = train("graphs/ppo-brighthalf.yaml", tmp_path, client=client)
     assert summary["stop_reason"] == "mean_return", summary  # 15 of 16; guessing earns 8
     assert rundir.read_metrics()[0]["charts/episode_return_mean"] < 12
+
+
+@pytest.mark.slow
+def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
+    graph = load_graph("graphs/dqn-brighthalf.yaml", [f"runs_dir={tmp_path}"])
+    policy = build_policy(graph, run_dir=tmp_path)
+    try:
+        from dagrl.algos.dqn import q_network
+
+        assert isinstance(q_network(graph.observation_space, graph.action_space, 64)[0], NatureCNN)
+        for _ in range(5):
+            policy.step()
+        store = policy.hosts["replay"][0].target.state.store
+        assert store.schema["obs"].dtype == np.uint8 and store.schema["next_obs"].dtype == np.uint8
+        assert store.sample(8).data["obs"].dtype == np.uint8
+    finally:
+        policy.close()
+    summary, _ = train("graphs/dqn-brighthalf.yaml", tmp_path)
+    assert summary["stop_reason"] == "mean_return", summary  # 14 of 16

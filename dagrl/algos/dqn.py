@@ -18,6 +18,7 @@ from torch import nn
 from dagrl.context import RoleContext
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.networks import encoder, is_image
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample
@@ -83,8 +84,12 @@ class Config:
 
 
 def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int) -> nn.Module:
+    """An MLP over vector observations; over ``uint8`` images the Nature CNN and one linear layer."""
     if not isinstance(act_space, gym.spaces.Discrete):
         raise TypeError(f"DQN needs a discrete action space, got {act_space}")
+    if is_image(obs_space):
+        trunk, width = encoder(obs_space, hidden)
+        return nn.Sequential(trunk, nn.Linear(width, int(act_space.n)))
     n_obs = int(np.prod(obs_space.shape))
     return nn.Sequential(
         nn.Flatten(), nn.Linear(n_obs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
