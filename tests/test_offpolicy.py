@@ -144,3 +144,19 @@ def test_dqn_with_prioritized_replay_learns_and_moves_priorities(graphs_dir, tmp
         policy.close()
     assert summary["stop_reason"] == "mean_return", summary
     assert store.prioritized and p.max() > 5 * p.min()  # TD errors reached the store's priorities
+
+
+def test_update_rate_times_the_learner_not_the_replay_that_passes_its_metrics_on():
+    """perf/update_time_s is the learner's update, not ``reprioritize`` (the iteration's output)."""
+    from dagrl.graph import load_graph
+    from dagrl.policies import build_policy
+
+    graph = load_graph("graphs/dqn-cartpole-single.yaml", ["hyperparameters.learning_starts=256"])
+    policy = build_policy(graph)
+    try:
+        results = [policy.step() for _ in range(6)]
+        busy = policy.hosts["learner"][0].target.busy_s
+    finally:
+        policy.close()
+    timed = sum(r.update_time for r in results)
+    assert busy["update"] > 0 and 0.9 * busy["update"] <= timed <= 1.1 * busy["update"] + 0.01

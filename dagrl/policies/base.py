@@ -184,14 +184,26 @@ def merge_outputs(values: list[Any]) -> Any:
     return merged
 
 
-def stage_time(node: Node, calls: dict[int, list[Call]], t0: float) -> float:
-    """Seconds from ``node``'s inputs being ready (or ``t0``) to its last replica finishing.
+def stage_time(node: Node, calls: dict[int, list[Call]], t0: float, last: Node | None = None) -> float:
+    """Seconds from ``node``'s inputs being ready (or ``t0``) to the last replica of ``last`` (default:
+    ``node``) finishing.
 
-    In-process that is exactly the fragment's run time; on a cluster it adds the scheduler's hop.
+    In-process that is exactly the fragments' run time; on a cluster it adds the scheduler's hops.
     """
     now = time.perf_counter()
     mine = calls[node.id]
     ready = max([t0, min(c.started for c in mine)] + [
         c.done_at or now for a in node.inputs if isinstance(a, Node) and a.id in calls for c in calls[a.id]
     ])  # fmt: skip
-    return max(0.0, max(c.done_at or now for c in mine) - ready)
+    return max(0.0, max(c.done_at or now for c in calls[(last or node).id]) - ready)
+
+
+def learn_time(graph: FragmentGraph, roles: Any, calls: dict[int, list[Call]], t0: float) -> float:
+    """Seconds the learner side took: from the first learner fragment after the samplers' (``update``,
+    or ``update_critic``) being ready to the last one finishing; not the replay's ``reprioritize``,
+    which passes the metrics on. Without such fragments, the output's own time."""
+    first_stream = next((n.id for n in graph.nodes if roles[n.role].many), -1)
+    learn = [n for n in graph.nodes if n.id > first_stream and not roles[n.role].many and n.id in calls]
+    if learn:
+        return stage_time(learn[0], calls, t0, last=learn[-1])
+    return stage_time(graph.output, calls, t0) if graph.output is not None and graph.output.id in calls else 0.0

@@ -10,7 +10,7 @@ the driver receives only each rollout's :class:`~dagrl.runtime.executor.Report` 
 
 from __future__ import annotations
 
-from dagrl.policies.base import Policy, StepResult, stage_time
+from dagrl.policies.base import Policy, StepResult, learn_time, stage_time
 from dagrl.runtime.supervisor import RoleFailure
 
 
@@ -37,7 +37,7 @@ class Lockstep(Policy):
                 if any(v.counted for v in values):
                     res.sample_time += stage_time(node, calls, t0)
         if graph.output is not None:
-            res.update_time = stage_time(graph.output, calls, t0)
+            res.update_time = learn_time(graph, self.graph.algorithm.roles, calls, t0)
             if isinstance(out, dict):
                 res.metrics = dict(out)
         return res

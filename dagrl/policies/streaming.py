@@ -31,7 +31,7 @@ import numpy as np
 
 from dagrl.distribution import delayed_edges, stream_shape
 from dagrl.fragment import Node
-from dagrl.policies.base import Policy, StepResult, stage_time
+from dagrl.policies.base import Policy, StepResult, learn_time
 from dagrl.runtime.executor import Call, Executor, Report, route
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.ratelimit import RateLimiter
@@ -254,8 +254,7 @@ class Streaming(Policy):
             with self.cond:
                 self.version += 1
             self._refresh()
-        output = self.graph.algorithm.graph.output
-        res.update_time = stage_time(output, calls, t0) if output is not None else 0.0
+        res.update_time = learn_time(self.graph.algorithm.graph, self.roles, calls, t0)
         if isinstance(out, dict):
             res.metrics = {**out, **res.metrics}
         now = time.perf_counter()
