@@ -52,7 +52,7 @@ def measure(k: int, args: argparse.Namespace, gpu: bool = False) -> dict:
     ):
         policy = build_policy(graph, client, run_dir=tempfile.mkdtemp(prefix="dagrl-bench-dp-"))
         try:
-            policy._ready()
+            policy.prepare()
             nodes = graph.algorithm.graph.nodes  # publish, collect, update
             ex, roles = policy.executor, graph.algorithm.roles
             calls = ex.run_nodes(nodes[:2], policy.hosts, roles)

@@ -9,10 +9,11 @@ policy mu (whose log-probs the rollout carries), and builds value targets
 
 with c_s = lambda min(c_bar, ratio), cut at episode ends. The policy follows rho_s grad log pi(a_s|x_s)
 (r_s + gamma v_{s+1} - V(x_s)). With ``vtrace: false`` every ratio is taken as 1: the same updates
-without the correction (what staleness costs, measured in ``tests/test_impala.py``).
+without the correction (what staleness costs, measured by ``dagrl bench vtrace``).
 
-Samplers, their rollouts, the learner's ``publish`` and the evaluator are PPO's (:mod:`dagrl.algos.ppo`):
-only the learner's update differs. Runs under every policy; it is meant for ``async`` with a large
+Samplers, their rollouts, the learner's state, ``publish`` and the evaluator are PPO's
+(:mod:`dagrl.algos.ppo`, which reads only the hyperparameters both ``Config``s have): only the
+learner's update differs. Runs under every policy; it is meant for ``async`` with a large
 ``max_staleness`` (``graphs/impala-cartpole.yaml``).
 """
 
@@ -25,21 +26,20 @@ import torch
 from torch import nn
 
 from dagrl.algos.ppo import (
-    ActorCritic,
     LearnerState,
     Rollout,
     collect,
     eval_iteration,
     evaluate,
     evaluator,
+    learner,
     publish,
     sampler,
 )
-from dagrl.context import RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.fragment import fragment, iteration
 from dagrl.schema import at_least, positive, unit_interval
 
-__all__ = [  # PPO's samplers, publish and evaluator are this algorithm's too
+__all__ = [  # PPO's roles, publish and evaluator are this algorithm's too
     "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner", "publish", "sampler",
     "train_iteration", "update", "vtrace",
 ]  # fmt: skip
@@ -119,21 +119,11 @@ def vtrace(
     return targets, advantages
 
 
-@role("learner")
-def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
-    device = torch.device(ctx.device)
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
-        agent = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
-    return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
-
-
 @fragment(role="learner")
 def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
     """``update_epochs`` gradient steps on the whole batch, V-trace targets recomputed for each."""
     cfg, agent, dev = state.cfg, state.agent, state.device
-    T, N = rollouts[0].rewards.shape  # every rollout has the same shape: stack them along envs
+    T = len(rollouts[0].rewards)  # every rollout has the same shape: stack them along envs
 
     def cat(field: str) -> torch.Tensor:
         return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis=1), device=dev)

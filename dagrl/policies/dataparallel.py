@@ -6,8 +6,8 @@ each replica has a GPU of its own). The iteration is submitted as under ``sync``
 (:func:`dagrl.runtime.executor.route`) gives learner replica k the rollouts of samplers
 ``i % K == k`` (replay shards likewise) and sampler i reads the weights of replica i % K. The
 algorithm averages gradients with ``ctx.average_gradients`` before each optimiser step, so the
-replicas stay bit-identical:
-checked after the first iteration and at every checkpoint, which stores replica 0's state once.
+replicas stay bit-identical: checked after the first iteration and at every checkpoint, which
+stores replica 0's state once.
 
 A replica that fails rolls all of them back: the dead one is replaced, the group formed anew and
 every replica loaded from the checkpoint (a survivor whose all-reduce failed with its peer is
@@ -37,11 +37,11 @@ class DataParallel(Lockstep):
     def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
-        self.backends: dict[str, str] = {}
+        self.formed = False
         self.checked = False
 
     def step(self) -> StepResult:
-        self._ready()
+        self.prepare()
         res = super().step()
         if not self.checked:
             self._check_identical("after the first iteration")
@@ -61,19 +61,13 @@ class DataParallel(Lockstep):
         return super().replace_in_place(failure)
 
     def restore(self, sd: dict[str, list[Any]]) -> None:
-        for role in self.parallel:
-            for h in list(self.hosts[role]):
-                try:
-                    h.heartbeat().result()
-                except RoleFailure as lost:
-                    self.supervisor.replace(lost)
-        self._form()
+        self._form()  # replaces a replica found dead, then re-forms the group
         self.load_state_dict(sd)
         self.after_restore()
 
     def state_dict(self) -> dict[str, list[Any]]:
         """Every role's state; a data-parallel role's once (replica 0's), after checking the others match it."""
-        self._ready()
+        self.prepare()
         while True:
             try:
                 self._check_identical("at a checkpoint")
@@ -90,17 +84,18 @@ class DataParallel(Lockstep):
         spread = {r: [s[0]] * len(self.hosts[r]) if r in self.parallel and s else s for r, s in sd.items()}
         super().load_state_dict(spread)
 
-    # -- helpers -----------------------------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------------------
 
-    def _ready(self) -> None:
-        """Once: form the groups and give every replica replica 0's state."""
-        if len(self.backends) == len(self.parallel):
+    def prepare(self) -> None:
+        """Once: form the groups and give every replica replica 0's state (``step`` does it first)."""
+        if self.formed:
             return
         self._form()
         for role in self.parallel:
             sd = self.hosts[role][0].state_dict().result()
             for f in [h.load_state_dict(sd) for h in self.hosts[role][1:]]:
                 f.result()
+        self.formed = True
 
     def _form(self) -> None:
         """(Re)form each data-parallel role's process group; a replica found dead is replaced first."""
@@ -108,9 +103,7 @@ class DataParallel(Lockstep):
         for role in self.parallel:
             while True:
                 try:
-                    self.backends[role] = form_group(
-                        self.executor.client, self.hosts[role], options.backend, options.timeout_s
-                    )
+                    form_group(self.executor.client, self.hosts[role], options.backend, options.timeout_s)
                     break
                 except RoleFailure as failure:
                     self.supervisor.replace(failure)

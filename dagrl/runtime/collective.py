@@ -98,9 +98,10 @@ def choose_backend(wanted: str, infos: list[dict[str, Any]]) -> str:
     return "nccl" if on_cuda and None not in gpus and len(set(gpus)) == len(gpus) else "gloo"
 
 
-def form_group(client: Any, handles: list[Any], backend: str, timeout_s: float) -> str:
-    """Join ``handles`` (the replicas of one role, one per worker) into a process group; returns the
-    backend used. Raises :class:`~dagrl.runtime.supervisor.RoleFailure` if a replica is gone."""
+def form_group(client: Any, handles: list[Any], backend: str, timeout_s: float) -> None:
+    """Join ``handles`` (the replicas of one role, one per worker) into a process group (``backend``
+    as the graph says, ``auto`` chosen here). Raises :class:`~dagrl.runtime.supervisor.RoleFailure`
+    if a replica is gone."""
     from distributed.comm import get_address_host
 
     addresses = [h.address for h in handles]
@@ -116,4 +117,3 @@ def form_group(client: Any, handles: list[Any], backend: str, timeout_s: float) 
     for f in joins:
         f.result()
     log.info("%s: %d data-parallel replicas, %s group at %s:%d", handles[0].role, len(handles), backend, host, port)
-    return backend
