@@ -85,11 +85,23 @@ class RoleContext:
         dist = _group()
         if dist is None:
             return value
+        return float(self.sum_over_replicas(np.array([float(value)]))[0]) / dist.get_world_size()
+
+    def sum_over_replicas(self, values: np.ndarray) -> np.ndarray:
+        """``values`` summed elementwise over this role's data-parallel replicas (a float64 copy with one).
+
+        For statistics every replica must fold in alike, e.g. the moments of a running observation norm.
+        """
+        out = np.array(values, dtype=np.float64)
+        dist = _group()
+        if dist is None:
+            return out
         import torch
 
-        t = torch.tensor([float(value)], dtype=torch.float64)
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+        t = torch.from_numpy(out).to(device)
         dist.all_reduce(t)
-        return float(t.item()) / dist.get_world_size()
+        return t.cpu().numpy()
 
     def make_envs(self) -> Any:
         """A gymnasium vector env of ``num_envs`` copies (``vector`` mode), autoreset in the same step.

@@ -309,6 +309,12 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
+    check = getattr(config, "check_spaces", None)  # hyperparameters that depend on the env's spaces
+    if check is not None:
+        try:
+            check(obs_space, act_space)
+        except ValueError as err:
+            raise ConfigError(where, "hyperparameters", f"{err} (env {spec.env.id})") from None
     return Graph(spec, algo, config, obs_space, act_space, where, options)
 
 

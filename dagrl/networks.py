@@ -1,10 +1,12 @@
-"""Building blocks shared by algorithm files: encoders (MLP, Nature CNN), twin Q networks, weights as
-numpy, minibatches.
+"""Building blocks shared by algorithm files: encoders (MLP, Nature CNN), running normalisation,
+twin Q networks, weights as numpy, minibatches.
 
 Algorithms never import each other; what two of them need alike lives here, free of Dask.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -71,6 +73,63 @@ def encoder(space, hidden: int) -> tuple[nn.Module, int]:
         cnn = NatureCNN(space.shape[0], tuple(space.shape[1:]))
         return cnn, cnn.features
     return nn.Flatten(), int(np.prod(space.shape))
+
+
+class RunningNorm(nn.Module):
+    """Running mean and variance of everything passed to :meth:`update`; calling it standardises.
+
+    The statistics are buffers, so they are part of ``state_dict()``: they travel with the published
+    weights to samplers and evaluators and are saved in the learner's checkpoint. Batches are merged
+    with the parallel-variance formula (Chan et al., 1979) in float64.
+
+    >>> norm = RunningNorm((2,))
+    >>> norm.update(torch.tensor([[1.0, 10.0], [3.0, 30.0]]))
+    >>> [round(v, 3) for v in norm.mean.tolist()], [round(v, 1) for v in norm.var.tolist()]
+    ([2.0, 20.0], [1.0, 100.0])
+    >>> norm(torch.tensor([[3.0, 30.0]])).tolist()
+    [[1.0, 1.0]]
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(0.0, dtype=torch.float64))
+        self.clip, self.eps = clip, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var + self.eps).to(x.dtype)
+        return z.clamp(-self.clip, self.clip)
+
+    def std(self) -> float:
+        """The standard deviation of a scalar statistic (reward scaling)."""
+        return float(torch.sqrt(self.var + self.eps))
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """Fold ``batch`` (rows of this norm's shape) into the statistics.
+
+        ``reduce`` sums the batch's moments over data-parallel replicas (``RoleContext.sum_over_replicas``),
+        so every replica folds in the same numbers and their statistics stay identical.
+        """
+        x = batch.detach().reshape(-1, *self.mean.shape).to("cpu", torch.float64).numpy()
+        moments = np.concatenate([[len(x)], x.sum(0).ravel(), (x * x).sum(0).ravel()])
+        if reduce is not None:
+            moments = reduce(moments)
+        k = self.mean.numel()
+        n, total, squares = moments[0], moments[1 : 1 + k], moments[1 + k :]
+        if n == 0:
+            return
+        b_mean = total / n
+        b_var = np.maximum(squares / n - b_mean**2, 0.0)
+        mean, var, count = self.mean.cpu().numpy().ravel(), self.var.cpu().numpy().ravel(), float(self.count)
+        new = count + n
+        delta = b_mean - mean
+        merged_mean = mean + delta * n / new
+        merged_var = (var * count + b_var * n + delta**2 * count * n / new) / new
+        self.mean.copy_(torch.from_numpy(merged_mean.reshape(self.mean.shape)))
+        self.var.copy_(torch.from_numpy(merged_var.reshape(self.var.shape)))
+        self.count.fill_(new)
 
 
 class TwinQ(nn.Module):

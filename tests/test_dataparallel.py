@@ -58,6 +58,26 @@ def test_learner_replicas_stay_bit_identical_and_learn_from_both_shards(cluster,
     assert rows[-1]["env_steps"] == 6 * 2 * 4 * 32
 
 
+def test_replicas_fold_identical_normalisation_statistics(cluster, tmp_path):
+    over = ["hyperparameters.norm_obs=true", "hyperparameters.norm_reward=true", f"runs_dir={tmp_path}"]
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", over)
+    from dagrl.policies import build_policy
+
+    cluster.wait_for_workers(4, timeout=60)
+    policy = build_policy(graph, cluster)
+    try:
+        for _ in range(3):
+            policy.step()
+        states = [h.state_dict().result() for h in policy.hosts["learner"]]
+    finally:
+        policy.close()
+    a, b = _arrays(states[0]["agent"]), _arrays(states[1]["agent"])
+    assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
+    rows_per_iteration = 2 * 4 * 32  # both replicas' rollouts: 2 samplers x 4 envs x 32 steps
+    assert float(a["obs_norm.count."]) == 3 * rows_per_iteration
+    assert float(a["return_norm.count."]) == 3 * rows_per_iteration
+
+
 def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
     graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["stop.iterations=4", "stop.mean_return=null"])
     from dagrl.policies import build_policy

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dagrl.algos import ppo
 from dagrl.algos.ppo import (
     LearnerState,
     Rollout,
@@ -71,6 +72,10 @@ class Config:
     """Global gradient-norm clip."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    norm_obs: bool = False
+    """Running observation standardisation, as PPO's."""
+    norm_reward: bool = False
+    """Rewards divided by the running std of discounted returns, as PPO's."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
@@ -79,6 +84,8 @@ class Config:
         at_least(self, 0, "ent_coef", "vf_coef")
         positive(self, "lr", "max_grad_norm", "rho_bar", "c_bar")
         unit_interval(self, "gamma", "vtrace_lambda")
+
+    check_spaces = ppo.Config.check_spaces
 
 
 def vtrace(
@@ -129,7 +136,8 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
         return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis=1), device=dev)
 
     obs, actions, behaviour = cat("obs"), cat("actions"), cat("logprobs")
-    rewards, dones = cat("rewards"), cat("dones")
+    dones = cat("dones")
+    rewards = torch.as_tensor(np.concatenate([agent.scaled_rewards(r.rewards) for r in rollouts], axis=1), device=dev)
     last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]), device=dev)
     n = obs.shape[1]
     flat_obs = obs.reshape(T * n, *obs.shape[2:])
@@ -160,6 +168,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
         stats["entropy"] += entropy.item()
         stats["rho_mean"] += rhos.mean().item()
         stats["rho_clipfrac"] += (rhos > cfg.rho_bar).float().mean().item()
+    agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     state.updates += 1
     metrics = {f"losses/{k}": v / cfg.update_epochs for k, v in stats.items()}
     metrics["perf/frames"] = float(cfg.update_epochs * T * n)

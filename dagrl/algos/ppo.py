@@ -19,7 +19,7 @@ from torch import nn
 from dagrl.context import Episodes, RoleContext
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import encoder, is_image, obs_array, obs_tensor
+from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
 # ---------------------------------------------------------------------------------------------------
@@ -55,6 +55,13 @@ class Config:
     """Stop an update's epochs early when the approximate KL exceeds this."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    norm_obs: bool = False
+    """Standardise vector observations by a running mean/std (MuJoCo), clipped to +-10. The statistics
+    are buffers of the network: the learner folds in each batch after its update, samplers and
+    evaluators receive them with the weights, the checkpoint keeps them."""
+    norm_reward: bool = False
+    """Divide rewards by the running std of the discounted return (as gymnasium's ``NormalizeReward``),
+    clipped to +-10; the statistic is kept like ``norm_obs``'s."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
@@ -63,6 +70,11 @@ class Config:
         at_least(self, 0, "ent_coef", "vf_coef")
         positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
         unit_interval(self, "gamma", "gae_lambda")
+
+    def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Refuse, before any cluster starts, what the env's spaces rule out."""
+        if self.norm_obs and is_image(obs_space):
+            raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,12 +92,19 @@ def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
 class ActorCritic(nn.Module):
     """Separate tanh MLPs for the policy and the value over vector observations; over images
     (``uint8`` ``[C, H, W]``) one shared Nature CNN with a linear head each. Categorical or
-    diagonal-Gaussian actions."""
+    diagonal-Gaussian actions. Optionally running statistics of observations (``obs_norm``) and of
+    discounted returns (``return_norm``), kept as buffers so they travel with the weights."""
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int):
+    def __init__(
+        self, obs_space: gym.Space, act_space: gym.Space, hidden: int, norm_obs: bool = False, norm_reward: bool = False
+    ):
         super().__init__()
+        if norm_obs and is_image(obs_space):
+            raise ValueError("norm_obs is for vector observations; the CNN scales uint8 images itself")
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        self.obs_norm = RunningNorm(obs_space.shape) if norm_obs else None
+        self.return_norm = RunningNorm(()) if norm_reward else None
         self.trunk, width = encoder(obs_space, hidden)
         if is_image(obs_space):
             self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
@@ -98,21 +117,41 @@ class ActorCritic(nn.Module):
             )
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(n_act))
 
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.trunk(obs if self.obs_norm is None else self.obs_norm(obs))
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.trunk(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The most likely action (evaluation)."""
-        out = self.actor(self.trunk(obs))
+        out = self.actor(self.features(obs))
         return out.argmax(-1) if self.discrete else out
 
     def dist_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """The action distribution and the value, through the trunk once."""
-        features = self.trunk(obs)
+        features = self.features(obs)
         return self._dist(self.actor(features)), self.critic(features).squeeze(-1)
 
     def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        return self._dist(self.actor(self.trunk(obs)))
+        return self._dist(self.actor(self.features(obs)))
+
+    def reward_scale(self) -> float:
+        """What rewards are divided by: the running std of discounted returns, or 1."""
+        return 1.0 if self.return_norm is None else self.return_norm.std()
+
+    def scaled_rewards(self, rewards: np.ndarray) -> np.ndarray:
+        """Rewards in the units the critic learns (``norm_reward``: divided by the scale, clipped to +-10)."""
+        if self.return_norm is None:
+            return rewards
+        return np.clip(rewards / self.reward_scale(), -10.0, 10.0).astype(np.float32)
+
+    def fold_statistics(self, obs: torch.Tensor, disc_returns: list, reduce) -> None:
+        """Fold a batch's observations and discounted returns into the running statistics (after an update)."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(obs, reduce)
+        if self.return_norm is not None:
+            self.return_norm.update(torch.as_tensor(np.concatenate([d.ravel() for d in disc_returns])), reduce)
 
     def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
@@ -146,11 +185,12 @@ class Rollout:
     obs: np.ndarray  # [T, N, *obs_shape]
     actions: np.ndarray  # [T, N, *act_shape]
     logprobs: np.ndarray  # [T, N], behaviour policy
-    rewards: np.ndarray  # [T, N], truncated episodes bootstrapped with the behaviour critic
+    rewards: np.ndarray  # [T, N], raw; truncated episodes bootstrapped with the behaviour critic
     dones: np.ndarray  # [T, N], the episode ended at this step
     last_obs: np.ndarray  # [N, *obs_shape]
     episodes: Episodes
     env_steps: int
+    disc_returns: np.ndarray | None = None  # [T, N], running discounted returns (``norm_reward`` only)
 
 
 def gae(
@@ -182,6 +222,8 @@ class SamplerState:
     obs: np.ndarray
     ep_return: np.ndarray
     ep_length: np.ndarray
+    disc_return: np.ndarray
+    """Per env, the discount-weighted sum of its rewards so far (what ``norm_reward`` scales by)."""
 
 
 @dataclass
@@ -217,10 +259,16 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     envs.action_space.seed(ctx.seed)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+        agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
     gen = torch.Generator().manual_seed(ctx.seed)
     n = envs.num_envs
-    return SamplerState(cfg, envs, agent, gen, obs, np.zeros(n), np.zeros(n, np.int64))
+    return SamplerState(cfg, envs, agent, gen, obs, np.zeros(n), np.zeros(n, np.int64), np.zeros(n))
+
+
+def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
+    # IMPALA's Config shares these fields; getattr keeps other configs that reuse PPO's roles working
+    norm_obs, norm_reward = getattr(cfg, "norm_obs", False), getattr(cfg, "norm_reward", False)
+    return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward)
 
 
 @role("learner")
@@ -228,7 +276,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     device = torch.device(ctx.device)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        agent = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+        agent = _agent(ctx.observation_space, ctx.action_space, cfg).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
 
@@ -236,7 +284,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 @role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
-    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
     return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
 
 
@@ -262,6 +310,7 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     logp_buf = np.zeros((T, N), np.float32)
     rew_buf = np.zeros((T, N), np.float32)
     done_buf = np.zeros((T, N), np.float32)
+    disc_buf = np.zeros((T, N), np.float32) if agent.return_norm is not None else None
     finished_returns, finished_lengths = [], []
     with torch.no_grad():
         for t in range(T):
@@ -278,16 +327,20 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
             done_buf[t] = done
             state.ep_return += reward
             state.ep_length += 1
+            if disc_buf is not None:
+                state.disc_return = state.disc_return * cfg.gamma + reward
+                disc_buf[t] = state.disc_return
             cut = truncated & ~terminated
-            if cut.any():  # the episode was cut by a time limit, not ended: bootstrap its tail
+            if cut.any():  # the episode was cut by a time limit, not ended: bootstrap its tail (raw units)
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
-                rew_buf[t, cut] += cfg.gamma * agent.value(obs_tensor(final)).numpy()
+                tail = agent.value(obs_tensor(final)).numpy() * agent.reward_scale()
+                rew_buf[t, cut] += cfg.gamma * tail
             if done.any():
                 finished_returns.extend(state.ep_return[done])
                 finished_lengths.extend(state.ep_length[done])
-                state.ep_return[done], state.ep_length[done] = 0.0, 0
+                state.ep_return[done], state.ep_length[done], state.disc_return[done] = 0.0, 0, 0.0
     episodes = Episodes(np.asarray(finished_returns, np.float64), np.asarray(finished_lengths, np.int64))
-    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N)
+    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N, disc_buf)
 
 
 @fragment(role="learner")
@@ -301,7 +354,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             o = torch.as_tensor(r.obs, device=dev).reshape(T * N, *r.obs.shape[2:])
             values = agent.value(o).reshape(T, N).cpu().numpy()
             last = agent.value(torch.as_tensor(r.last_obs, device=dev)).cpu().numpy()
-            adv = gae(r.rewards, values, r.dones, last, cfg.gamma, cfg.gae_lambda)
+            adv = gae(agent.scaled_rewards(r.rewards), values, r.dones, last, cfg.gamma, cfg.gae_lambda)
             obs.append(o)
             actions.append(torch.as_tensor(r.actions, device=dev).reshape(T * N, *r.actions.shape[2:]))
             logprobs.append(torch.as_tensor(r.logprobs, device=dev).reshape(-1))
@@ -343,6 +396,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             steps += 1
         if cfg.target_kl is not None and state.ctx.mean_over_replicas(approx_kl) > cfg.target_kl:
             break
+    agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     state.updates += 1
     metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}
     metrics["perf/frames"] = float(steps * mb)
