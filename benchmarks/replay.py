@@ -1,6 +1,7 @@
 """Replay add/sample throughput and bytes on disk: dagrl's store vs a numpy ring and np.memmap.
 
     dagrl bench replay [--vector-rows 400000] [--image-rows 6000] [--seconds 3]
+                       [--image-scale-rows 1000000 --image-scale-budget 2GiB]
 
 Two kinds of rows: vector observations (17 float32, HalfCheetah-sized) and image observations
 (84x84x4 uint8 real Pong frames: ALE grayscale, resized, 4 stacked; ``pip install ale-py``).
@@ -15,6 +16,11 @@ Each row holds obs, action, reward, next_obs, terminated, truncated. Setups, sid
 
 Adds come in batches of 256 rows and are timed on a second pass over the data (the buffer full and
 wrapping around, as it is for most of a run); sampling draws batches of 256 uniformly.
+
+``--image-scale-rows N`` adds a run at Atari-replay scale: N image rows (1M rows are 56 GB raw, more
+than this machine's RAM, so the rows cycle through the ``--image-rows`` real frames generated) into a
+store with a ``--image-scale-budget`` memory budget, added once and sampled uniformly; compared with
+the all-in-RAM store of the generated frames (the largest that fits side by side).
 """
 
 from __future__ import annotations
@@ -173,17 +179,64 @@ def measure(name: str, data: dict[str, np.ndarray], seconds: float, root: Path) 
     return out
 
 
+def measure_at_scale(data: dict[str, np.ndarray], rows: int, budget: int, seconds: float, root: Path) -> dict:
+    """``rows`` rows cycling through ``data``, into a store with ``budget`` bytes of RAM; sampled uniformly."""
+    n = len(data["reward"])
+    schema = schema_of(data)
+    ram = ReplayStore(schema, n, 2 * n * schema.row_bytes + (64 << 20))
+    ram.add(data)
+    in_ram = timed_samples(lambda: ram.sample(BATCH), seconds)
+    ram = None
+    store = ReplayStore(schema, rows, budget, root / "scale-zarr")
+    t0, added = time.perf_counter(), 0
+    while added < rows:
+        s = added % n
+        k = min(BATCH, n - s, rows - added)
+        store.add({f: v[s : s + k] for f, v in data.items()})
+        added += k
+    add_rate = rows / (time.perf_counter() - t0)
+    sample = timed_samples(lambda: store.sample(BATCH), seconds)
+    store.cold_refresh = 0.05
+    sample_slow = timed_samples(lambda: store.sample(BATCH), seconds)
+    store.flush()
+    disk = sum(p.stat().st_size for p in (root / "scale-zarr").rglob("*") if p.is_file())
+    out = {
+        "rows": rows,
+        "raw_bytes": rows * schema.row_bytes,
+        "budget_bytes": budget,
+        "cold_fraction": store.cold_rows / len(store),
+        "ram_bytes": store.ram_bytes,
+        "disk_bytes": disk,
+        "add": add_rate,
+        "sample": sample,
+        "sample_refresh_0.05": sample_slow,
+        "all_in_ram_sample": in_ram,
+        "ratio": sample / in_ram,
+        "ratio_refresh_0.05": sample_slow / in_ram,
+    }
+    store.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vector-rows", type=int, default=400_000)
     p.add_argument("--image-rows", type=int, default=6_000)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--image-scale-rows", type=int, default=0, help="also an Atari-scale image replay (e.g. 1000000)")
+    p.add_argument("--image-scale-budget", default="2GiB", help="its memory budget")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dagrl-bench-replay-"))
     results = {}
     try:
         results["vector"] = measure("vector", vector_rows(args.vector_rows), args.seconds, root)
-        results["image"] = measure("image", image_rows(args.image_rows), args.seconds, root)
+        images = image_rows(args.image_rows)
+        results["image"] = measure("image", images, args.seconds, root)
+        if args.image_scale_rows:
+            from dask.utils import parse_bytes
+
+            budget = parse_bytes(args.image_scale_budget)
+            results["image_scale"] = measure_at_scale(images, args.image_scale_rows, budget, args.seconds, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     setups = [
@@ -194,6 +247,15 @@ def main() -> None:
         "dagrl, 90 % spilled, refresh 0.05",
     ]
     for kind, r in results.items():
+        if kind == "image_scale":
+            print(
+                f"\nimage rows at scale: {r['rows']:,} rows ({r['raw_bytes'] / 2**30:.0f} GiB raw), "
+                f"budget {r['budget_bytes'] / 2**30:.1f} GiB, {r['cold_fraction']:.1%} spilled, "
+                f"{r['disk_bytes'] / 2**20:,.0f} MiB on disk; add {r['add']:,.0f} rows/s; "
+                f"sample {r['sample']:,.0f} rows/s = {r['ratio']:.2f} x all-in-RAM "
+                f"(rotation 0.05: {r['ratio_refresh_0.05']:.2f} x; target >= 0.5)"
+            )
+            continue
         print(
             f"\n{kind} rows: {r['rows']:,} x {r['row_bytes']:,} B; batches of {BATCH}; "
             f"chunks of {r['chunk_rows']} rows, {r['cache_chunks']} cached"

@@ -29,7 +29,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,26 @@ def _compressors(codec: str) -> Any:
         return [ZstdCodec(level=3)]
     cname = codec.split("-", 1)[1]
     return [BloscCodec(cname=cname, clevel=3, shuffle="shuffle")]
+
+
+def _chunk_decoder(rows: Any, codec: str) -> Callable[[bytes], Any] | None:
+    """How to decode one chunk file of ``rows`` straight from disk, or None to read through zarr.
+
+    Reading a chunk through zarr's array API costs ~1 ms of per-call machinery whatever its size; the
+    file read and decoded with numcodecs (what zarr itself decodes with) costs ~0.03 ms for the same
+    bytes. Only for the layout this store writes: a local directory store, ``c/<i>/0`` keys.
+    """
+    import numcodecs
+    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
+    from zarr.storage import LocalStore
+
+    if not isinstance(rows.store, LocalStore) or rows.metadata.chunk_key_encoding != DefaultChunkKeyEncoding("/"):
+        return None
+    if codec == "none":
+        return bytes
+    if codec == "zstd":
+        return numcodecs.Zstd().decode
+    return numcodecs.Blosc().decode
 
 
 class ReplayStore:
@@ -184,6 +204,7 @@ class ReplayStore:
         self.tree = PriorityTree(self.capacity) if prioritized else None
         self.max_priority = 1.0
         self.rows: Any = None  # the zarr array of packed rows
+        self.decode: Callable[[bytes], Any] | None = None  # a chunk file's bytes -> its packed rows
         self.offsets = np.cumsum([0] + [f.row_bytes for f in schema.values()])
         self.prefetch = prefetch and self.path is not None and self.cache_chunks > 2
         self.ready: queue.Queue = queue.Queue(maxsize=2)
@@ -310,6 +331,7 @@ class ReplayStore:
             fill_value=0,
             overwrite=True,
         )
+        self.decode = _chunk_decoder(self.rows, self.codec)
         self._write_meta()
 
     def _meta(self) -> dict[str, Any]:
@@ -409,6 +431,7 @@ class ReplayStore:
         self.max_priority = meta.get("max_priority", 1.0)
         self.samples_drawn = meta.get("samples_drawn", 0)
         self.rows = zarr.open_group(str(self.path), mode="a")["rows"]
+        self.decode = _chunk_decoder(self.rows, self.codec)
         self.persisted_head = self.head
         self.hot_lo = self.tail // self.chunk_rows
         if self.tail % self.chunk_rows:  # keep filling the last chunk in RAM
@@ -437,6 +460,15 @@ class ReplayStore:
 
     def _load_chunk(self, cid: int) -> dict[str, np.ndarray]:
         R, slot = self.chunk_rows, cid % self.slots
+        if self.decode is not None:
+            try:
+                raw = (self.path / "rows" / "c" / str(slot) / "0").read_bytes()
+            except FileNotFoundError:
+                raw = None  # never written: zarr would give its fill value
+            if raw is not None:
+                buf = np.frombuffer(self.decode(raw), np.uint8)
+                if buf.size == self.chunk_bytes:
+                    return self._unpack(buf.reshape(R, -1))
         return self._unpack(np.asarray(self.rows[slot * R : (slot + 1) * R]))
 
     def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
