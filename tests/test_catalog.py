@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -51,7 +52,7 @@ def test_an_unknown_name_is_one_error_listing_the_known_ones(user_dir):
 def test_dagrl_graphs_and_clusters_list_names_and_what_they_are(user_dir, capsys):
     assert main(["graphs"]) == 0
     out = capsys.readouterr().out
-    assert "ppo-cartpole-single  PPO on CartPole-v1 in one process" in out
+    assert re.search(r"^ppo-cartpole-single +PPO on CartPole-v1 in one process", out, re.M), out
     assert main(["clusters"]) == 0
     assert "local" in capsys.readouterr().out.split()
 
