@@ -1,7 +1,7 @@
-"""How env-step throughput scales with samplers: dagrl `sync` and `async` vs Stable-Baselines3.
+"""How env-step throughput scales with samplers: dagrl's policies vs Stable-Baselines3.
 
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
-                        [--policies sync async] [--seconds 8] [--skip-sb3]
+                        [--policies sync async central-inference] [--seconds 8] [--skip-sb3]
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -11,8 +11,9 @@ first metrics row after the warm-up and the last. Learner work is kept small and
 (one update per k rollouts, one epoch), so the sampler side is what is measured.
 
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
-* **setups**: ``sync``, ``async`` (samplers step their envs in turn) and ``async-subproc`` (each env
-  of a sampler in its own subprocess, ``roles.sampler.vector: async``).
+* **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
+  of a sampler in its own subprocess, ``roles.sampler.vector: async``) and ``central-inference``
+  (as ``sync``, one inference actor acting for all samplers: one batched forward per env step).
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
   envs), same n_steps and one epoch, timed the same way.
@@ -40,6 +41,7 @@ SETUPS = {
     "sync": "policy sync, each sampler steps its envs in turn",
     "async": "policy async, each sampler steps its envs in turn",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
+    "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
 }
 
 
@@ -62,7 +64,7 @@ class Window:
 
 
 def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
-    policy, _, vector = setup.partition("-")
+    policy, _, vector = setup.partition("-") if setup != "central-inference" else (setup, "", "")
     options = f"{{name: async, max_staleness: 2, rollouts_per_update: {k}}}" if policy == "async" else policy
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
@@ -157,12 +159,13 @@ def main() -> None:
     ks = {c: sorted(k for k in args.samplers if c == "sleep" or k <= (args.busy_max or cores)) for c in args.cost}
     root = tempfile.mkdtemp(prefix="dagrl-bench-scaling-")
     rows, runs = [], []
+    n_workers = max(args.samplers) + 1 + ("central-inference" in args.policies)  # + the inference actor
     t0 = time.perf_counter()
     with (
-        local_cluster(LocalClusterSpec(dashboard_address=":0"), max(args.samplers) + 1) as cluster,
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), n_workers) as cluster,
         Client(cluster, direct_to_workers=True) as client,
     ):
-        print(f"LocalCluster of {max(args.samplers) + 1} workers: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"LocalCluster of {n_workers} workers: {time.perf_counter() - t0:.1f} s", flush=True)
         for cost in args.cost:
             plain = plain_loop(args, cost)
             print(f"[{cost}] plain loop, {args.envs} envs: {plain:,.0f} steps/s", flush=True)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Episodes", "RoleContext"]
+__all__ = ["Acting", "Episodes", "RoleContext"]
 
 
 @dataclass
@@ -23,6 +23,19 @@ class Episodes:
 
     def __len__(self) -> int:
         return len(self.returns)
+
+
+class Acting(Protocol):
+    """What picks actions for a batch of observations: a sampler's own network, or, under
+    ``central-inference``, the batched ``inference`` role reached through :meth:`RoleContext.acting`.
+
+    ``__call__(obs)`` takes observations stacked on the first axis and returns arrays with the same
+    first axis (e.g. actions and their log-probs); ``load(weights)`` takes what the learner publishes.
+    """
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, ...]: ...
+
+    def load(self, weights: Any) -> None: ...
 
 
 @dataclass
@@ -53,6 +66,19 @@ class RoleContext:
     """Directory for this replica's on-disk data (e.g. a replay store); ``None``: keep it in RAM."""
     memory_bytes: int | None = None
     """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
+    inference: Any = None
+    """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
+    their own network."""
+
+    def acting(self, local: Acting) -> Acting:
+        """What this sampler should act with: ``local`` (its own network), or under
+        ``central-inference`` a client of the batched ``inference`` role, which answers every
+        sampler's observations of one env step with one forward pass.
+
+        The algorithm still loads the weights it receives into its own network (e.g. for the value
+        of a time-limit bootstrap); only the per-step action choice moves.
+        """
+        return local if self.inference is None else self.inference
 
     def average_gradients(self, parameters: Any) -> None:
         """Average the ``.grad`` of ``parameters`` over this role's data-parallel replicas, in place.

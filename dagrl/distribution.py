@@ -23,7 +23,9 @@ from typing import Any
 from dagrl.fragment import Algorithm, Node
 
 __all__ = [
+    "INFERENCE_ROLE",
     "POLICY_OPTIONS",
+    "CentralInferenceOptions",
     "ApexOptions",
     "AsyncOptions",
     "DataParallelOptions",
@@ -102,6 +104,23 @@ class DataParallelOptions:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
+INFERENCE_ROLE = "inference"
+"""The role ``central-inference`` starts to pick every sampler's actions; an algorithm declares it with
+``@role("inference", recover="replace")`` (its state: the acting object samplers would use) and no
+fragment, and other policies leave it unstarted."""
+
+
+@dataclass
+class CentralInferenceOptions:
+    max_wait_ms: float = 5.0
+    """How long the inference role waits, after a step's first request, for the other samplers'
+    before answering with the batch it has (every sampler asking ends the wait at once)."""
+
+    def __post_init__(self) -> None:
+        if not self.max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+
+
 POLICY_OPTIONS: dict[str, type] = {
     "single": NoOptions,
     "sync": NoOptions,
@@ -109,6 +128,7 @@ POLICY_OPTIONS: dict[str, type] = {
     "async": AsyncOptions,
     "apex": ApexOptions,
     "split-learner": ApexOptions,
+    "central-inference": CentralInferenceOptions,
 }
 """Every policy name and the dataclass of its options."""
 
@@ -156,6 +176,15 @@ def delayed_edges(algorithm: Algorithm) -> set[tuple[int, int]]:
 def check(policy: str, algorithm: Algorithm) -> None:
     """Raise ``TypeError`` (one line) if ``policy`` cannot run ``algorithm``'s iteration."""
     if policy in ("single", "sync", "dp-learners"):
+        return
+    if policy == "central-inference":
+        if INFERENCE_ROLE not in algorithm.roles:
+            raise TypeError(
+                f"needs an {INFERENCE_ROLE!r} role whose state picks actions for samplers "
+                f"(@role({INFERENCE_ROLE!r}) and ctx.acting in the sampler, as in ppo.py); "
+                f"this algorithm has roles {', '.join(algorithm.roles)}"
+            )
+        stream_shape(algorithm)  # samplers, fed by single-instance roles (the weights)
         return
     if policy == "async":
         streamed = [n.name for n in algorithm.graph.nodes if algorithm.roles[n.role].many]

@@ -227,8 +227,10 @@ class Graph:
     @property
     def active_roles(self) -> dict[str, RoleSpec]:
         """The roles this run starts: all of the algorithm's, but evaluation-only ones only when
-        ``evaluate.every`` turns evaluation on."""
-        off = set() if self.spec.evaluate.every else self.algorithm.eval_only_roles
+        ``evaluate.every`` turns evaluation on, and ``inference`` only under ``central-inference``."""
+        off = set() if self.spec.evaluate.every else set(self.algorithm.eval_only_roles)
+        if self.spec.policy != "central-inference":
+            off.add(distribution.INFERENCE_ROLE)
         return {r: self.spec.roles[r] for r in self.algorithm.roles if r not in off}
 
     @property

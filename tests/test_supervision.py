@@ -232,3 +232,18 @@ def test_killed_evaluator_is_replaced_without_rolling_back(cluster, tmp_path):
     assert not run.events("rollback")
     rows = run.rundir.read_metrics()
     assert [r["iteration"] for r in rows if "eval/return_mean" in r] == [3, 6, 9, 12, 15]
+
+
+def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_path):
+    graph = load_graph("graphs/ppo-cartpole-seed.yaml", ["stop.iterations=12", "stop.mean_return=null"])
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(4)
+    run.kill("inference")
+    summary = run.finish()
+    assert summary["iterations"] == 12
+    # the samplers failed to reach it, but it is the inference role that is blamed and replaced
+    assert [(e["role"], e["index"], e["kind"]) for e in run.events("restart")] == [("inference", 0, "lost")]
+    assert not run.events("rollback")
+    rows = run.rundir.read_metrics()
+    assert [r["iteration"] for r in rows] == list(range(1, 13))
+    assert all(r["inference/forwards"] >= 32 for r in rows[-3:])  # the replacement acts for both samplers

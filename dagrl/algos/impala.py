@@ -33,6 +33,7 @@ from dagrl.algos.ppo import (
     eval_iteration,
     evaluate,
     evaluator,
+    inference,
     learner,
     publish,
     sampler,
@@ -41,7 +42,7 @@ from dagrl.fragment import fragment, iteration
 from dagrl.schema import at_least, positive, unit_interval
 
 __all__ = [  # PPO's roles, publish and evaluator are this algorithm's too
-    "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner", "publish", "sampler",
+    "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish", "sampler",
     "train_iteration", "update", "vtrace",
 ]  # fmt: skip
 

@@ -166,8 +166,26 @@ class ActorCritic(nn.Module):
             action = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
         else:
             base = dist.base_dist
-            action = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen)
+            action = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen, device=base.loc.device)
         return action, dist.log_prob(action)
+
+
+class Acting:
+    """Picks actions for a batch of observations: ``(actions, log-probs)`` drawn from the policy.
+
+    A sampler acts with its own (under ``central-inference``, the ``inference`` role acts for all
+    samplers with one of these, batched)."""
+
+    def __init__(self, agent: ActorCritic, gen: torch.Generator, device: str = "cpu"):
+        self.agent, self.gen, self.device = agent, gen, device
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with torch.no_grad():
+            action, logp = self.agent.sample(obs_tensor(obs).to(self.device), self.gen)
+        return action.cpu().numpy(), logp.cpu().numpy()
+
+    def load(self, weights: Weights) -> None:
+        self.agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -218,7 +236,8 @@ class SamplerState:
     cfg: Config
     envs: gym.vector.VectorEnv
     agent: ActorCritic
-    gen: torch.Generator
+    acting: Acting
+    """Picks the actions: the sampler's own ``agent``, or the ``inference`` role (``central-inference``)."""
     obs: np.ndarray
     ep_return: np.ndarray
     ep_length: np.ndarray
@@ -260,9 +279,9 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
-    gen = torch.Generator().manual_seed(ctx.seed)
+    acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
     n = envs.num_envs
-    return SamplerState(cfg, envs, agent, gen, obs, np.zeros(n), np.zeros(n, np.int64), np.zeros(n))
+    return SamplerState(cfg, envs, agent, acting, obs, np.zeros(n), np.zeros(n, np.int64), np.zeros(n))
 
 
 def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
@@ -279,6 +298,15 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
         agent = _agent(ctx.observation_space, ctx.action_space, cfg).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
+
+
+@role("inference", recover="replace")
+def inference(ctx: RoleContext, cfg: Config) -> Acting:
+    """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = _agent(ctx.observation_space, ctx.action_space, cfg).to(ctx.device)
+    return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
 
 
 @role("evaluator", recover="replace")
@@ -315,13 +343,12 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     with torch.no_grad():
         for t in range(T):
             obs_buf[t] = state.obs
-            action, logp = agent.sample(obs_tensor(state.obs), state.gen)
-            act = action.numpy()
+            act, logp = state.acting(state.obs)
             env_act = (
                 act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
             )
             state.obs, reward, terminated, truncated, info = envs.step(env_act)
-            act_buf[t], logp_buf[t] = act, logp.numpy()
+            act_buf[t], logp_buf[t] = act, logp
             rew_buf[t] = reward
             done = terminated | truncated
             done_buf[t] = done

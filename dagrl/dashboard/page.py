@@ -1,4 +1,5 @@
-"""The bokeh document behind ``/individual-dagrl``: learning curve, throughput, staleness, actors, replay."""
+"""The bokeh document behind ``/individual-dagrl``: learning curve, throughput, staleness, actors, replay,
+central inference."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 from dagrl.dashboard import ACTORS, METRICS
 
 INTERVAL_MS = 1000
-ROLLOVER = {"episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000}
+ROLLOVER = {
+    "episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000,
+    "inference": 5_000,
+}  # fmt: skip
 """Points kept per plot: the browser redraws them all on every update."""
 SAMPLER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 """Episode points are coloured by the sampler replica that produced them."""
@@ -36,6 +40,7 @@ class RLPage:
         self.rates = source("dagrl-rates", t=[], sample_hz=[], update_hz=[])
         self.stale = source("dagrl-staleness", t=[], staleness=[])
         self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
+        self.inference = source("dagrl-inference", t=[], latency_ms=[], forward_ms=[], rows=[], busy_pct=[])
         self.table = source("dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[])
 
         self.header = Div(text="<b>dagrl</b>: waiting for a run to publish metrics", name="dagrl-header")
@@ -62,6 +67,14 @@ class RLPage:
         p2 = rp.line("t", "disk", source=self.replay, color="#7f7f7f", line_width=2)
         rp.add_layout(Legend(items=[("in RAM", [p1]), ("on disk", [p2])]), "right")
 
+        inf = figure(title="Central inference (per env step)", x_axis_label="seconds", **kw)
+        lines = [
+            ("round trip (ms)", "latency_ms", "#1f77b4"), ("forward (ms)", "forward_ms", "#ff7f0e"),
+            ("rows per forward", "rows", "#2ca02c"), ("utilisation (%)", "busy_pct", "#d62728"),
+        ]  # fmt: skip
+        items = [(label, [inf.line("t", col, source=self.inference, color=c, line_width=2)]) for label, col, c in lines]
+        inf.add_layout(Legend(items=items), "right")
+
         columns = [
             TableColumn(field="role", title="role"),
             TableColumn(field="index", title="#"),
@@ -75,7 +88,8 @@ class RLPage:
             source=self.table, columns=columns, height=200, sizing_mode="stretch_width", index_position=None
         )
         self.root = column(
-            self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"), actors,
+            self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"),
+            row(inf, sizing_mode="stretch_width"), actors,
             sizing_mode="stretch_width",
         )  # fmt: skip
 
@@ -101,7 +115,7 @@ class RLPage:
 
     def _start(self, run: str | None) -> None:
         self.run = run
-        for src in (self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay):
+        for src in (self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay, self.inference):
             src.data = {k: [] for k in src.data}
 
     def _metrics(self, msg: dict, batch: dict[str, dict[str, list]]) -> None:
@@ -128,6 +142,12 @@ class RLPage:
             if key in row:
                 add("stale", t=t, staleness=row[key])
                 break
+        if "inference/forwards" in row:
+            add(
+                "inference", t=t, latency_ms=row.get("inference/latency_ms", 0.0),
+                forward_ms=row["inference/forward_ms"], rows=row["inference/batch_rows"],
+                busy_pct=100.0 * row["inference/utilisation"],
+            )  # fmt: skip
         ret = row.get("charts/episode_return_mean")
         restarts = int(row.get("sup/restarts", 0))
         self.header.text = (

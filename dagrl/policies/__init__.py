@@ -2,7 +2,8 @@
 
 Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`): ``single`` and
 ``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``dp-learners`` too, with
-data-parallel learner replicas (:mod:`.dataparallel`), ``async``, ``apex`` and
+data-parallel learner replicas (:mod:`.dataparallel`), and ``central-inference``, with one batched
+``inference`` role acting for every sampler (:mod:`.inference`), ``async``, ``apex`` and
 ``split-learner`` stream the samplers and run rate-limited learner rounds (:mod:`.streaming`).
 Their names and options are data in :mod:`dagrl.distribution`.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.dataparallel import DataParallel
+from dagrl.policies.inference import CentralInference
 from dagrl.policies.single import Single
 from dagrl.policies.streaming import Apex, Async, SplitLearner
 from dagrl.policies.sync import Sync
@@ -27,6 +29,7 @@ POLICIES: dict[str, type[Policy]] = {
     "apex": Apex,
     "split-learner": SplitLearner,
     "dp-learners": DataParallel,
+    "central-inference": CentralInference,
 }
 
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]

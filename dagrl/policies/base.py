@@ -87,11 +87,17 @@ class Policy:
         """
         t0 = time.perf_counter()
         roles = self.graph.algorithm.roles
-        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles)
+        side: dict[int, list[Call]] = {}
+
+        def after(node: Node, calls: dict[int, list[Call]]) -> list[Call]:
+            side[node.id] = self.before(node, calls)
+            return side[node.id]
+
+        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after)
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
         wanted = [r for rs in reports.values() for r in rs]
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
-        watch = [c for n in graph.nodes for c in calls[n.id]]
+        watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
         try:
             values = self.executor.wait([*wanted, *outs], watch)
         except RoleFailure:
@@ -100,6 +106,11 @@ class Policy:
         out = merge_outputs(values[len(wanted) :]) if outs else None
         got = iter(values)
         return calls, {i: [next(got) for _ in rs] for i, rs in reports.items()}, out, t0
+
+    def before(self, node: Node, calls: dict[int, list[Call]]) -> list[Call]:
+        """Calls to submit before ``node`` runs, which it then waits for (none here; central inference
+        loads the weights into its role before the samplers act)."""
+        return []
 
     def output_calls(self, output: Node, calls: dict[int, list[Call]]) -> list[Call]:
         """The calls whose values make the iteration's output (merged by :func:`merge_outputs`):

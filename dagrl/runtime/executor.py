@@ -155,26 +155,37 @@ class Executor:
 
     # -- submitting --------------------------------------------------------------------------------
 
-    def submit(self, handle: Any, fragment: str, args: Iterable[Any] = ()) -> Call:
-        """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them)."""
+    def submit(
+        self, handle: Any, fragment: str, args: Iterable[Any] = (), after: Iterable[Call] = (), task: Any = None
+    ) -> Call:
+        """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
+
+        ``after``: calls that must finish before this one starts (an ordering edge of the task graph).
+        ``task``: another task function of :mod:`dagrl.runtime.host` than ``run_fragment``, called as
+        ``task(host_id, *args)`` (remote only; ``fragment`` then only names the task).
+        """
         args = [_values(a) for a in args]
+        after = [c.future for c in after]
         if not self.remote:
+            if task is not None:
+                raise ValueError(f"{fragment}: a host task runs on a cluster only")
             t0 = time.perf_counter()
             call = Call(handle, fragment, Done(handle.target.call(fragment, *args)), t0)
             call._stamp()
             return call
         key = f"{fragment}-{handle.role}-{handle.index}-{uuid.uuid4().hex}"  # task stream: "collect-sampler"
+        head = (handle.host_id,) if task is not None else (handle.host_id, fragment)
         future = self.client.submit(
-            run_fragment,
-            handle.host_id,
-            fragment,
+            task or run_fragment,
+            *head,
             *args,
+            after=after or None,
             workers=[handle.address],
             allow_other_workers=False,
             pure=False,
             key=key,
         )
-        call = Call(handle, fragment, future, time.perf_counter(), inputs=args)
+        call = Call(handle, fragment, future, time.perf_counter(), inputs=[*args, *after])
         future.add_done_callback(call._stamp)
         return call
 
@@ -203,15 +214,18 @@ class Executor:
         roles: Any,
         calls: dict[int, list[Call]] | None = None,
         inputs: Any = None,
+        after: Any = None,
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
         ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
-        given, may supply the calls an input node stands for (a stream's arrivals, last round's value).
+        given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
+        ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs.
         """
         calls = {} if calls is None else calls
         for node in nodes:
             handles = hosts[node.role]
+            first = after(node, calls) if after is not None else []
             row = []
             for r, h in enumerate(handles):
                 args = []
@@ -222,7 +236,7 @@ class Executor:
                         args.append(route(outs, a.role, node.role, roles, r, len(handles)))
                     else:
                         args.append(a)
-                row.append(self.submit(h, node.name, args))
+                row.append(self.submit(h, node.name, args, after=first))
             calls[node.id] = row
         return calls
 

@@ -49,16 +49,29 @@ class HostGone(RuntimeError):
     """A fragment task reached a worker that no longer has its role host (released, or the worker restarted)."""
 
 
-def run_fragment(host_id: str, fragment: str, *args: Any) -> Any:
+def _host(host_id: str) -> RoleHost:
+    host = HOSTS.get(host_id)
+    if host is None:
+        raise HostGone(f"role host {host_id} is not on worker process {os.getpid()} (released or restarted)")
+    return host
+
+
+def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None) -> Any:
     """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
 
     Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
     before this runs; the return value stays on this worker until a consumer task fetches it.
+    ``after`` holds futures that must finish first and are otherwise ignored (ordering only).
     """
-    host = HOSTS.get(host_id)
-    if host is None:
-        raise HostGone(f"role host {host_id} is not on worker process {os.getpid()} (released or restarted)")
-    return host.call(fragment, *args)
+    return _host(host_id).call(fragment, *args)
+
+
+def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:
+    """The Dask task that gives the ``inference`` role the weights a sampler fragment receives:
+    ``state.load(*weights)`` under the host's lock, so no batch is answered with half of them."""
+    host = _host(host_id)
+    with host.lock:
+        host.state.load(*weights)
 
 
 _REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
@@ -98,7 +111,9 @@ class RoleHost:
         algo = load_algorithm(algorithm)
         self.role, self.index, self.device = role, ctx.index, ctx.device
         self.fragments = algo.fragments
+        self.ctx = ctx
         self.state = algo.roles[role].factory(ctx, config)
+        self.batcher: Any = None
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
@@ -142,6 +157,31 @@ class RoleHost:
 
         sd = self.state_dict()
         return None if sd is None else digest(sd)
+
+    # -- central inference (policy ``central-inference``) --------------------------------------------
+
+    def serve(self, expected: int, max_wait_ms: float) -> None:
+        """Answer ``act`` requests in batches of ``expected`` (or after ``max_wait_ms``): the inference role."""
+        from dagrl.runtime.inference import Batcher
+
+        if self.batcher is not None:
+            self.batcher.close()
+        self.batcher = Batcher(self.state, self.lock, expected, max_wait_ms / 1e3)
+
+    async def act(self, obs: Any) -> Any:
+        """Actions for one sampler's observations, from a batched forward (an ``async`` actor method)."""
+        return await self.batcher.act(obs)
+
+    def inference_stats(self) -> dict[str, float]:
+        return self.batcher.stats() if self.batcher is not None else {}
+
+    def attach_inference(self, actor: Any) -> None:
+        """A sampler: act through ``actor`` (the inference role's host) from now on."""
+        self.ctx.inference.actor = actor
+
+    def acting_stats(self) -> tuple[int, float]:
+        """A sampler: inference calls made and seconds waited since last asked."""
+        return self.ctx.inference.stats() if self.ctx.inference is not None else (0, 0.0)
 
     async def heartbeat(self) -> dict[str, Any]:
         """Liveness and progress. ``async``: Dask runs it on the worker's event loop, so it answers

@@ -79,6 +79,18 @@ class Handle:
     def digest(self) -> Any:
         return self._invoke("digest")
 
+    def serve(self, expected: int, max_wait_ms: float) -> Any:
+        return self._invoke("serve", expected, max_wait_ms)
+
+    def inference_stats(self) -> Any:
+        return self._invoke("inference_stats")
+
+    def attach_inference(self, actor: Any) -> Any:
+        return self._invoke("attach_inference", actor)
+
+    def acting_stats(self) -> Any:
+        return self._invoke("acting_stats")
+
     def close(self) -> None:
         if self.future is not None:
             with contextlib.suppress(Exception):  # the client may be closing, or the actor's worker gone
@@ -104,6 +116,11 @@ def role_path(graph: Graph, role: str, index: int, run_dir: str | None) -> str |
 
 def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_dir: str | None = None) -> RoleContext:
     rspec = graph.role(role)
+    inference = None
+    if graph.spec.policy == "central-inference" and graph.algorithm.roles[role].many:
+        from dagrl.runtime.inference import InferenceClient
+
+        inference = InferenceClient(f"{role}[{index}]", timeout_s=graph.spec.supervision.hang_timeout_s)
     return RoleContext(
         role=role,
         index=index,
@@ -117,6 +134,7 @@ def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),
         memory_bytes=rspec.memory_bytes,
+        inference=inference,
     )
 
 
