@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dagrl.distribution import INFERENCE_ROLE
 from dagrl.fragment import Edge
 from dagrl.graph import Graph
 
@@ -42,9 +43,14 @@ def describe(graph: Graph) -> str:
         f"graph {graph.name}: algorithm {spec.algorithm}, env {spec.env.id}, policy {spec.policy}, seed {spec.seed}"
     ]
     lines.append("roles:")
+    active = graph.active_roles
     for name, rdef in algo.roles.items():
         r = spec.roles[name]
         frags = ", ".join(f.name for f in algo.fragments.values() if f.role == name)
+        if name == INFERENCE_ROLE:
+            frags = "(acts for every sampler, batched)"
+        if name not in active:
+            frags += "  [not started: " + ("evaluate.every is off]" if name in algo.eval_only_roles else "policy]")
         res = ", ".join(f"{k}={v:g}" for k, v in r.resources.items()) or "-"
         envs = f"envs {r.envs:<3}" if rdef.many else " " * 8
         lines.append(f"  {name:<10} x{r.replicas:<3} {envs} resources {res:<12} fragments: {frags}")

@@ -164,8 +164,6 @@ class RoleHost:
         """Answer ``act`` requests in batches of ``expected`` (or after ``max_wait_ms``): the inference role."""
         from dagrl.runtime.inference import Batcher
 
-        if self.batcher is not None:
-            self.batcher.close()
         self.batcher = Batcher(self.state, self.lock, expected, max_wait_ms / 1e3)
 
     async def act(self, obs: Any) -> Any:
