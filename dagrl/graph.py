@@ -197,6 +197,10 @@ class GraphSpec:
     """A role asking for ``GPU`` runs on CPU (with a log line) where none exists; false: an error."""
     torch_threads: int = 1
     """Threads each role's torch may use (one role per worker process)."""
+    shared_memory: bool = True
+    """Arrays of 1 MiB or more in fragment outputs (image rollouts, replay batches) cross to a worker
+    on the same host through ``/dev/shm`` instead of a socket (:mod:`dagrl.runtime.shm`); false:
+    always over Dask's comms."""
     runs_dir: str = "runs"
     """Where run directories are created."""
 

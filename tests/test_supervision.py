@@ -15,6 +15,7 @@ import pytest
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore
+from dagrl.runtime import shm
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.driver import Trainer, TrainingError
 from dagrl.runtime.progress import Progress
@@ -247,3 +248,20 @@ def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_pa
     rows = run.rundir.read_metrics()
     assert [r["iteration"] for r in rows] == list(range(1, 13))
     assert all(r["inference/forwards"] >= 32 for r in rows[-3:])  # the replacement acts for both samplers
+
+
+def test_killed_sampler_leaves_no_shared_memory_segment(cluster, tmp_path):
+    """Image rollouts travel through /dev/shm; a sampler killed mid-run leaves nothing there."""
+    graph = load_graph(
+        "graphs/ppo-brighthalf.yaml",
+        ["hyperparameters.num_steps=64", "stop.iterations=8", "stop.mean_return=null", "shared_memory=true"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(3)
+    run.kill("sampler", 0)
+    summary = run.finish()
+    assert summary["iterations"] == 8
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("sampler", "lost")]
+    sent = sum(s["shm_bytes"] for s in cluster.run(lambda: dict(shm.STATS)).values())
+    assert sent >= 8 * 64 * 4 * 84 * 84  # the rollouts did go through shared memory
+    assert not [n for n in os.listdir(shm.DIR) if n.startswith(shm.PREFIX)]

@@ -7,6 +7,7 @@ through the role actors' own methods.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from dagrl.context import Episodes
 from dagrl.fragment import FragmentGraph, Node
+from dagrl.runtime import shm
 from dagrl.runtime.executor import Call, Executor, Report
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.supervisor import RoleFailure
@@ -173,10 +175,15 @@ class Policy:
         return out
 
     def close(self) -> None:
-        """Stop background work and release the role actors."""
+        """Stop background work, release the role actors, and remove shared-memory segments of
+        transfers that never completed (a sender or receiver killed mid-way)."""
         for handles in self.hosts.values():
             for h in handles:
                 h.close()
+        if self.executor.remote:
+            with contextlib.suppress(Exception):  # the cluster may be going down
+                self.executor.client.run(shm.sweep, True)
+        shm.sweep()
 
 
 def merge_outputs(values: list[Any]) -> Any:

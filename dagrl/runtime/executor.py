@@ -33,6 +33,7 @@ import numpy as np
 from dagrl.context import Episodes
 from dagrl.fragment import Node
 from dagrl.runtime.host import HostGone, run_fragment
+from dagrl.runtime.shm import unwrap
 from dagrl.runtime.supervisor import RoleFailure
 
 __all__ = ["Call", "Executor", "Report", "report", "route"]
@@ -50,6 +51,7 @@ class Report:
 
 def report(value: Any) -> Report:
     """The :class:`Report` of a fragment output (a task on the output's worker: only this travels)."""
+    value = unwrap(value)
     steps = getattr(value, "env_steps", None)
     episodes = getattr(value, "episodes", None)
     counted = isinstance(steps, int | np.integer) or isinstance(episodes, Episodes)

@@ -22,6 +22,7 @@ from typing import Any
 
 from dagrl.context import RoleContext
 from dagrl.fragment import load_algorithm
+from dagrl.runtime import shm
 from dagrl.runtime.wire import to_cpu
 
 log = logging.getLogger("dagrl")
@@ -62,8 +63,12 @@ def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None) -> 
     Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
     before this runs; the return value stays on this worker until a consumer task fetches it.
     ``after`` holds futures that must finish first and are otherwise ignored (ordering only).
+    Large arrays in the output may reach a same-host consumer through shared memory
+    (:mod:`dagrl.runtime.shm`); an input that comes from this worker arrives in that envelope.
     """
-    return _host(host_id).call(fragment, *args)
+    host = _host(host_id)
+    out = host.call(fragment, *[shm.unwrap(a) for a in args])
+    return shm.wrap(out) if host.shared_memory else out
 
 
 def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:
@@ -71,7 +76,7 @@ def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:
     ``state.load(*weights)`` under the host's lock, so no batch is answered with half of them."""
     host = _host(host_id)
     with host.lock:
-        host.state.load(*weights)
+        host.state.load(*[shm.unwrap(w) for w in weights])
 
 
 _REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
@@ -102,6 +107,7 @@ class RoleHost:
         gpu_fallback: bool = True,
         torch_threads: int | None = None,
         host_id: str | None = None,
+        shared_memory: bool = False,
     ):
         if torch_threads is not None:
             import torch
@@ -112,6 +118,7 @@ class RoleHost:
         self.role, self.index, self.device = role, ctx.index, ctx.device
         self.fragments = algo.fragments
         self.ctx = ctx
+        self.shared_memory = shared_memory
         self.state = algo.roles[role].factory(ctx, config)
         self.batcher: Any = None
         self.calls = 0

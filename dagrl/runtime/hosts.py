@@ -144,6 +144,7 @@ def _host_args(graph: Graph, role: str, index: int, seed_offset: int, run_dir: s
         "wants_gpu": graph.role(role).gpus > 0,
         "gpu_fallback": graph.spec.gpu_fallback,
         "torch_threads": graph.spec.torch_threads,
+        "shared_memory": graph.spec.shared_memory,
     }
     return args, kwargs
 
