@@ -7,13 +7,15 @@ Atari-shaped rollouts (uint8 4x84x84 observations, 8 envs x 128 steps: ~29 MB ea
 
 * ``peer``: dagrl's path. ``sync`` iterations on the executor: ``collect`` tasks on the samplers'
   workers, ``update`` on the learner's worker fetching the rollouts peer to peer (two iterations in
-  flight, as a stream keeps them);
+  flight, as a stream keeps them); the observations through same-host shared memory (the default);
+* ``peer-socket``: the same with ``shared_memory: false``: every byte over Dask's TCP comms;
 * ``driver``: the path before it. The same fragments as actor calls: each rollout comes back to
   the driver and is sent on to the learner;
 * ``ceiling``: raw Dask worker-to-worker bandwidth: the same bytes, already made, fetched by a
   task on the learner's worker (no fragment, no copy).
 
-Final JSON line: ``peer_bytes_s``, ``driver_bytes_s``, ``ceiling_bytes_s``, ``speedup`` = peer / driver.
+Final JSON line: ``peer_bytes_s``, ``peer_socket_bytes_s``, ``driver_bytes_s``, ``ceiling_bytes_s``,
+``speedup`` = peer / driver, ``shm_vs_socket`` = peer / peer-socket, ``peer_vs_ceiling``.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ from dagrl.graph import resolve_graph
 from dagrl.policies import build_policy
 
 
-def graph(samplers: int):
+def graph(samplers: int, shared_memory: bool = True):
     return resolve_graph(
         {
             "algorithm": "transport_algo",
             "env": {"id": "CartPole-v1"},
             "policy": "sync",
             "roles": {"sampler": {"replicas": samplers}},
+            "shared_memory": shared_memory,
         },
         "transport",
     )
+
+
+INFLIGHT = 2
 
 
 def peer(policy, seconds: float) -> float:
@@ -47,7 +53,7 @@ def peer(policy, seconds: float) -> float:
     nodes = algo.graph.nodes
     done, inflight, t0 = 0, [], time.perf_counter()
     while time.perf_counter() - t0 < seconds or inflight:
-        if time.perf_counter() - t0 < seconds and len(inflight) < 2:
+        if time.perf_counter() - t0 < seconds and len(inflight) < INFLIGHT:
             calls = ex.run_nodes(nodes, hosts, algo.roles)
             inflight.append(calls[nodes[-1].id][0])
             continue
@@ -101,29 +107,39 @@ def main() -> None:
         local_cluster(LocalClusterSpec(dashboard_address=":0"), g.n_actors) as cluster,
         Client(cluster, direct_to_workers=True) as client,
     ):
-        policy = build_policy(g, client)
-        try:
-            peer(policy, 2.0)  # warm-up: imports, first transfers
-            driver(policy, 2.0)
-            rows = [
-                {"path": "ceiling (raw worker-to-worker)", "MB/s": ceiling(client, policy, args.seconds) / 1e6},
-                {"path": "peer (dagrl tasks)", "MB/s": peer(policy, args.seconds) / 1e6},
-                {"path": "driver (actor calls via client)", "MB/s": driver(policy, args.seconds) / 1e6},
-            ]
-        finally:
-            policy.close()
-    print(table(rows, ["path", "MB/s"]))
-    ceil, peer_bs, drv = (r["MB/s"] * 1e6 for r in rows)
+        rates = {}
+        for shared in (True, False):
+            policy = build_policy(graph(args.samplers, shared), client)
+            try:
+                peer(policy, 2.0)  # warm-up: imports, first transfers
+                if shared:
+                    rates["peer"] = peer(policy, args.seconds)
+                    continue
+                driver(policy, 2.0)
+                rates["ceiling"] = ceiling(client, policy, args.seconds)
+                rates["peer-socket"] = peer(policy, args.seconds)
+                rates["driver"] = driver(policy, args.seconds)
+            finally:
+                policy.close()
+    names = {
+        "ceiling": "ceiling (raw Dask worker-to-worker)",
+        "peer": "peer (dagrl tasks, shared memory)",
+        "peer-socket": "peer-socket (dagrl tasks, shared_memory: false)",
+        "driver": "driver (actor calls via client)",
+    }
+    print(table([{"path": names[k], "MB/s": rates[k] / 1e6} for k in names], ["path", "MB/s"]))
     emit(
         "transport",
         {
             "samplers": args.samplers,
             "rollout_bytes": int(np.prod(transport_algo.SHAPE)),
-            "peer_bytes_s": peer_bs,
-            "driver_bytes_s": drv,
-            "ceiling_bytes_s": ceil,
-            "speedup": peer_bs / drv,
-            "peer_vs_ceiling": peer_bs / ceil,
+            "peer_bytes_s": rates["peer"],
+            "peer_socket_bytes_s": rates["peer-socket"],
+            "driver_bytes_s": rates["driver"],
+            "ceiling_bytes_s": rates["ceiling"],
+            "speedup": rates["peer"] / rates["driver"],
+            "shm_vs_socket": rates["peer"] / rates["peer-socket"],
+            "peer_vs_ceiling": rates["peer"] / rates["ceiling"],
         },
     )
 

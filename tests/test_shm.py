@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -40,17 +41,41 @@ def frame_bytes(frames) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
 
-def test_a_same_host_transfer_sends_segment_names_and_leaves_no_segment():
+def test_a_same_host_transfer_sends_slot_offsets_and_the_slot_is_reused():
     value, before = rollout(), segments()
     header, frames = serialize(shm.wrap(value), context=SAME_HOST)
-    assert len(segments() - before) == 1  # the 14 MB observations went to one segment
+    (slot,) = segments() - before  # the 14 MB of observations went to one slot
     assert frame_bytes(frames) < 10_000  # only names, the small arrays and the dataclass travel
     out = deserialize(header, frames)
     assert type(out) is Rollout and out.env_steps == 512
     np.testing.assert_array_equal(out.obs, value.obs)
     np.testing.assert_array_equal(out.rewards, value.rewards)
     assert out.obs.flags.writeable  # torch.as_tensor takes it without a copy or a warning
-    assert segments() == before  # the receiver unlinked it on arrival
+    again = rollout()
+    again.obs[0] = 7
+    out2 = deserialize(*serialize(shm.wrap(again), context=SAME_HOST))
+    assert len(segments() - before) == 2  # the first receiver still holds its arrays: a second slot
+    np.testing.assert_array_equal(out2.obs, again.obs)
+    np.testing.assert_array_equal(out.obs, value.obs)  # not overwritten by the second transfer
+    del out, out2
+    gc.collect()
+    out3 = deserialize(*serialize(shm.wrap(value), context=SAME_HOST))
+    assert len(segments() - before) == 2 and slot in segments()  # freed slots are reused
+    np.testing.assert_array_equal(out3.obs, value.obs)
+    del out3
+    shm.sweep(own=True)
+    assert segments() == before
+
+
+def test_slots_still_being_read_send_frames_instead():
+    value = rollout()
+    pending = [serialize(shm.wrap(value), context=SAME_HOST) for _ in range(shm.MAX_SLOTS)]
+    header, frames = serialize(shm.wrap(value), context=SAME_HOST)  # every slot busy: frames
+    assert frame_bytes(frames) >= value.obs.nbytes
+    for h, f in [*pending, (header, frames)]:
+        np.testing.assert_array_equal(deserialize(h, f).obs, value.obs)
+    gc.collect()
+    shm.sweep(own=True)
 
 
 def test_across_hosts_and_to_disk_the_arrays_travel_as_frames():
@@ -123,12 +148,12 @@ def test_a_cluster_run_moves_image_rollouts_through_shared_memory_and_computes_t
 
 
 @pytest.mark.skipif(not os.path.isdir(shm.DIR), reason="no /dev/shm")
-def test_sweep_leaves_segments_of_live_processes():
+def test_sweep_leaves_slots_of_live_processes_until_their_run_ends():
     value = {"obs": np.ones((2, 1 << 20), np.uint8)}
-    header, frames = serialize(shm.wrap(value), context=SAME_HOST)
+    deserialize(*serialize(shm.wrap(value), context=SAME_HOST))
     mine = {n for n in segments() if n.startswith(f"{shm.PREFIX}{os.getpid()}-")}
     assert mine
-    shm.sweep()  # this process is alive: its segment stays
+    shm.sweep()  # this process is alive: its slot stays
     assert mine <= segments()
-    deserialize(header, frames)
+    shm.sweep(own=True)  # the run ended
     assert not mine & segments()

@@ -3,17 +3,22 @@
 A fragment output that holds arrays of at least ``min_bytes`` (a rollout of image observations)
 leaves :func:`~dagrl.runtime.host.run_fragment` inside a :class:`Shared` envelope. Dask serializes
 the envelope with :func:`_dumps`, which sees who receives it (Dask passes the comm's sender and
-recipient addresses): when both are on this host and ``/dev/shm`` has room, each large array is
-copied once into a new POSIX shared-memory segment and only the segment's name travels over the
-comm; the receiver maps the segment, unlinks it at once (the mapping stays valid) and gets arrays
-backed by it, without another copy. Across hosts, when Dask spills the value to disk, or when
-``/dev/shm`` is short, the arrays travel as ordinary frames. Either way the receiver gets the plain
-value, never the envelope; a consumer on the producing worker unwraps it itself (:func:`unwrap`).
+recipient addresses). When both are on this host, the large arrays are copied into a *slot*: a
+segment of ``/dev/shm`` that the sending process keeps mapped and reuses, and only the slot's name
+and the arrays' offsets travel over the comm. The receiver maps the slot (once: it keeps a few
+mappings) and gets arrays that are views of it; when the last of them is garbage, the slot's first
+byte marks it free, so the sender's next transfer reuses it. A transfer costs one copy, by the
+sender, instead of a socket's two kernel copies, the protocol work and the receiver's fresh
+allocation (a fresh segment per transfer, or a receiver copying out of the slot, cost as much in
+page faults as the socket it replaced). Across hosts, when Dask spills the value to
+disk, when ``/dev/shm`` is short, or when all of a sender's :data:`MAX_SLOTS` slots are still being
+read, the arrays travel as ordinary frames. Either way the receiver gets the plain value, never the
+envelope; a consumer on the producing worker unwraps it itself (:func:`unwrap`).
 
-Segments are named ``dagrl-shm-<creator pid>-<random>``. The receiver unlinks a segment as soon as
-it has mapped it, so one that outlives a run was written for a transfer that never completed (its
-sender or receiver was killed): :func:`sweep` removes those whose creator is gone, and the
-creator's own when the run ends.
+Slots are named ``dagrl-shm-<sender pid>-<random>`` and live until :func:`sweep` removes them: a
+run's end sweeps every worker's own slots, and anyone's sweep removes those whose sender is gone
+(a killed worker). A slot whose receiver died, or still holds the arrays, stays busy; the sender
+uses its other slots, then frames.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import copy
 import dataclasses
 import mmap
 import os
+import threading
 import uuid
+import weakref
 from typing import Any
 
 import numpy as np
@@ -87,9 +94,10 @@ def _walk(value: Any, leaf: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class _Segment:
-    """Where one array went: a segment name, its dtype and shape (the placeholder left in the value)."""
+    """Where one array went (the placeholder left in the value): slot name, offset, dtype, shape."""
 
     name: str
+    offset: int
     dtype: str
     shape: tuple[int, ...]
 
@@ -114,57 +122,155 @@ def _room(nbytes: int) -> bool:
     return st.f_bavail * st.f_frsize > 2 * nbytes + (64 << 20)
 
 
-def _write(arr: np.ndarray) -> _Segment:
-    arr = np.ascontiguousarray(arr)
-    name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
-    path = os.path.join(DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+HEADER = 64
+"""Bytes before a slot's data; byte 0 is 1 while a receiver has not copied the data out yet."""
+MAX_SLOTS = 4
+"""Slots one sending process keeps; a transfer finding all of them busy goes as frames."""
+ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Slot:
+    def __init__(self, size: int):
+        self.name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        path = os.path.join(DIR, self.name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)  # all pages now: a full /dev/shm is ENOSPC here, never SIGBUS later
+            self.mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        self.size = size
+
+    @property
+    def free(self) -> bool:
+        return self.mm[0] == 0
+
+
+_SLOTS: list[_Slot] = []
+"""This process's slots (sending side)."""
+_MAPS: dict[str, mmap.mmap] = {}
+"""Slots of other processes this one has mapped (receiving side), oldest first."""
+MAX_MAPS = 32
+_LOCK = threading.Lock()
+
+
+def _acquire(nbytes: int) -> _Slot | None:
+    """A free slot of at least ``nbytes`` (a new one while under :data:`MAX_SLOTS`), marked busy."""
+    with _LOCK:  # Dask may serialize on its offload thread and the event loop at once
+        return _acquire_locked(HEADER + nbytes)
+
+
+def _acquire_locked(need: int) -> _Slot | None:
+    fits = [s for s in _SLOTS if s.free and s.size >= need]
+    if fits:
+        slot = min(fits, key=lambda s: s.size)
+    else:
+        free = [s for s in _SLOTS if s.free]
+        if len(_SLOTS) >= MAX_SLOTS and free:  # replace the smallest free slot by a bigger one
+            old = min(free, key=lambda s: s.size)
+            _SLOTS.remove(old)
+            old.mm.close()
+            _unlink(old.name)
+        if len(_SLOTS) >= MAX_SLOTS or not _room(need):
+            return None
+        slot = _Slot(max(need, 1 << 20) + (need >> 3))  # some slack: rollouts vary a little
+        _SLOTS.append(slot)
+    slot.mm[0] = 1
+    return slot
+
+
+def _put_all(value: Any, min_bytes: int) -> Any | None:
+    """``value`` with its large arrays copied into one slot and replaced by :class:`_Segment`s, or
+    ``None`` when no slot can take them."""
+    big = [a for a in _arrays(value) if a.nbytes >= min_bytes]
+    offsets, at = {}, HEADER
+    for a in big:
+        offsets[id(a)] = at
+        at = _aligned(at + a.nbytes)
     try:
-        os.posix_fallocate(fd, 0, arr.nbytes)  # no room fails here (ENOSPC), not later as SIGBUS
-        with mmap.mmap(fd, arr.nbytes) as mm:
-            dst = np.frombuffer(mm, np.uint8)
-            dst[:] = arr.reshape(-1).view(np.uint8)
-            del dst  # release the export before the mapping closes
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return _Segment(name, arr.dtype.str, tuple(arr.shape))
+        slot = _acquire(at - HEADER)
+    except OSError:  # /dev/shm filled up meanwhile
+        return None
+    if slot is None:
+        return None
+
+    def put(v: Any) -> _Segment | None:
+        if not (isinstance(v, np.ndarray) and id(v) in offsets):
+            return None
+        off = offsets[id(v)]
+        dst = np.frombuffer(slot.mm, v.dtype, v.size, off).reshape(v.shape)
+        dst[...] = v
+        del dst  # release the export of the mapping
+        return _Segment(slot.name, off, v.dtype.str, tuple(v.shape))
+
+    skeleton = _walk(value, put)
+    STATS["shm_arrays"] += len(big)
+    STATS["shm_bytes"] += sum(a.nbytes for a in big)
+    return skeleton
 
 
-def _put(value: Any, min_bytes: int, written: list[_Segment]) -> _Segment | None:
-    if isinstance(value, np.ndarray) and value.dtype != object and value.nbytes >= min_bytes:
-        written.append(_write(value))
-        return written[-1]
-    return None
+def _mapping(name: str) -> mmap.mmap:
+    with _LOCK:
+        return _mapping_locked(name)
 
 
-def _read(seg: _Segment) -> np.ndarray:
-    path = os.path.join(DIR, seg.name)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, 0)
-    finally:
-        os.close(fd)
-        os.unlink(path)  # mapped: the memory lives as long as the array, the name goes now
-    return np.frombuffer(mm, np.dtype(seg.dtype)).reshape(seg.shape)
+def _mapping_locked(name: str) -> mmap.mmap:
+    mm = _MAPS.pop(name, None)
+    if mm is None:
+        fd = os.open(os.path.join(DIR, name), os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        while len(_MAPS) >= MAX_MAPS:  # the oldest mapping goes (its sender may be long gone)
+            old = _MAPS.pop(next(iter(_MAPS)))
+            with contextlib.suppress(BufferError):
+                old.close()
+    _MAPS[name] = mm  # newest last
+    return mm
+
+
+def _take_all(value: Any) -> Any:
+    """``value`` with every :class:`_Segment` replaced by its array, a view of the slot (no copy).
+
+    The slot is marked free once every array taken from it is gone: a ``weakref.finalize`` on one
+    array spanning the mapping, which all the arrays are views of."""
+    spans: dict[str, np.ndarray] = {}
+
+    def take(v: Any) -> np.ndarray | None:
+        if not isinstance(v, _Segment):
+            return None
+        span = spans.get(v.name)
+        if span is None:
+            mm = _mapping(v.name)
+            span = spans[v.name] = np.frombuffer(mm, np.uint8)
+            weakref.finalize(span, _release, mm)
+        dtype = np.dtype(v.dtype)
+        nbytes = int(np.prod(v.shape)) * dtype.itemsize
+        return span[v.offset : v.offset + nbytes].view(dtype).reshape(v.shape)
+
+    return _walk(value, take)
+
+
+def _release(mm: mmap.mmap) -> None:
+    with contextlib.suppress(ValueError):  # the mapping was closed meanwhile
+        mm[0] = 0  # every array is gone: the sender may reuse the slot
 
 
 def _dumps(x: Shared, context: dict | None = None) -> tuple[dict, list]:
     from distributed.protocol import serialize
 
-    if _same_host(context) and _room(sum(a.nbytes for a in _arrays(x.value))):
-        written: list[_Segment] = []
-        try:
-            skeleton = _walk(x.value, lambda v: _put(v, x.min_bytes, written))
-        except OSError:  # /dev/shm filled up meanwhile: send bytes
-            for seg in written:
-                _unlink(seg.name)
-        else:
+    if _same_host(context):
+        skeleton = _put_all(x.value, x.min_bytes)
+        if skeleton is not None:
             header, frames = serialize(skeleton, on_error="raise")
-            STATS["shm_arrays"] += len(written)
-            STATS["shm_bytes"] += sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in written)
             return {"shm": True, "sub": header}, frames
     STATS["framed_values"] += 1
     header, frames = serialize(x.value, on_error="raise")
@@ -175,7 +281,7 @@ def _loads(header: dict, frames: list) -> Any:
     from distributed.protocol import deserialize
 
     value = deserialize(header["sub"], frames)
-    return _walk(value, lambda v: _read(v) if isinstance(v, _Segment) else None) if header["shm"] else value
+    return _take_all(value) if header["shm"] else value
 
 
 def _unlink(name: str) -> None:
@@ -208,6 +314,12 @@ def sweep(own: bool = False) -> int:
         if (own and pid == os.getpid()) or not _alive(pid):
             _unlink(name)
             removed += 1
+    if own:
+        with _LOCK:
+            for slot in _SLOTS:
+                with contextlib.suppress(BufferError):
+                    slot.mm.close()
+            _SLOTS.clear()
     return removed
 
 
