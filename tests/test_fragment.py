@@ -39,7 +39,7 @@ def test_trace_records_calls_and_edges():
 
 def test_ppo_algorithm_is_found_by_its_decorators():
     algo = load_algorithm("ppo")
-    assert set(algo.roles) == {"sampler", "learner", "evaluator"}
+    assert set(algo.roles) == {"sampler", "learner", "inference", "evaluator"}
     assert algo.roles["sampler"].many and not algo.roles["learner"].many
     assert [n.name for n in algo.graph.nodes] == ["publish", "collect", "update"]
     assert [n.name for n in algo.eval_graph.nodes] == ["publish", "evaluate"]
@@ -94,6 +94,7 @@ def test_recovery_is_declared_apart_from_replication():
     assert {r: (d.many, d.recover) for r, d in algo.roles.items()} == {
         "sampler": (True, "replace"),
         "learner": (False, "rollback"),
+        "inference": (False, "replace"),
         "evaluator": (False, "replace"),
     }
     assert role("learner", recover="replace")(lambda ctx, cfg: None).__dagrl_role__.recover == "replace"

@@ -56,7 +56,7 @@ class CentralInference(Lockstep):
         """Point every sampler (a replacement, or all after the inference role was replaced) at it."""
         server = self.server
         todo = [h for h in self.hosts[self.actors_role] if self.attached.get(id(h)) != id(server)]
-        for h, fut in [(h, h.attach_inference(server.target)) for h in todo]:
+        for h, fut in [(h, h.attach_inference(server.address, server.host_id)) for h in todo]:
             fut.result()
             self.attached[id(h)] = id(server)
 

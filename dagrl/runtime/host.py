@@ -180,9 +180,9 @@ class RoleHost:
     def inference_stats(self) -> dict[str, float]:
         return self.batcher.stats() if self.batcher is not None else {}
 
-    def attach_inference(self, actor: Any) -> None:
-        """A sampler: act through ``actor`` (the inference role's host) from now on."""
-        self.ctx.inference.actor = actor
+    def attach_inference(self, address: str, key: str) -> None:
+        """A sampler: act through the inference role's host (actor ``key`` on worker ``address``) from now on."""
+        self.ctx.inference.attach(address, key)
 
     def acting_stats(self) -> tuple[int, float]:
         """A sampler: inference calls made and seconds waited since last asked."""

@@ -34,26 +34,47 @@ class InferenceUnavailable(RuntimeError):
 
 
 class InferenceClient:
-    """A sampler's handle on the inference role; ``actor`` is set by the policy once both exist."""
+    """A sampler's handle on the inference role; ``attach`` points it at the role's host (again after a
+    replacement, which a call already running then follows from its next step)."""
 
     def __init__(self, owner: str, timeout_s: float = 60.0):
         self.owner, self.timeout_s = owner, timeout_s
-        self.actor: Any = None
+        self.address: str | None = None
+        self.key: str | None = None
         self._calls, self._wait_s = 0, 0.0
 
+    def attach(self, address: str, key: str) -> None:
+        self.address, self.key = address, key
+
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, ...]:
-        if self.actor is None:
+        """One actor call, made through the worker's own connection pool rather than a Dask ``Actor``
+        proxy: the proxy, finding the actor's worker gone, waits for the actor's key to be computed
+        again (never, for a pinned actor), holding this sampler's only thread."""
+        from distributed import get_worker
+        from distributed.protocol import to_serialize
+        from distributed.utils import sync
+
+        if self.address is None:
             raise InferenceUnavailable(f"{self.owner}: no inference role attached (policy central-inference)")
+        worker, address, key = get_worker(), self.address, self.key
+
+        async def call() -> Any:
+            rpc = worker.rpc(address)
+            msg = rpc.actor_execute(actor=key, function="act", args=[to_serialize(np.ascontiguousarray(obs))])
+            return await asyncio.wait_for(msg, self.timeout_s)
+
         t0 = time.perf_counter()
         try:
-            out = self.actor.act(np.ascontiguousarray(obs)).result(timeout=self.timeout_s)
+            reply = sync(worker.loop, call)
         except Exception as err:
             raise InferenceUnavailable(
-                f"{self.owner} could not reach the inference role: {type(err).__name__}: {err}"
+                f"{self.owner} could not reach the inference role at {address}: {type(err).__name__}: {err}"
             ) from None
+        if reply["status"] != "OK":
+            raise reply["exception"]
         self._calls += 1
         self._wait_s += time.perf_counter() - t0
-        return out
+        return reply["result"]
 
     def load(self, weights: Any) -> None:
         """Nothing: the inference role receives the learner's weights itself."""
@@ -63,9 +84,6 @@ class InferenceClient:
         out = (self._calls, self._wait_s)
         self._calls, self._wait_s = 0, 0.0
         return out
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "actor": None}  # an actor handle is attached on the sampler's worker
 
 
 class Batcher:
