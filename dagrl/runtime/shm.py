@@ -69,9 +69,19 @@ def unwrap(value: Any) -> Any:
 
 
 def _arrays(value: Any) -> list[np.ndarray]:
-    out: list[np.ndarray] = []
-    _walk(value, lambda v: out.append(v) if isinstance(v, np.ndarray) and v.dtype != object else None)
-    return out
+    """The numpy arrays inside ``value`` (as :func:`_walk` finds them), without rebuilding anything:
+    every fragment output passes through here."""
+    if isinstance(value, np.ndarray):
+        return [value] if value.dtype != object else []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items: Any = (getattr(value, f.name) for f in dataclasses.fields(value))
+    elif isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        items = value
+    else:
+        return []
+    return [a for v in items for a in _arrays(v)]
 
 
 def _walk(value: Any, leaf: Any) -> Any:
