@@ -40,8 +40,9 @@ class CentralInference(Lockstep):
         super().__init__(graph, hosts, executor)
         algo = graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
-        self.attached: dict[int, int] = {}
-        """Sampler handle id -> inference handle id it was attached to."""
+        self.attached: dict[Any, Any] = {}
+        """Sampler handle -> the inference handle it acts through (handles, not ids: a replaced
+        handle's id may be reused by its replacement)."""
         self._serve()
 
     @property
@@ -55,10 +56,11 @@ class CentralInference(Lockstep):
     def _attach(self) -> None:
         """Point every sampler (a replacement, or all after the inference role was replaced) at it."""
         server = self.server
-        todo = [h for h in self.hosts[self.actors_role] if self.attached.get(id(h)) != id(server)]
-        for h, fut in [(h, h.attach_inference(server.address, server.host_id)) for h in todo]:
+        samplers = self.hosts[self.actors_role]
+        todo = [h for h in samplers if self.attached.get(h) is not server]
+        for fut in [h.attach_inference(server.address, server.host_id) for h in todo]:  # all at once
             fut.result()
-            self.attached[id(h)] = id(server)
+        self.attached = dict.fromkeys(samplers, server)  # replaced samplers' handles are dropped
 
     def before(self, node: Node, calls: dict[int, list[Call]]) -> list[Call]:
         if node.role != self.actors_role:

@@ -117,7 +117,7 @@ def _same_host(context: dict | None) -> bool:
 
     try:
         sender, recipient = context["sender"]["address"], context["recipient"]["address"]
-        if parse_address(sender)[0] != "tcp" and parse_address(recipient)[0] != "tcp":
+        if parse_address(sender)[0] != "tcp" or parse_address(recipient)[0] != "tcp":
             return False
         return get_address_host(sender) == get_address_host(recipient)
     except (KeyError, TypeError, ValueError):  # no context: spilling to disk, or an unknown comm
@@ -133,7 +133,7 @@ def _room(nbytes: int) -> bool:
 
 
 HEADER = 64
-"""Bytes before a slot's data; byte 0 is 1 while a receiver has not copied the data out yet."""
+"""Bytes before a slot's data; byte 0 is 1 while the slot is written or a receiver holds its arrays."""
 MAX_SLOTS = 4
 """Slots one sending process keeps; a transfer finding all of them busy goes as frames."""
 ALIGN = 64
