@@ -130,6 +130,58 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Measure, predict, verify; write the tuned graph and print predicted vs achieved."""
+    import json
+    import shlex
+
+    from dagrl.clusters import LocalClusterSpec, check_local, load_cluster
+    from dagrl.graph import load_graph
+    from dagrl.schema import apply_overrides
+    from dagrl.tune import Measurements, shape_of, tune, write_tuned
+
+    path = resolve("graphs", args.graph, "GRAPH")
+    graph = load_graph(path, args.set)
+    shape_of(graph)  # refuses a graph with nothing to tune, before anything starts
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if isinstance(cluster, LocalClusterSpec):
+        check_local(cluster, graph)
+    if args.budget_s <= 0:
+        raise ConfigError("dagrl tune", "--budget-s", f"must be > 0, got {args.budget_s}")
+    measured = None
+    if args.from_measurements:
+        try:
+            measured = Measurements.from_dict(json.loads(Path(args.from_measurements).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(args.from_measurements, "", f"not a measurements file of dagrl tune ({err})") from None
+    data = apply_overrides(read_yaml(path), list(args.set))
+    out = Path(args.out or f"{Path(path).stem}-tuned.yaml")
+    tuning = tune(
+        graph, data, cluster, budget_s=args.budget_s, n_verify=args.verify, max_samplers=args.max_samplers,
+        measurements=measured, progress=not args.quiet,
+    )  # fmt: skip
+    if args.measurements:
+        Path(args.measurements).write_text(json.dumps(tuning.measurements.to_dict(), indent=1) + "\n")
+    command = shlex.join(["dagrl", "tune", *(args.argv or [])])
+    write_tuned(tuning, data, command, out, str(path))
+    print(_tune_report(tuning))
+    print(f"wrote {out}")
+    return 0
+
+
+def _tune_report(tuning: Any) -> str:
+    lines = ["predicted  achieved  env steps/s"]
+    for c, p in tuning.ranked[:5]:
+        lines.append(f"{p.steps_s:9.0f}  {'':>8}  {c.describe()}")
+    if tuning.verified:
+        lines = ["predicted  achieved  env steps/s (short real runs)"]
+        for r in tuning.verified:
+            pred = "-" if r.predicted is None else f"{r.predicted.steps_s:.0f}"
+            got = "-" if r.achieved is None else f"{r.achieved:.0f}"
+            lines.append(f"{pred:>9}  {got:>8}  {r.label(tuning)}")
+    return "\n".join(lines)
+
+
 def cmd_list(kind: str) -> int:
     """``dagrl graphs`` / ``dagrl clusters``: every file usable by name, with its first comment line."""
     from dagrl import catalog
@@ -204,6 +256,24 @@ def parser() -> argparse.ArgumentParser:
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
     )
 
+    tune = sub.add_parser("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
+    tune.add_argument("graph", help="a graph file or name")
+    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    where = tune.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (default: an embedded LocalCluster)")
+    where.add_argument("--scheduler", help="tune on a running Dask scheduler")
+    tune.add_argument("--budget-s", type=float, default=120.0, help="seconds to spend measuring and verifying")
+    tune.add_argument("--out", help="the tuned graph to write (default: GRAPH-tuned.yaml here)")
+    tune.add_argument("--verify", type=int, default=3, help="best predictions to check by short real runs (0: none)")
+    tune.add_argument(
+        "--max-samplers", type=int, help="most samplers a candidate may have (default: 4 per core, <= 16)"
+    )
+    tune.add_argument("--measurements", metavar="FILE", help="also save what was measured (JSON)")
+    tune.add_argument(
+        "--from", dest="from_measurements", metavar="FILE", help="use saved measurements; measure nothing"
+    )
+    tune.add_argument("--quiet", action="store_true")
+
     sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
     sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
 
@@ -243,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "graph":
             return cmd_graph(args)
+        if args.command == "tune":
+            args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
+            return cmd_tune(args)
         if args.command in ("graphs", "clusters"):
             return cmd_list(args.command)
         return cmd_bench(args, rest)

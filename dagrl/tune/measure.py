@@ -1,0 +1,289 @@
+"""What ``dagrl tune`` measures, on a worker of the cluster it tunes for.
+
+* **Fragments** (:func:`probe_fragments`): the graph's own iteration under ``single`` inside one
+  worker, one sampler with a given number of envs, timed per fragment by the role hosts (the
+  ``busy_s`` they keep): a collect's seconds per vector step, and each learner role's seconds per
+  round, with the graph's own networks, batch sizes and devices.
+* **Envs** (:func:`probe_env`): a vector env stepped with random actions, its wall and CPU time: how
+  much of a step takes a core (a simulator that waits on something else does not).
+* **Load** (:func:`probe_loaded`): the env stepped on every worker but one at once while the other
+  runs the graph's iteration: how much slower a step gets when samplers share the machine with each
+  other and a learner (on a few cores, a sleeping simulator mostly waits for a core to wake it on).
+* **The cluster** (:func:`probe_cluster`): cores per host, GPUs, the time a task takes to reach a
+  worker and report back, and worker-to-worker bandwidth.
+
+Off-policy probes start learning at once (``learning_starts`` lowered to one batch), so a round's
+cost is that of a real update.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagrl.tune.model import Costs
+
+__all__ = ["Measurements", "probe_cluster", "probe_env", "probe_fragments"]
+
+
+@dataclass
+class Measurements:
+    """Everything the model needs, as measured; saved in JSON so a choice can be reproduced."""
+
+    fragments: list[dict[str, Any]] = field(default_factory=list)
+    """One :func:`probe_fragments` result per envs count probed."""
+    env: list[dict[str, Any]] = field(default_factory=list)
+    """One :func:`probe_env` result per envs count probed."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """:func:`probe_cluster`'s result."""
+    calibration: dict[str, Any] = field(default_factory=dict)
+    """The short real distributed run that calibrates the model: its candidate, predicted (before
+    calibration) and achieved env steps/s."""
+    loaded: dict[str, Any] = field(default_factory=dict)
+    """:func:`probe_loaded`'s result: env steps while other samplers and a learner share the machine."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurements:
+        return cls(
+            **{k: data[k] for k in ("fragments", "env", "cluster")},
+            loaded=data.get("loaded", {}),
+            calibration=data.get("calibration", {}),
+        )
+
+    def costs(self, sampler: str, learners: list[str]) -> Costs:
+        """The model's view: a line through the fragment probes' seconds per vector step against envs;
+        ``learners`` are the roles ``split-learner`` runs at once."""
+        points = sorted((p["envs"], p["busy"][sampler]["step_s"]) for p in self.fragments)
+        if len(points) == 1 or points[0][0] == points[-1][0]:
+            fixed, per_env = 0.0, points[-1][1] / points[-1][0]
+        else:
+            (n0, s0), (n1, s1) = points[0], points[-1]
+            per_env = max(0.0, (s1 - s0) / (n1 - n0))
+            fixed = max(0.0, s0 - per_env * n0)
+        full = max(self.fragments, key=lambda p: p["envs"])  # the probe with the graph's own batch
+        roles = {r: v["round_s"] for r, v in full["busy"].items() if r != sampler}
+        overlap = sum(s for r, s in roles.items() if r not in learners) + max(
+            (roles.get(r, 0.0) for r in learners), default=0.0
+        )
+        env_points = sorted(self.env, key=lambda e: e["envs"])
+        biggest = env_points[-1] if env_points else None
+        slowdown, at = 1.0, 1
+        if self.loaded and env_points:
+            alone = env_step_s(env_points, self.loaded["envs"])
+            slowdown, at = max(1.0, self.loaded["step_s"] / alone), self.loaded["samplers"]
+        env_share = 0.0
+        if biggest is not None:
+            step_s = fixed + per_env * biggest["envs"]
+            env_share = min(1.0, biggest["step_s"] / step_s) if step_s > 0 else 1.0
+        return Costs(
+            step_fixed_s=fixed,
+            step_per_env_s=per_env,
+            env_cpu=biggest["cpu_share"] if biggest else 1.0,
+            env_share=env_share,
+            round_s=sum(roles.values()),
+            round_overlap_s=overlap,
+            hop_s=self.cluster.get("hop_s", 0.0),
+            peer_bytes_s=self.cluster.get("peer_bytes_s", float("inf")),
+            cores=int(self.cluster.get("cores", os.cpu_count() or 1)),
+            task_cpu_s=self.cluster.get("task_cpu_s", 0.0),
+            calibration=self.calibration["achieved"] / self.calibration["predicted"] if self.calibration else 1.0,
+            load_slowdown=slowdown,
+            load_samplers=at,
+        )
+
+
+def env_step_s(points: list[dict[str, Any]], envs: int) -> float:
+    """Seconds per vector step of ``envs`` envs alone, on the line through the env probes."""
+    (n0, s0), (n1, s1) = (points[0]["envs"], points[0]["step_s"]), (points[-1]["envs"], points[-1]["step_s"])
+    if n1 == n0:
+        return s1 * envs / n1
+    return s0 + (s1 - s0) * (envs - n0) / (n1 - n0)
+
+
+def probe_data(data: dict[str, Any], sampler: str, envs: int, length: tuple[str, int]) -> dict[str, Any]:
+    """A graph mapping for a probe: ``single``, one sampler of ``envs`` envs, nothing else running."""
+    data = copy.deepcopy(data)
+    for key in ("max_staleness", "rollouts_per_update", "update_ratio", "rate_limit", "max_lead", "publish_every"):
+        data.pop(key, None)
+    data["policy"] = "single"
+    data.setdefault("roles", {}).setdefault(sampler, {})
+    data["roles"][sampler] = {**(data["roles"][sampler] or {}), "replicas": 1, "envs": envs}
+    hp = data.setdefault("hyperparameters", {})
+    hp[length[0]] = length[1]
+    if "learning_starts" in hp or "batch_size" in hp:
+        hp["learning_starts"] = int(hp.get("batch_size", 256))
+    data["evaluate"] = {"every": 0}
+    data["stop"] = {"iterations": 10**9}
+    return data
+
+
+def probe_fragments(
+    data: dict[str, Any], where: str, sampler: str, envs: int, length: tuple[str, int], seconds: float
+) -> dict[str, Any]:
+    """Run the graph under ``single`` here for about ``seconds`` after its first update; per role and
+    fragment, seconds per iteration, and per vector step for the sampler (see the module docstring)."""
+    import torch
+
+    from dagrl.graph import resolve_graph
+    from dagrl.policies import build_policy
+
+    graph = resolve_graph(probe_data(data, sampler, envs, length), where)
+    torch.set_num_threads(graph.spec.torch_threads)
+    with tempfile.TemporaryDirectory(prefix="dagrl-tune-") as tmp:
+        policy = build_policy(graph, None, run_dir=tmp)
+        try:
+            warm = 0
+            while warm < 500:  # until the learner has updated once (off-policy: replay filled)
+                warm += 1
+                if policy.step().metrics.get("perf/frames", 0) > 0:
+                    break
+            before = busy(policy)
+            t0, iterations, steps = time.perf_counter(), 0, 0
+            while iterations < 3 or (time.perf_counter() - t0 < seconds and iterations < 10_000):
+                steps += policy.step().env_steps
+                iterations += 1
+            wall = time.perf_counter() - t0
+            after = busy(policy)
+        finally:
+            policy.close()
+    roles: dict[str, dict[str, float]] = {}
+    for role in after:
+        spent = sum(after[role].values()) - sum(before.get(role, {}).values())
+        roles[role] = {"round_s": spent / iterations}
+    roles[sampler]["step_s"] = roles[sampler]["round_s"] / length[1]
+    return {
+        "envs": envs,
+        "length": length[1],
+        "iterations": iterations,
+        "env_steps": steps,
+        "wall_s": wall,
+        "busy": roles,
+        "fragments": {r: {f: (s - before.get(r, {}).get(f, 0.0)) / iterations for f, s in fs.items()}
+                      for r, fs in after.items()},
+    }  # fmt: skip
+
+
+def busy(policy: Any) -> dict[str, dict[str, float]]:
+    """Seconds each role has spent in each of its fragments so far (summed over replicas)."""
+    out: dict[str, dict[str, float]] = {}
+    for info in policy.actors():
+        role = out.setdefault(info["role"], {})
+        for fragment, s in info["busy_s"].items():
+            role[fragment] = role.get(fragment, 0.0) + s
+    return out
+
+
+def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float) -> dict[str, Any]:
+    """Step ``envs`` copies of an env with random actions for about ``seconds``: wall seconds per
+    vector step and the share of them that took this thread's CPU."""
+    import gymnasium as gym
+
+    from dagrl.graph import EnvSpec, _probe_env
+
+    _probe_env(EnvSpec(id=env_id, kwargs=kwargs), "env")  # imports the env's module, like a sampler
+    vec = gym.make_vec(env_id.rpartition(":")[2], num_envs=envs, vectorization_mode="sync", **kwargs)
+    try:
+        vec.reset(seed=0)
+        vec.action_space.seed(0)
+        actions = [vec.action_space.sample() for _ in range(64)]
+        steps, t0, c0 = 0, time.perf_counter(), time.thread_time()
+        while steps < 16 or time.perf_counter() - t0 < seconds:
+            vec.step(actions[steps % len(actions)])
+            steps += 1
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    finally:
+        vec.close()
+    return {"envs": envs, "steps": steps, "step_s": wall / steps, "cpu_share": min(1.0, cpu / wall)}
+
+
+def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float) -> dict[str, Any]:
+    """Env steps while the machine is as busy as a distributed run makes it: ``probe_env(*env)`` on
+    every worker but the first, at once, while the first runs ``probe_fragments(*fragments)`` (a
+    sampler and learner taking turns). Median seconds per vector step over those workers."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if len(workers) < 2:
+        return {}
+    load = client.submit(probe_fragments, *fragments, seconds, pure=False, workers=workers[:1])
+    steps = [client.submit(probe_env, *env, 0.8 * seconds, pure=False, workers=[w]) for w in workers[1:]]
+    results = client.gather(steps)
+    load.result()
+    return {
+        "samplers": len(steps),
+        "envs": env[2],
+        "step_s": statistics.median(r["step_s"] for r in results),
+        "cpu_share": statistics.median(r["cpu_share"] for r in results),
+    }
+
+
+def probe_cluster(client: Any, transfer_bytes: int = 16 * 2**20) -> dict[str, Any]:
+    """Cores (per distinct host), GPUs, a task's round trip, and worker-to-worker bytes/s."""
+    from distributed import wait
+
+    def where() -> tuple[str, int]:
+        return socket.gethostname(), len(os.sched_getaffinity(0)) if hasattr(
+            os, "sched_getaffinity"
+        ) else os.cpu_count()
+
+    hosts = dict(client.run(where).values())
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    gpus = sum(w.get("resources", {}).get("GPU", 0) for w in workers.values())
+    addresses = sorted(workers)
+    hops = []
+    for i in range(25):
+        if i == 5:  # after warming up: the CPU the scheduler, a worker and this client spend per task
+            cpu0 = _cpu(client, addresses[0])
+        t0 = time.perf_counter()
+        client.submit(_nothing, pure=False, workers=addresses[:1]).result()
+        hops.append(time.perf_counter() - t0)
+    task_cpu = (_cpu(client, addresses[0]) - cpu0) / 20
+    out = {
+        "cores": sum(hosts.values()),
+        "hosts": len(hosts),
+        "workers": len(addresses),
+        "gpus": gpus,
+        "hop_s": statistics.median(hops[5:]),
+        "task_cpu_s": max(0.0, task_cpu),
+    }
+    if len(addresses) > 1:  # a big block's move minus a tiny one's: the bytes' own time
+        moves = {}
+        for size in (1, transfer_bytes):
+            times = []
+            for _ in range(3):
+                block = client.submit(_block, size, pure=False, workers=addresses[:1])
+                wait(block)  # made there; the timing below is the move
+                t0 = time.perf_counter()
+                client.submit(_size, block, pure=False, workers=addresses[1:2]).result()
+                times.append(time.perf_counter() - t0)
+                del block
+            moves[size] = statistics.median(times)
+        out["peer_bytes_s"] = transfer_bytes / max(moves[transfer_bytes] - moves[1], 1e-6)
+    return out
+
+
+def _cpu(client: Any, worker: str) -> float:
+    """CPU seconds so far of the scheduler, ``worker`` and this process, together."""
+    scheduler = client.run_on_scheduler(time.process_time)
+    return scheduler + client.run(time.process_time, workers=[worker])[worker] + time.process_time()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _block(n: int) -> np.ndarray:
+    return np.ones(n, np.uint8)
+
+
+def _size(a: np.ndarray) -> int:
+    return int(a.nbytes)

@@ -1,0 +1,225 @@
+"""The cost model of ``dagrl tune``: which settings a graph could run with, and how fast each would go.
+
+Everything here is a pure function of a :class:`Shape` (what the graph fixes) and
+:class:`~dagrl.tune.measure.Measurements` (what the cluster showed), so the same measurements give
+the same ranking.
+
+What the tuner may change and what it keeps
+-------------------------------------------
+It changes how the work is spread, never what is learnt from: the env steps behind each learner
+update (PPO's batch, an off-policy algorithm's steps between learner rounds, so its update-to-data
+ratio) and every hyperparameter but the off-policy rollout length stay as written. Candidates differ
+in the policy, the number of samplers, envs per sampler and, where the policy decouples them, how
+many collects feed one update (``rollouts_per_update``, ``update_ratio``).
+
+The model
+---------
+A collect of ``envs`` envs for ``length`` steps takes ``length * (a + b * envs)`` seconds on an idle
+core (``a``, ``b`` fitted to the probes), of which the env's measured CPU share uses a core (a
+sleeping simulator does not). With ``k`` samplers collecting at once beside a learner it takes
+longer, by a factor linear in ``k`` from none for one sampler to the one measured under load. A
+learner round takes the measured ``L``. Moving a collect between workers costs one task hop plus its
+bytes at the measured peer bandwidth; a distributed learner round adds a task round trip per
+fragment after the samplers' and one for the driver. What a distributed run loses beyond that (the
+driver's dispatch, samplers waiting for weights or for the rate limiter) is measured once, by a
+short real run, as achieved over predicted, and scales every distributed candidate.
+
+* ``single``: collects then the update, one after another: ``steps / (collects * collect + L)``.
+* ``sync``: every sampler collects at once, then the update: the collects stretched by CPU
+  contention when the samplers want more cores than there are.
+* ``async``, ``apex``, ``split-learner``: samplers and learner run at once; throughput is the slower
+  of the two rates (samplers counted only as many as the rate limiter lets collect at once: ``async``
+  lets ``2 x rollouts_per_update`` collects run ahead of the learner), the learner's slowed by the
+  CPU everything else needs: samplers (as busy as the rate limiter lets them be), and the
+  scheduler's and driver's CPU per task. ``split-learner`` overlaps its learner roles, so its round
+  is the slowest role's share, not their sum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Candidate", "Prediction", "Shape", "candidates", "predict", "rank"]
+
+ONPOLICY = ("single", "sync", "async")
+OFFPOLICY = ("single", "sync", "apex", "split-learner")
+SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
+MAX_ENVS = 64
+"""Most envs one sampler gets among the candidates (a vector env steps them in one thread)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a graph fixes for the tuner (see the module docstring)."""
+
+    onpolicy: bool
+    """Samplers feed the learner directly (PPO, IMPALA); else through replay (DQN, SAC, TD3)."""
+    sampler: str
+    """The replicated role that collects (its name in ``roles``)."""
+    length_key: str
+    """The hyperparameter holding a collect's length in vector steps (``num_steps``, ``steps``)."""
+    length: int
+    """Its value in the graph."""
+    round_steps: int
+    """Env steps behind one learner update; kept by every candidate."""
+    policies: tuple[str, ...]
+    """The policies the algorithm can run, among those the tuner considers."""
+    step_bytes: int
+    """Bytes one env step adds to a rollout (observation, action, reward, flags)."""
+    max_staleness: int = 2
+    """``async``'s bound, as in the graph when it is an ``async`` graph."""
+    round_hops: int = 2
+    """Task round trips on a distributed learner round's critical path: each fragment after the
+    samplers' (``update``, ``publish``; a replay's ``add`` and ``sample``), and the driver's own."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    policy: str
+    samplers: int
+    envs: int
+    """Envs per sampler."""
+    length: int
+    """Vector steps per collect."""
+    collects_per_round: int
+    """Collects behind one learner update (``rollouts_per_update``; ``1 / update_ratio``)."""
+
+    def describe(self) -> str:
+        per = "" if self.policy in ("single", "sync") else f", {self.collects_per_round} collects/update"
+        return f"{self.policy}: {self.samplers} x {self.envs} envs x {self.length} steps{per}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    steps_s: float
+    """Env steps per second the candidate should reach."""
+    collect_s: float
+    """Seconds one collect takes on an idle core."""
+    round_s: float
+    """Seconds one learner round takes (its transfers included)."""
+    contention: float
+    """How much CPU contention slows everything (1: none)."""
+    bound: str
+    """What limits it: ``samplers``, ``learner`` or ``serial`` (one waits for the other)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
+    """Every setting the tuner considers for ``shape``, with at most ``max_samplers`` samplers."""
+    counts = [k for k in SAMPLER_COUNTS if k <= max_samplers]
+    out: list[Candidate] = []
+    if shape.onpolicy:  # the rollout length stays; the batch's envs are spread over samplers
+        if shape.round_steps % shape.length:
+            return []
+        total = shape.round_steps // shape.length
+        envs = [n for n in divisors(total) if n <= MAX_ENVS]
+        if "single" in shape.policies and total <= MAX_ENVS:
+            out.append(Candidate("single", 1, total, shape.length, 1))
+        if "sync" in shape.policies:
+            out += [Candidate("sync", k, total // k, shape.length, k) for k in counts if k > 1 and total % k == 0]
+            out = [c for c in out if c.envs <= MAX_ENVS]
+        if "async" in shape.policies:
+            out += [Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts]
+        return out
+    per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
+    for policy in shape.policies:
+        for e in per_collect:
+            for n in (n for n in divisors(e) if n <= MAX_ENVS):
+                collects = shape.round_steps // e
+                if policy == "single" and collects == 1:
+                    out.append(Candidate("single", 1, n, e // n, 1))
+                elif policy == "sync":
+                    if collects > 1 and collects in counts:
+                        out.append(Candidate("sync", collects, n, e // n, collects))
+                elif policy in ("apex", "split-learner"):
+                    out += [Candidate(policy, k, n, e // n, collects) for k in counts]
+    return out
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The measurements the model reads (a view of :class:`~dagrl.tune.measure.Measurements`)."""
+
+    step_fixed_s: float
+    """Seconds per vector step of a sampler, whatever its envs (``a``)."""
+    step_per_env_s: float
+    """Seconds per vector step per env (``b``)."""
+    env_cpu: float
+    """Share of an env step's time that takes a core (0: the simulator sleeps; 1: it computes)."""
+    env_share: float
+    """Share of a vector step's time spent inside the envs (the rest is acting: a CPU forward)."""
+    round_s: float
+    """Seconds of one learner round, all learner roles one after another."""
+    round_overlap_s: float
+    """Seconds of one learner round when learner roles run at once (``split-learner``)."""
+    hop_s: float
+    """Seconds a task takes to reach a worker and report back (distributed only)."""
+    peer_bytes_s: float
+    """Worker-to-worker bandwidth."""
+    cores: int
+    task_cpu_s: float = 0.0
+    """CPU seconds the scheduler, the driver and a worker spend on one task (distributed only)."""
+    calibration: float = 1.0
+    """Achieved over predicted env steps/s of one short real distributed run: what orchestration
+    (the driver's dispatch, weights waits, the rate limiter's pauses) costs beyond the model."""
+    load_slowdown: float = 1.0
+    """How much slower a collect ran with ``load_samplers`` samplers and a learner on the machine."""
+    load_samplers: int = 1
+
+    def slowdown(self, samplers: int) -> float:
+        """A collect's slowdown with ``samplers`` collecting at once beside a learner: linear in the
+        samplers, from none for one to the measured one."""
+        if self.load_samplers < 2:
+            return self.load_slowdown
+        return max(1.0, 1.0 + (self.load_slowdown - 1.0) * (samplers - 1) / (self.load_samplers - 1))
+
+
+def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
+    """Env steps/s of ``c`` under ``costs`` (see the module docstring)."""
+    steps = c.envs * c.length
+    collect = c.length * (costs.step_fixed_s + costs.step_per_env_s * c.envs)
+    cpu = 1.0 - costs.env_share * (1.0 - costs.env_cpu)  # the core share of a collect
+    if c.policy == "single":
+        total = c.collects_per_round * collect + costs.round_s
+        return Prediction(shape.round_steps / total, collect, costs.round_s, 1.0, "serial")
+    move = costs.hop_s + steps * shape.step_bytes / costs.peer_bytes_s
+    if c.policy == "sync":
+        stretch = max(1.0, (c.samplers * cpu + costs.task_cpu_s * c.samplers / collect) / costs.cores)
+        collect *= max(stretch, costs.slowdown(c.samplers))
+        total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
+        return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
+    learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
+    round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
+    # the rate limiter lets samplers run at most ``collects_per_round + max_lead`` collects ahead of the
+    # last finished round: async's max_lead is rollouts_per_update, apex's 2 per sampler
+    lead = c.collects_per_round if c.policy == "async" else 2 * c.samplers
+    parallel = min(c.samplers, c.collects_per_round + lead)
+    collect *= costs.slowdown(parallel)
+    sampler_rate = parallel * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
+    learner_rate = shape.round_steps / round_s
+    rate = min(sampler_rate, learner_rate)
+    for _ in range(3):  # the learner shares the cores with what the samplers and tasks need at that rate
+        busy = rate / sampler_rate  # a rate limiter holds samplers that run ahead of the learner
+        tasks = busy * sampler_rate / steps + rate / shape.round_steps  # collects and rounds per second
+        demand = parallel * cpu * busy + rate / learner_rate + tasks * costs.task_cpu_s
+        stretch = max(1.0, demand / costs.cores)
+        rate = min(sampler_rate, learner_rate / stretch)
+    bound = "samplers" if sampler_rate <= learner_rate / stretch else "learner"
+    return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
+
+
+def rank(shape: Shape, costs: Costs, max_samplers: int) -> list[tuple[Candidate, Prediction]]:
+    """Candidates, fastest predicted first; ties go to fewer samplers, then fewer envs (cheaper)."""
+    scored = [(c, predict(c, shape, costs)) for c in candidates(shape, max_samplers)]
+    scored = [(c, p) for c, p in scored if math.isfinite(p.steps_s) and p.steps_s > 0]
+    order = {p: i for i, p in enumerate(ONPOLICY + OFFPOLICY)}
+    scored.sort(key=lambda cp: (-round(cp[1].steps_s, 6), cp[0].samplers, cp[0].envs, order[cp[0].policy]))
+    return scored

@@ -1,0 +1,357 @@
+"""``dagrl tune``: measure, predict, verify by short real runs, write the tuned graph.
+
+:func:`shape_of` reads what a graph fixes, :mod:`.measure` measures on the cluster,
+:mod:`.model` ranks the settings, :func:`verify` runs the best few (and the graph as written) for a
+few seconds each with :func:`dagrl.train`, and :func:`write_tuned` writes the fastest as a graph file
+whose comments say what was measured, predicted and achieved.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from dagrl import distribution
+from dagrl.graph import Graph, resolve_graph
+from dagrl.schema import ConfigError
+from dagrl.tune.measure import Measurements, probe_cluster, probe_env, probe_fragments, probe_loaded
+from dagrl.tune.model import MAX_ENVS, OFFPOLICY, ONPOLICY, Candidate, Prediction, Shape, divisors, predict, rank
+
+log = logging.getLogger("dagrl")
+
+__all__ = ["Result", "Tuning", "shape_of", "tune", "verify", "write_tuned"]
+
+MODELLED = ("single", "sync", "async", "apex", "split-learner")
+"""Policies the cost model predicts (the first runs in one process)."""
+
+LENGTH_KEYS = ("num_steps", "steps")
+"""Hyperparameters that hold a collect's length, in the order looked for."""
+
+
+def _runs(policy: str, algorithm: Any) -> bool:
+    try:
+        distribution.check(policy, algorithm)
+    except TypeError:
+        return False
+    return True
+
+
+def shape_of(graph: Graph) -> Shape:
+    """What ``graph`` fixes for the tuner; ``ConfigError`` for a graph it cannot tune."""
+    algo = graph.algorithm
+    try:
+        stream = distribution.stream_shape(algo)
+    except TypeError as err:
+        raise ConfigError(graph.path, "algorithm", f"{graph.spec.algorithm}: nothing to tune: {err}") from None
+    sampler = stream.stream.role
+    key = next((k for k in LENGTH_KEYS if hasattr(graph.config, k)), None)
+    if key is None:
+        raise ConfigError(
+            graph.path,
+            "hyperparameters",
+            f"{graph.spec.algorithm} has none of {', '.join(LENGTH_KEYS)} (a collect's length)",
+        )
+    length = int(getattr(graph.config, key))
+    role = graph.role(sampler)
+    policy, options = graph.spec.policy, graph.policy_options
+    collect = role.envs * length
+    if policy == "async":
+        round_steps = options.rollouts_per_update * collect
+    elif policy in ("apex", "split-learner"):
+        ratio = options.update_ratio if options.update_ratio is not None else 1.0 / role.replicas
+        round_steps = max(1, round(collect / ratio))
+    else:
+        round_steps = role.replicas * collect
+    onpolicy = _runs("async", algo)
+    obs, act = graph.observation_space, graph.action_space
+    obs_bytes = int(np.prod(obs.shape or (1,))) * np.dtype(obs.dtype).itemsize
+    act_bytes = int(np.prod(act.shape or (1,))) * max(np.dtype(act.dtype).itemsize, 4)
+    return Shape(
+        onpolicy=onpolicy,
+        sampler=sampler,
+        length_key=key,
+        length=length,
+        round_steps=round_steps,
+        policies=tuple(p for p in (ONPOLICY if onpolicy else OFFPOLICY) if _runs(p, algo)),
+        step_bytes=obs_bytes * (1 if onpolicy else 2) + act_bytes + 16,
+        max_staleness=options.max_staleness if policy == "async" else 2,
+        round_hops=len(stream.insert) + len(stream.learn) + 1,
+    )
+
+
+def learner_roles(graph: Graph) -> list[str]:
+    """Single-instance roles holding the run's state (learners): ``split-learner`` overlaps them."""
+    return [n for n, r in graph.algorithm.roles.items() if not r.many and r.recover == "rollback"]
+
+
+def candidate_data(data: dict[str, Any], shape: Shape, c: Candidate) -> dict[str, Any]:
+    """The graph mapping ``data`` changed to run candidate ``c``."""
+    data = copy.deepcopy(data)
+    for key in distribution.FLAT_KEYS:
+        data.pop(key, None)
+    if c.policy == "async":
+        data["policy"] = {
+            "name": "async",
+            "max_staleness": shape.max_staleness,
+            "rollouts_per_update": c.collects_per_round,
+        }
+    elif c.policy in ("apex", "split-learner"):
+        data["policy"] = {"name": c.policy, "update_ratio": 1.0 / c.collects_per_round}
+    else:
+        data["policy"] = c.policy
+    roles = data.setdefault("roles", {})
+    roles[shape.sampler] = {**(roles.get(shape.sampler) or {}), "replicas": c.samplers, "envs": c.envs}
+    data.setdefault("hyperparameters", {})[shape.length_key] = c.length
+    return data
+
+
+def as_candidate(graph: Graph, shape: Shape) -> Candidate:
+    """The graph as written, as a candidate (its policy may be one the tuner does not propose)."""
+    role = graph.role(shape.sampler)
+    return Candidate(
+        graph.spec.policy, role.replicas, role.envs, shape.length,
+        max(1, shape.round_steps // (role.envs * shape.length)),
+    )  # fmt: skip
+
+
+def probe_envs(shape: Shape) -> list[tuple[int, int]]:
+    """(envs, length) of the fragment probes: one env, and the most envs a candidate gives a sampler.
+    Off-policy probes keep the round (envs x length = steps between rounds)."""
+    if shape.onpolicy:
+        most = max(d for d in divisors(shape.round_steps // shape.length) if d <= MAX_ENVS)
+        return sorted({(1, shape.length), (most, shape.length)})
+    most = max(d for d in divisors(shape.round_steps) if d <= min(MAX_ENVS, 16))
+    return sorted({(1, shape.round_steps), (most, shape.round_steps // most)})
+
+
+def measure(graph: Graph, data: dict[str, Any], client: Any, shape: Shape, seconds: float, bar: Any) -> Measurements:
+    """Every probe of :mod:`.measure`, on one worker of ``client``'s cluster (``seconds`` in all)."""
+    m = Measurements()
+    bar.set_postfix_str("cluster: cores, task round trip, bandwidth")
+    m.cluster = probe_cluster(client)
+    bar.update(1)
+    worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
+    points = probe_envs(shape)
+    each = max(2.0, 0.65 * seconds / len(points))
+    for envs, length in points:
+        bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs")
+        m.env.append(client.submit(probe_env, graph.spec.env.id, graph.spec.env.kwargs, envs, min(2.0, each / 4),
+                                   pure=False, workers=worker).result())  # fmt: skip
+        bar.update(1)
+        bar.set_postfix_str(f"fragments: 1 sampler x {envs} envs x {length} steps")
+        probe = (data, graph.path, shape.sampler, envs, (shape.length_key, length), each)
+        m.fragments.append(client.submit(probe_fragments, *probe, pure=False, workers=worker).result())
+        bar.update(1)
+    envs = graph.role(shape.sampler).envs
+    bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs on every worker beside a learner")
+    full = (data, graph.path, shape.sampler, points[-1][0], (shape.length_key, points[-1][1]))
+    env = (graph.spec.env.id, graph.spec.env.kwargs, envs)
+    m.loaded = probe_loaded(client, full, env, max(2.0, 0.2 * seconds))
+    bar.update(1)
+    return m
+
+
+@dataclass
+class Result:
+    candidate: Candidate
+    predicted: Prediction | None
+    achieved: float | None = None
+    """Env steps/s of the short real run (steady state: rows after the first update)."""
+    hand: bool = False
+    """The graph as written."""
+
+    def label(self, tuning: Tuning) -> str:
+        tags = [" (as written)" if self.hand else ""]
+        if self.candidate.describe() == tuning.measurements.calibration.get("candidate"):
+            tags.append(" (calibration run)")
+        if self is tuning.chosen:
+            tags.append(" <- chosen")
+        return self.candidate.describe() + "".join(tags)
+
+
+@dataclass
+class Tuning:
+    shape: Shape
+    measurements: Measurements
+    ranked: list[tuple[Candidate, Prediction]]
+    verified: list[Result] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Result:
+        """The fastest verified run; the best prediction when nothing was verified."""
+        runs = [r for r in self.verified if r.achieved is not None]
+        if runs:
+            return max(runs, key=lambda r: r.achieved)
+        c, p = self.ranked[0]
+        return Result(c, p)
+
+
+def steady_rate(rows: list[dict[str, Any]]) -> float | None:
+    """Env steps/s from the first row after both an update and a third of the run (workers started
+    meanwhile settle) to the last row."""
+    settled = rows[-1]["time_s"] / 3 if rows else 0.0
+    start = next((i for i, r in enumerate(rows) if r.get("perf/frames", 0) > 0 and r["time_s"] >= settled), None)
+    if start is None or len(rows) - start < 3:
+        return None
+    a, b = rows[start], rows[-1]
+    return (b["env_steps"] - a["env_steps"]) / (b["time_s"] - a["time_s"]) if b["time_s"] > a["time_s"] else None
+
+
+def verify(data: dict[str, Any], where: str, cluster: Any, seconds: float) -> float | None:
+    """Run graph mapping ``data`` for ``seconds`` (evaluation off, learning from one batch on) and
+    return its steady env steps/s, or ``None`` when it ran too few iterations to tell."""
+    from dagrl.runtime.rundir import RunDir
+    from dagrl.training import train
+
+    data = copy.deepcopy(data)
+    hp = data.setdefault("hyperparameters", {})
+    if "learning_starts" in hp or "batch_size" in hp:
+        hp["learning_starts"] = int(hp.get("batch_size", 256))
+    data["evaluate"] = {"every": 0}
+    data["stop"] = {"wall_time_s": seconds}
+    data["checkpoint"] = {"every": 10**6, "keep": 1}
+    data["name"] = "tune"
+    rows: list[dict[str, Any]] = []
+    level = log.level
+    log.setLevel(max(level, logging.WARNING))  # the progress bar says what runs
+    try:
+        with tempfile.TemporaryDirectory(prefix="dagrl-tune-") as tmp:
+            graph = resolve_graph({**data, "runs_dir": tmp}, where)
+            rundir = RunDir.create(tmp, graph.name)
+            train(graph, cluster=cluster, rundir=rundir, listeners=[lambda row, _: rows.append(row)])
+    finally:
+        log.setLevel(level)
+    return steady_rate(rows)
+
+
+def tune(
+    graph: Graph,
+    data: dict[str, Any],
+    cluster: Any,
+    *,
+    budget_s: float = 120.0,
+    n_verify: int = 3,
+    max_samplers: int | None = None,
+    measurements: Measurements | None = None,
+    progress: bool = True,
+) -> Tuning:
+    """Measure on ``cluster`` (unless ``measurements`` are given), calibrate on one short distributed
+    run, rank, and verify the best ``n_verify`` candidates (one per policy and sampler count) and the
+    graph as written, by real runs splitting about 60 % of ``budget_s``."""
+    from tqdm import tqdm
+
+    shape = shape_of(graph)
+    steps = (0 if measurements else 2 + 2 * len(probe_envs(shape))) + (n_verify + 2 if n_verify else 0)
+    with tqdm(total=steps, desc="dagrl tune", disable=not progress, unit="probe", leave=False) as bar:
+        if measurements is None:
+            from dagrl.clusters import LocalClusterSpec, connect
+
+            local = LocalClusterSpec(workers=min(8, 2 * (os.cpu_count() or 1) + 1))  # samplers and a learner
+            with connect(cluster or local, graph) as client:
+                measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar)
+        learners = learner_roles(graph)
+        most = max_samplers or min(16, max(2, 4 * int(measurements.cluster.get("cores", 1))))
+        if _fixed_workers(cluster):  # runs share the workers there are: the other roles need theirs
+            others = graph.n_actors - graph.role(shape.sampler).replicas
+            most = min(most, max(1, int(measurements.cluster.get("workers", most + others)) - others))
+        hand = as_candidate(graph, shape)
+        slot = max(12.0, (0.6 * budget_s - 5.0 * (n_verify + 2)) / (n_verify + 2))
+        done: dict[Candidate, float | None] = {}
+        if n_verify and not measurements.calibration:
+            bar.set_postfix_str("calibrating on a short distributed run")
+            raw = rank(shape, measurements.costs(shape.sampler, learners), most)
+            probe = hand if hand.policy in MODELLED[1:] else next((c for c, _ in raw if c.policy != "single"), None)
+            if probe is not None:
+                done[probe] = verify(candidate_data(data, shape, probe), graph.path, cluster, slot)
+                predicted = predict(probe, shape, measurements.costs(shape.sampler, learners)).steps_s
+                if done[probe]:
+                    measurements.calibration = {
+                        "candidate": probe.describe(), "predicted": predicted, "achieved": done[probe]
+                    }  # fmt: skip
+            bar.update(1)
+        ranked = rank(shape, measurements.costs(shape.sampler, learners), most)
+        if not ranked:
+            raise ConfigError(graph.path, "roles", f"no setting keeps {shape.round_steps} env steps per update")
+        tuning = Tuning(shape, measurements, ranked)
+        if n_verify:
+            predicted = dict(ranked)
+            if hand not in predicted and hand.policy in MODELLED:
+                predicted[hand] = predict(hand, shape, measurements.costs(shape.sampler, learners))
+            picks: list[Candidate] = []  # the best of each (policy, samplers): settings that differ
+            for c, _ in ranked:
+                if len(picks) < n_verify and all((c.policy, c.samplers) != (p.policy, p.samplers) for p in picks):
+                    picks.append(c)
+            for c in [hand, *done]:
+                if c not in picks:
+                    picks.append(c)
+            for c in picks:
+                if c not in done:
+                    bar.set_postfix_str(f"verifying {c.describe()}")
+                    done[c] = verify(candidate_data(data, shape, c), graph.path, cluster, slot)
+                    bar.update(1)
+            tuning.verified = [Result(c, predicted.get(c), done[c], hand=c == hand) for c in picks]
+        bar.update(bar.total - bar.n)
+    return tuning
+
+
+def _fixed_workers(cluster: Any) -> bool:
+    """Whether runs on ``cluster`` get the workers already there (an attached scheduler) rather than
+    a cluster sized for each."""
+    from dagrl.clusters import SchedulerSpec
+
+    return isinstance(cluster, SchedulerSpec)
+
+
+def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | Path, where: str) -> Graph:
+    """Write the chosen setting as a graph file (validated first), comments saying why; return it."""
+    shape, m = tuning.shape, tuning.measurements
+    chosen = tuning.chosen
+    out = candidate_data(data, shape, chosen.candidate)
+    out["name"] = Path(path).stem
+    graph = resolve_graph(out, str(path))
+    c = m.costs(shape.sampler, [])
+    cl = m.cluster
+    kept = "batch" if shape.onpolicy else "env steps between learner rounds"
+    lines = [
+        f"Tuned by `{command}`.",
+        f"Machine: {cl.get('hosts', 1)} host(s), {c.cores} cores, {cl.get('gpus', 0):g} GPUs, "
+        f"{cl.get('workers', 1)} workers probed.",
+        f"Kept from {where}: {shape.round_steps} env steps per learner update ({kept}) and every",
+        f"other hyperparameter; changed: policy, roles.{shape.sampler} (replicas, envs), "
+        f"hyperparameters.{shape.length_key}.",
+        "Measured: a sampler's vector step "
+        f"{1e3 * c.step_fixed_s:.3f} ms + {1e3 * c.step_per_env_s:.3f} ms per env "
+        f"(env {100 * c.env_share:.0f} % of it, taking a core {100 * c.env_cpu:.0f} % of its time);",
+        f"  a learner round {1e3 * c.round_s:.1f} ms; a task round trip {1e3 * c.hop_s:.2f} ms; "
+        f"peer bandwidth {_rate(c.peer_bytes_s)}; beside a learner and other samplers, a collect "
+        f"{c.load_slowdown:.2f} x slower with {c.load_samplers}.",
+    ]
+    cal = m.calibration
+    if cal:
+        lines += [
+            f"Calibrated on a short real run of {cal['candidate']}: {cal['achieved']:.0f} env steps/s achieved,",
+            f"  {cal['predicted']:.0f} predicted; every distributed prediction is scaled by {c.calibration:.2f}.",
+        ]
+    lines.append("Predicted (env steps/s), best first:")
+    lines += [f"  {p.steps_s:9.0f}  {cand.describe()} ({p.bound}-bound)" for cand, p in tuning.ranked[:5]]
+    if tuning.verified:
+        lines.append("Verified by short real runs (env steps/s): predicted -> achieved")
+        for r in tuning.verified:
+            pred = "-" if r.predicted is None else f"{r.predicted.steps_s:.0f}"
+            got = "too few iterations" if r.achieved is None else f"{r.achieved:.0f}"
+            lines.append(f"  {pred:>9} -> {got:>9}  {r.label(tuning)}")
+    header = "".join(f"# {line}\n" for line in lines)
+    Path(path).write_text(header + yaml.safe_dump(out, sort_keys=False, default_flow_style=False, width=120))
+    return graph
+
+
+def _rate(bytes_s: float) -> str:
+    return "unmeasured (one worker)" if not np.isfinite(bytes_s) else f"{bytes_s / 1e9:.2f} GB/s"

@@ -1,0 +1,140 @@
+"""``dagrl tune``: the cost model without Dask, candidate graphs that keep the batch, and the command
+end to end on a real LocalCluster (measure, verify by real runs, write a graph that loads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dagrl.cli import main
+from dagrl.graph import load_graph, resolve_graph
+from dagrl.schema import read_yaml
+from dagrl.tune.measure import Measurements
+from dagrl.tune.model import Costs, Shape, candidates, predict, rank
+from dagrl.tune.tuner import candidate_data, shape_of
+
+PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,
+            policies=("single", "sync", "async"), step_bytes=40, round_hops=3)  # fmt: skip
+
+
+def costs(**changes) -> Costs:
+    base = dict(step_fixed_s=4e-4, step_per_env_s=1e-5, env_cpu=1.0, env_share=0.3, round_s=0.05,
+                round_overlap_s=0.05, hop_s=0.005, peer_bytes_s=5e8, cores=2, task_cpu_s=0.005)  # fmt: skip
+    return Costs(**{**base, **changes})
+
+
+def test_every_candidate_keeps_the_batch():
+    found = candidates(PPO, max_samplers=16)
+    assert {c.policy for c in found} == {"single", "sync", "async"}
+    for c in found:
+        per_update = c.envs * c.length * (c.samplers if c.policy in ("single", "sync") else c.collects_per_round)
+        assert per_update == 512 and c.length == 32, c
+    off = Shape(onpolicy=False, sampler="sampler", length_key="steps", length=8, round_steps=16,
+                policies=("single", "sync", "apex", "split-learner"), step_bytes=40)  # fmt: skip
+    for c in candidates(off, max_samplers=4):
+        assert c.envs * c.length * c.collects_per_round == 16, c
+
+
+def test_ranking_is_deterministic_and_follows_the_costs():
+    cheap = rank(PPO, costs(), max_samplers=8)
+    assert cheap == rank(PPO, costs(), max_samplers=8)
+    assert cheap[0][0].policy == "single"  # CartPole-like: a step costs less than moving it
+    # a simulator that sleeps 2 ms per env step: many samplers overlap their waits, the learner is cheap
+    slow = rank(PPO, costs(step_per_env_s=2e-3, env_cpu=0.0, env_share=0.99), max_samplers=8)
+    best, p = slow[0]
+    assert best.policy == "async" and best.samplers >= 4, best
+    assert p.steps_s > 3 * predict(slow[-1][0], PPO, costs(step_per_env_s=2e-3, env_cpu=0.0, env_share=0.99)).steps_s
+    single = next(p for c, p in slow if c.policy == "single")
+    assert p.steps_s > 3 * single.steps_s
+    # the same simulator burning its core instead: two cores cap what samplers add
+    busy = rank(PPO, costs(step_per_env_s=2e-3, env_cpu=1.0, env_share=0.99), max_samplers=8)
+    assert busy[0][1].steps_s < 0.6 * p.steps_s
+
+
+@pytest.mark.parametrize("name", ["ppo-cartpole", "ppo-cartpole-sync", "sac-pendulum-apex", "dqn-cartpole-apex"])
+def test_candidate_graphs_are_valid_and_keep_the_round(graphs_dir, name):
+    path = f"{graphs_dir}/{name}.yaml"
+    graph = load_graph(path)
+    shape = shape_of(graph)
+    data = read_yaml(path)
+    for c, _ in rank(shape, costs(), max_samplers=4)[:12]:
+        tuned = resolve_graph(candidate_data(data, shape, c), path)
+        assert tuned.spec.policy == c.policy
+        assert shape_of(tuned).round_steps == shape.round_steps, c
+
+
+def synthetic() -> dict:
+    probe = {"iterations": 10, "env_steps": 2560, "wall_s": 1.0}
+    return Measurements(
+        fragments=[
+            {**probe, "envs": 1, "length": 32, "busy": {"sampler": {"round_s": 0.016, "step_s": 5e-4},
+                                                        "learner": {"round_s": 0.004}}},
+            {**probe, "envs": 8, "length": 32, "busy": {"sampler": {"round_s": 0.019, "step_s": 6e-4},
+                                                        "learner": {"round_s": 0.06}}},
+        ],
+        env=[{"envs": 8, "steps": 1000, "step_s": 1.5e-4, "cpu_share": 0.98}],
+        cluster={"cores": 2, "hosts": 1, "workers": 3, "gpus": 0, "hop_s": 0.012, "task_cpu_s": 0.012,
+                 "peer_bytes_s": 8e8},
+    ).to_dict()  # fmt: skip
+
+
+def test_a_calibration_run_scales_distributed_predictions_only():
+    plain = Measurements.from_dict(synthetic())
+    calibrated = Measurements.from_dict({**synthetic(), "calibration": {"candidate": "x", "predicted": 2000.0,
+                                                                        "achieved": 3000.0}})  # fmt: skip
+    a, b = plain.costs("sampler", ["learner"]), calibrated.costs("sampler", ["learner"])
+    assert b.calibration == 1.5 and a.calibration == 1.0
+    before, after = dict(rank(PPO, a, 4)), dict(rank(PPO, b, 4))
+    for c in before:
+        ratio = after[c].steps_s / before[c].steps_s
+        assert ratio == pytest.approx(1.0 if c.policy == "single" else 1.5), c
+
+
+def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir, capsys):
+    saved = tmp_path / "m.json"
+    saved.write_text(json.dumps(synthetic()))
+    outs = [tmp_path / "a.yaml", tmp_path / "b.yaml"]
+    for out in outs:
+        args = ["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--from", str(saved), "--verify", "0", "--out", str(out)]
+        assert main([*args, "--quiet"]) == 0
+
+    def body(text: str) -> list[str]:  # all but the command line and the name, which name the file
+        return [line for line in text.splitlines() if not line.startswith(("# Tuned by", "name:"))]
+
+    assert body(outs[0].read_text()) == body(outs[1].read_text())
+    text = outs[0].read_text()
+    assert "# Measured: a sampler's vector step" in text and "256 env steps per learner update" in text
+    tuned = load_graph(outs[0])
+    assert tuned.spec.policy == "single" and tuned.role("sampler").envs == 8  # batch 256 = 8 envs x 32 steps
+    assert tuned.config.update_epochs == load_graph(f"{graphs_dir}/ppo-cartpole.yaml").config.update_epochs
+
+
+def test_tune_refuses_bad_input_before_starting(tmp_path, graphs_dir, capsys):
+    bad = tmp_path / "m.json"
+    bad.write_text("{}")
+    assert main(["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--from", str(bad), "--out", str(tmp_path / "t.yaml")]) == 2
+    assert f"{bad}" in capsys.readouterr().err
+    assert main(["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--budget-s", "0"]) == 2
+    assert "--budget-s" in capsys.readouterr().err
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_dir, capsys):
+    out, saved = tmp_path / "tuned.yaml", tmp_path / "m.json"
+    args = ["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--scheduler", client.scheduler.address, "--budget-s", "30",
+            "--verify", "1", "--out", str(out), "--measurements", str(saved), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    m = json.loads(saved.read_text())
+    assert m["cluster"]["workers"] == 3 and m["cluster"]["cores"] >= 1 and m["cluster"]["hop_s"] > 0
+    assert sorted(p["envs"] for p in m["fragments"]) == [1, 8]
+    assert all(p["busy"]["sampler"]["step_s"] > 0 and p["busy"]["learner"]["round_s"] > 0 for p in m["fragments"])
+    report = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in report[1:] if line[:1] == " " or line[:1].isdigit()]
+    assert 1 <= len(rows) <= 2  # the best prediction, and the graph as written (the calibration run)
+    assert any("(as written) (calibration run)" in line for line in report)
+    for row in rows:
+        assert float(row[0]) > 0 and float(row[1]) > 0  # predicted and achieved env steps/s
+    tuned = load_graph(out)
+    assert tuned.role("sampler").replicas <= 2  # three workers: the learner keeps one
+    assert "Verified by short real runs" in out.read_text()
