@@ -113,19 +113,27 @@ def env_step_s(points: list[dict[str, Any]], envs: int) -> float:
 
 def probe_data(data: dict[str, Any], sampler: str, envs: int, length: tuple[str, int]) -> dict[str, Any]:
     """A graph mapping for a probe: ``single``, one sampler of ``envs`` envs, nothing else running."""
+    from dagrl.distribution import FLAT_KEYS
+
     data = copy.deepcopy(data)
-    for key in ("max_staleness", "rollouts_per_update", "update_ratio", "rate_limit", "max_lead", "publish_every"):
+    for key in FLAT_KEYS:
         data.pop(key, None)
     data["policy"] = "single"
     data.setdefault("roles", {}).setdefault(sampler, {})
     data["roles"][sampler] = {**(data["roles"][sampler] or {}), "replicas": 1, "envs": envs}
+    data.setdefault("hyperparameters", {})[length[0]] = length[1]
+    learn_at_once(data)
+    data["stop"] = {"iterations": 10**9}
+    return data
+
+
+def learn_at_once(data: dict[str, Any]) -> None:
+    """Off-policy graphs (those with ``batch_size`` or ``learning_starts``) learn from one batch on,
+    so a short run measures real updates; evaluation off."""
     hp = data.setdefault("hyperparameters", {})
-    hp[length[0]] = length[1]
     if "learning_starts" in hp or "batch_size" in hp:
         hp["learning_starts"] = int(hp.get("batch_size", 256))
     data["evaluate"] = {"every": 0}
-    data["stop"] = {"iterations": 10**9}
-    return data
 
 
 def probe_fragments(

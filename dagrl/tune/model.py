@@ -8,7 +8,8 @@ What the tuner may change and what it keeps
 -------------------------------------------
 It changes how the work is spread, never what is learnt from: the env steps behind each learner
 update (PPO's batch, an off-policy algorithm's steps between learner rounds, so its update-to-data
-ratio) and every hyperparameter but the off-policy rollout length stay as written. Candidates differ
+ratio) and every hyperparameter but the off-policy rollout length stay as written, and an ``async``
+candidate's weights lag stays within the graph's own (1 for a graph that is not ``async``). Candidates differ
 in the policy, the number of samplers, envs per sampler and, where the policy decouples them, how
 many collects feed one update (``rollouts_per_update``, ``update_ratio``).
 
@@ -70,6 +71,10 @@ class Shape:
     """Bytes one env step adds to a rollout (observation, action, reward, flags)."""
     max_staleness: int = 2
     """``async``'s bound, as in the graph when it is an ``async`` graph."""
+    max_lag: float = 1.0
+    """Most weights lag (:func:`lag`) an ``async`` candidate may have: the graph's own when it is an
+    ``async`` graph, else 1. Staler rollouts change what PPO learns from (and past ``max_staleness``
+    are dropped), so a faster setting with more lag can reach the target later."""
     round_hops: int = 2
     """Task round trips on a distributed learner round's critical path: each fragment after the
     samplers' (``update``, ``publish``; a replay's ``add`` and ``sample``), and the driver's own."""
@@ -108,6 +113,20 @@ class Prediction:
         return asdict(self)
 
 
+def parallel(c: Candidate) -> int:
+    """Collects running at once: the rate limiter lets samplers be ``collects_per_round + max_lead``
+    collects ahead of the last finished round; async's ``max_lead`` is ``rollouts_per_update``,
+    apex's 2 per sampler."""
+    lead = c.collects_per_round if c.policy == "async" else 2 * c.samplers
+    return min(c.samplers, c.collects_per_round + lead)
+
+
+def lag(c: Candidate) -> float:
+    """Updates the learner makes, about, while one ``async`` collect runs: the collects running at
+    once over the collects each update takes."""
+    return parallel(c) / c.collects_per_round if c.policy == "async" else 0.0
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -128,7 +147,7 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
             out = [c for c in out if c.envs <= MAX_ENVS]
         if "async" in shape.policies:
             out += [Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts]
-        return out
+        return [c for c in out if lag(c) <= shape.max_lag + 1e-9]
     per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
     for policy in shape.policies:
         for e in per_collect:
@@ -198,18 +217,15 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
     learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
     round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
-    # the rate limiter lets samplers run at most ``collects_per_round + max_lead`` collects ahead of the
-    # last finished round: async's max_lead is rollouts_per_update, apex's 2 per sampler
-    lead = c.collects_per_round if c.policy == "async" else 2 * c.samplers
-    parallel = min(c.samplers, c.collects_per_round + lead)
-    collect *= costs.slowdown(parallel)
-    sampler_rate = parallel * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
+    at_once = parallel(c)
+    collect *= costs.slowdown(at_once)
+    sampler_rate = at_once * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
     learner_rate = shape.round_steps / round_s
     rate = min(sampler_rate, learner_rate)
     for _ in range(3):  # the learner shares the cores with what the samplers and tasks need at that rate
         busy = rate / sampler_rate  # a rate limiter holds samplers that run ahead of the learner
         tasks = busy * sampler_rate / steps + rate / shape.round_steps  # collects and rounds per second
-        demand = parallel * cpu * busy + rate / learner_rate + tasks * costs.task_cpu_s
+        demand = at_once * cpu * busy + rate / learner_rate + tasks * costs.task_cpu_s
         stretch = max(1.0, demand / costs.cores)
         rate = min(sampler_rate, learner_rate / stretch)
     bound = "samplers" if sampler_rate <= learner_rate / stretch else "learner"

@@ -22,8 +22,8 @@ import yaml
 from dagrl import distribution
 from dagrl.graph import Graph, resolve_graph
 from dagrl.schema import ConfigError
-from dagrl.tune.measure import Measurements, probe_cluster, probe_env, probe_fragments, probe_loaded
-from dagrl.tune.model import MAX_ENVS, OFFPOLICY, ONPOLICY, Candidate, Prediction, Shape, divisors, predict, rank
+from dagrl.tune.measure import Measurements, learn_at_once, probe_cluster, probe_env, probe_fragments, probe_loaded
+from dagrl.tune.model import MAX_ENVS, OFFPOLICY, ONPOLICY, Candidate, Prediction, Shape, divisors, lag, predict, rank
 
 log = logging.getLogger("dagrl")
 
@@ -84,6 +84,7 @@ def shape_of(graph: Graph) -> Shape:
         step_bytes=obs_bytes * (1 if onpolicy else 2) + act_bytes + 16,
         max_staleness=options.max_staleness if policy == "async" else 2,
         round_hops=len(stream.insert) + len(stream.learn) + 1,
+        max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
     )
 
 
@@ -113,13 +114,11 @@ def candidate_data(data: dict[str, Any], shape: Shape, c: Candidate) -> dict[str
     return data
 
 
-def as_candidate(graph: Graph, shape: Shape) -> Candidate:
+def as_candidate(graph: Graph, sampler: str, length: int, round_steps: int) -> Candidate:
     """The graph as written, as a candidate (its policy may be one the tuner does not propose)."""
-    role = graph.role(shape.sampler)
-    return Candidate(
-        graph.spec.policy, role.replicas, role.envs, shape.length,
-        max(1, shape.round_steps // (role.envs * shape.length)),
-    )  # fmt: skip
+    role = graph.role(sampler)
+    collects = max(1, round_steps // (role.envs * length))
+    return Candidate(graph.spec.policy, role.replicas, role.envs, length, collects)
 
 
 def probe_envs(shape: Shape) -> list[tuple[int, int]]:
@@ -212,10 +211,7 @@ def verify(data: dict[str, Any], where: str, cluster: Any, seconds: float) -> fl
     from dagrl.training import train
 
     data = copy.deepcopy(data)
-    hp = data.setdefault("hyperparameters", {})
-    if "learning_starts" in hp or "batch_size" in hp:
-        hp["learning_starts"] = int(hp.get("batch_size", 256))
-    data["evaluate"] = {"every": 0}
+    learn_at_once(data)
     data["stop"] = {"wall_time_s": seconds}
     data["checkpoint"] = {"every": 10**6, "keep": 1}
     data["name"] = "tune"
@@ -262,7 +258,7 @@ def tune(
         if _fixed_workers(cluster):  # runs share the workers there are: the other roles need theirs
             others = graph.n_actors - graph.role(shape.sampler).replicas
             most = min(most, max(1, int(measurements.cluster.get("workers", most + others)) - others))
-        hand = as_candidate(graph, shape)
+        hand = as_candidate(graph, shape.sampler, shape.length, shape.round_steps)
         slot = max(12.0, (0.6 * budget_s - 5.0 * (n_verify + 2)) / (n_verify + 2))
         done: dict[Candidate, float | None] = {}
         if n_verify and not measurements.calibration:
