@@ -62,8 +62,10 @@ def main() -> None:
                 one = Candidate("single", 1, 1, shape.round_steps, 1)
             variants = {"as written": data, "single": candidate_data(data, shape, one), "tuned": tuned}
             times: dict[str, list[float]] = {k: [] for k in variants}
-            for seed in args.seeds:
-                for label, d in variants.items():
+            labels = list(variants)
+            for i, seed in enumerate(args.seeds):  # the order turns with the seed: no variant always runs first
+                for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+                    d = variants[label]
                     r = to_target(d, path, seed, tmp, f"{graph.name}-{label.replace(' ', '-')}")
                     print(f"{name} seed {seed} {label}: {r}", flush=True)
                     times[label].append(r["s"] if r["reached"] else float("inf"))
