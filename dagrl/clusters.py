@@ -268,11 +268,18 @@ def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) ->
         cluster.close()
 
 
+WORKER_ENVIRON_NOTE = """Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (glibc gives
+freed memory back to the system eagerly); torch then pays for it on every allocation: a SAC update of
+16 gradient steps took 110 ms in such a worker and 53 ms without it (or in the driver process) on the
+2-core reference machine. dagrl's local workers start without it (the thread caps stay)."""
+
+
 def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     """A LocalCluster of worker processes for ``n_actors`` role actors (one each with ``workers: auto``).
 
-    Workers ignore a terminal's Ctrl-C (see ``dagrl.runtime.preload``) and advertise ``GPU`` when
-    this machine has CUDA devices.
+    Workers ignore a terminal's Ctrl-C (see ``dagrl.runtime.preload``), advertise ``GPU`` when
+    this machine has CUDA devices, and start without Dask's ``MALLOC_TRIM_THRESHOLD_``
+    (:data:`WORKER_ENVIRON_NOTE`).
     """
     import dask
     from distributed import LocalCluster
@@ -282,7 +289,10 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
-    with dask.config.set({"distributed.worker.profile.enabled": spec.profile}):
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)  # see WORKER_ENVIRON_NOTE
+    settings = {"distributed.worker.profile.enabled": spec.profile, "distributed.nanny.pre-spawn-environ": environ}
+    with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=n_workers - gpus,
             threads_per_worker=spec.threads_per_worker,

@@ -114,6 +114,10 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
         workers = client.scheduler_info(n_workers=-1)["workers"]
         gpu = {a for a, w in workers.items() if w["resources"].get("GPU")}
         assert len(gpu) == 2 and len(workers) == 5  # one per role replica
+        # without Dask's eager malloc trimming, which made torch updates ~2 x slower (clusters.WORKER_ENVIRON_NOTE)
+        trim = client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_")
+        assert set(trim.values()) == {None}, trim
+        assert set(client.run(os.environ.get, "OMP_NUM_THREADS").values()) == {"1"}
         policy = build_policy(graph, client)
         try:
             by_role = {(a["role"], a["index"]): a for a in policy.actors()}

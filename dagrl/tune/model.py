@@ -146,7 +146,10 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
             out += [Candidate("sync", k, total // k, shape.length, k) for k in counts if k > 1 and total % k == 0]
             out = [c for c in out if c.envs <= MAX_ENVS]
         if "async" in shape.policies:
-            out += [Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts]
+            # more samplers than the rate limiter lets collect at once would only wait (see `parallel`)
+            out += [
+                Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts if k <= 2 * total // n
+            ]
         return [c for c in out if lag(c) <= shape.max_lag + 1e-9]
     per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
     for policy in shape.policies:
