@@ -271,7 +271,19 @@ def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) ->
 WORKER_ENVIRON_NOTE = """Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (glibc gives
 freed memory back to the system eagerly); torch then pays for it on every allocation: a SAC update of
 16 gradient steps took 110 ms in such a worker and 53 ms without it (or in the driver process) on the
-2-core reference machine. dagrl's local workers start without it (the thread caps stay)."""
+2-core reference machine. dagrl's local workers start without it (the thread caps stay). SLURM workers
+still get it: a Dask config file or ``DASK_*`` variable can add to the nanny's environment but, merged
+with Dask's defaults, not remove a key from it."""
+
+
+def worker_environ() -> dict[str, Any]:
+    """What Dask's nannies set before starting a worker, less ``MALLOC_TRIM_THRESHOLD_``
+    (:data:`WORKER_ENVIRON_NOTE`)."""
+    import dask
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    return environ
 
 
 def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
@@ -289,9 +301,10 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
-    environ.pop("MALLOC_TRIM_THRESHOLD_", None)  # see WORKER_ENVIRON_NOTE
-    settings = {"distributed.worker.profile.enabled": spec.profile, "distributed.nanny.pre-spawn-environ": environ}
+    settings = {
+        "distributed.worker.profile.enabled": spec.profile,
+        "distributed.nanny.pre-spawn-environ": worker_environ(),
+    }
     with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=n_workers - gpus,
