@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,6 @@ def check_local(spec: LocalClusterSpec, graph: Any) -> None:
     """Refuse, before anything starts, a graph the local cluster of ``spec`` cannot host: a role
     asking for a resource or more threads than its workers have, or more workers than this machine
     can run (a typo such as ``replicas: 10000``)."""
-    import os
 
     cores = os.cpu_count() or 1
     most = max(64, 8 * cores)
@@ -282,7 +282,11 @@ def worker_environ() -> dict[str, Any]:
     import dask
 
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
-    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    trim = environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    # a nanny sets its pre-spawn variables in its own process too, so every worker spawned from here
+    # later inherits them: drop the one a plain LocalCluster of this process left behind
+    if trim is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(trim):
+        del os.environ["MALLOC_TRIM_THRESHOLD_"]
     return environ
 
 
