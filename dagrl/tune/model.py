@@ -39,8 +39,7 @@ short real run, as achieved over predicted, and scales every distributed candida
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 __all__ = ["Candidate", "Prediction", "Shape", "candidates", "predict", "rank"]
 
@@ -108,9 +107,6 @@ class Prediction:
     """How much CPU contention slows everything (1: none)."""
     bound: str
     """What limits it: ``samplers``, ``learner`` or ``serial`` (one waits for the other)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def parallel(c: Candidate) -> int:
