@@ -230,6 +230,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         torch.manual_seed(ctx.seed)
         policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
         q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     log_alpha = torch.zeros(1, device=dev, requires_grad=True)
     return ActorState(
         cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr), log_alpha,

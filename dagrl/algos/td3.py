@@ -202,6 +202,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         torch.manual_seed(ctx.seed)
         policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
         q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     return ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr), dev)
 
 
