@@ -271,9 +271,21 @@ def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) ->
 WORKER_ENVIRON_NOTE = """Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (glibc gives
 freed memory back to the system eagerly); torch then pays for it on every allocation: a SAC update of
 16 gradient steps took 110 ms in such a worker and 53 ms without it (or in the driver process) on the
-2-core reference machine. dagrl's local workers start without it (the thread caps stay). SLURM workers
-still get it: a Dask config file or ``DASK_*`` variable can add to the nanny's environment but, merged
-with Dask's defaults, not remove a key from it."""
+2-core reference machine. dagrl's workers start without it (the thread caps stay): local ones through
+the nanny config :func:`untrimmed` sets, SLURM ones through the job script (``slurm.UNSET_TRIM``: a
+pre-spawn variable set to None in Dask's config is left out)."""
+
+
+def trim_warning(actors: list[dict[str, Any]]) -> str | None:
+    """What to tell a user whose actors (``policy.actors()``) run with Dask's trim threshold, if any do."""
+    slow = sorted({f"{a['role']}[{a['index']}]" for a in actors if "MALLOC_TRIM_THRESHOLD_" in a.get("env", {})})
+    if not slow:
+        return None
+    return (
+        f"{', '.join(slow)} run with MALLOC_TRIM_THRESHOLD_ set (Dask's nanny default): torch updates there run up "
+        "to ~2 x slower. Start the cluster inside `with dagrl.clusters.untrimmed():`, as dagrl's own clusters "
+        "are."
+    )
 
 
 def worker_environ() -> dict[str, Any]:
@@ -288,6 +300,16 @@ def worker_environ() -> dict[str, Any]:
     if trim is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(trim):
         del os.environ["MALLOC_TRIM_THRESHOLD_"]
     return environ
+
+
+@contextlib.contextmanager
+def untrimmed() -> Iterator[None]:
+    """Clusters started inside start their workers without ``MALLOC_TRIM_THRESHOLD_`` (a nanny reads the
+    setting when it is created: workers added later, e.g. by adaptive scaling, are not covered)."""
+    import dask
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}):
+        yield
 
 
 def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
@@ -305,11 +327,7 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
-    settings = {
-        "distributed.worker.profile.enabled": spec.profile,
-        "distributed.nanny.pre-spawn-environ": worker_environ(),
-    }
-    with dask.config.set(settings):
+    with untrimmed(), dask.config.set({"distributed.worker.profile.enabled": spec.profile}):
         cluster = LocalCluster(
             n_workers=n_workers - gpus,
             threads_per_worker=spec.threads_per_worker,

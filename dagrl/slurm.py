@@ -89,6 +89,11 @@ def worker_jobs(spec: SlurmSpec, graph: Any, pools: dict[str, str]) -> list[tupl
     return [(f"{role}-{i}", pool) for role, pool in pools.items() for i in range(graph.spec.roles[role].replicas)]
 
 
+UNSET_TRIM = "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON=\"{'MALLOC_TRIM_THRESHOLD_': None}\""
+"""The worker's nanny starts it without ``MALLOC_TRIM_THRESHOLD_`` (``clusters.WORKER_ENVIRON_NOTE``): a
+pre-spawn variable whose config value is None is not set, and this value merges into Dask's defaults."""
+
+
 def worker_job_options(
     spec: SlurmSpec, pool_name: str, worker: str, run: str, run_dir: Path, security: Any
 ) -> dict[str, Any]:
@@ -109,7 +114,7 @@ def worker_job_options(
         walltime=pool.walltime or spec.walltime,
         job_name=job_name(run, worker),
         job_extra_directives=directives,
-        job_script_prologue=[*spec.prologue, "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"],
+        job_script_prologue=[*spec.prologue, "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False", UNSET_TRIM],
         worker_extra_args=[
             "--resources",
             ",".join(f"{k}={v:g}" for k, v in sorted(resources.items())),

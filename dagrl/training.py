@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dagrl.clusters import trim_warning
 from dagrl.graph import Graph
 from dagrl.runtime.rundir import RunDir
 
@@ -75,6 +76,8 @@ def train(
         rundir.write_json("actors.json", actors)
         for a in actors:
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
+        if warning := trim_warning(actors):
+            log.warning(warning)
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
         trainer.listeners.extend(listeners)
         if client is not None:

@@ -15,10 +15,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="session")
 def client():
-    """Three worker processes (two samplers and a learner), one thread each, dashboard on a free port."""
+    """Three worker processes (two samplers and a learner), one thread each, dashboard on a free port,
+    started as the README says a user's own cluster should be."""
     from distributed import Client, LocalCluster
 
+    from dagrl.clusters import untrimmed
+
     with (
+        untrimmed(),
         LocalCluster(
             n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1"
         ) as cluster,

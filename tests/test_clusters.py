@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -135,3 +136,26 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
     for role in ("sampler", "replay"):
         assert by_role[(role, 0)]["address"] not in gpu
         assert "CUDA_VISIBLE_DEVICES" not in by_role[(role, 0)]["env"]
+
+
+def test_a_run_on_a_cluster_with_dasks_trim_threshold_says_how_to_start_it(tmp_path, caplog):
+    """A plain LocalCluster's workers carry MALLOC_TRIM_THRESHOLD_; the run names the roles and the fix."""
+    from distributed import Client, LocalCluster
+
+    import dagrl
+    from dagrl.clusters import untrimmed
+
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=1", f"runs_dir={tmp_path}"])
+    for start, expect in ((contextlib.nullcontext, True), (untrimmed, False)):  # in this order: see untrimmed
+        with (
+            start(),
+            LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0", host="127.0.0.1") as cluster,
+            Client(cluster) as client,
+        ):
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="dagrl"):
+                dagrl.train(graph, client, progress=False)
+        warned = [r.getMessage() for r in caplog.records if "MALLOC_TRIM_THRESHOLD_" in r.getMessage()]
+        assert bool(warned) == expect, warned
+        if expect:
+            assert "learner[0]" in warned[0] and "sampler[1]" in warned[0] and "untrimmed" in warned[0]

@@ -79,7 +79,7 @@ def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:
         host.state.load(*[shm.unwrap(w) for w in weights])
 
 
-_REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+_REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "MALLOC_TRIM_THRESHOLD_")
 """Where a role really runs, as its own process sees it (``actors.json``, ``dagrl status``)."""
 
 
