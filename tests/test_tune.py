@@ -12,8 +12,8 @@ from dagrl.cli import main
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.schema import read_yaml
 from dagrl.tune.measure import Measurements
-from dagrl.tune.model import Costs, Shape, candidates, predict, rank
-from dagrl.tune.tuner import candidate_data, shape_of
+from dagrl.tune.model import Candidate, Costs, Shape, candidates, predict, rank
+from dagrl.tune.tuner import Result, Tuning, candidate_data, nearest, shape_of
 
 PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,
             policies=("single", "sync", "async"), step_bytes=40, round_hops=3)  # fmt: skip
@@ -78,6 +78,21 @@ def synthetic() -> dict:
         cluster={"cores": 2, "hosts": 1, "workers": 3, "gpus": 0, "hop_s": 0.012, "task_cpu_s": 0.012,
                  "peer_bytes_s": 8e8},
     ).to_dict()  # fmt: skip
+
+
+def test_among_equally_fast_settings_the_one_nearest_the_graph_as_written_wins():
+    """Within 10 % of the fastest, the data's shape (envs at once, collect length) decides; beyond, speed."""
+    hand = Candidate("apex", 2, 1, 8, 2)
+    wide = Candidate("single", 1, 16, 1, 1)  # 16 envs at once, 1 step each: a different data stream
+    same = Candidate("single", 1, 2, 8, 1)  # the graph's 2 envs x 8 steps, in one process
+    assert nearest([(wide, 176.0), (same, 170.0)], hand) == same
+    assert nearest([(wide, 176.0), (same, 150.0)], hand) == wide  # 15 % slower: speed wins
+    assert nearest([(wide, 176.0), (same, 170.0)], None) == wide
+    tuning = Tuning(PPO, Measurements.from_dict(synthetic()), [], hand=hand)
+    tuning.verified = [Result(wide, None, 174.0), Result(same, None, 165.0), Result(hand, None, 87.0, hand=True)]
+    assert tuning.chosen.candidate == same
+    tuning.verified[1].achieved = None  # a run too short to tell is never chosen
+    assert tuning.chosen.candidate == wide
 
 
 def test_a_calibration_run_scales_distributed_predictions_only():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -34,6 +35,26 @@ MODELLED = ("single", "sync", "async", "apex", "split-learner")
 
 LENGTH_KEYS = ("num_steps", "steps")
 """Hyperparameters that hold a collect's length, in the order looked for."""
+
+MARGIN = 0.1
+"""Settings within this fraction of the fastest count as equally fast (short runs on a shared machine
+vary by more). Among them the one nearest the graph as written wins: the number of envs stepping at once
+and a collect's length change what is learnt (how episodes interleave in replay, PPO's GAE horizon,
+how soon whole episodes reach the stop window), which a throughput run cannot show."""
+
+
+def distance(c: Candidate, hand: Candidate) -> float:
+    """How far ``c`` moves the data's shape from ``hand``: envs stepping at once and the collect's
+    length, each as an absolute log ratio (0: the same shape)."""
+    return abs(math.log(c.samplers * c.envs / (hand.samplers * hand.envs))) + abs(math.log(c.length / hand.length))
+
+
+def nearest(options: list[tuple[Candidate, float]], hand: Candidate | None) -> Candidate:
+    """Of ``(candidate, env steps/s)`` options, the nearest to ``hand`` among those within :data:`MARGIN`
+    of the fastest; the faster of equally near ones (the fastest outright without ``hand``)."""
+    best = max(rate for _, rate in options)
+    close = [(c, rate) for c, rate in options if rate >= (1 - MARGIN) * best]
+    return min(close, key=lambda cr: (round(distance(cr[0], hand), 9) if hand else 0.0, -cr[1]))[0]
 
 
 def _runs(policy: str, algorithm: Any) -> bool:
@@ -182,15 +203,19 @@ class Tuning:
     measurements: Measurements
     ranked: list[tuple[Candidate, Prediction]]
     verified: list[Result] = field(default_factory=list)
+    hand: Candidate | None = None
+    """The graph as written."""
 
     @property
     def chosen(self) -> Result:
-        """The fastest verified run; the best prediction when nothing was verified."""
+        """Of the verified runs (of the predictions when nothing was verified), the one nearest the graph
+        as written among those within :data:`MARGIN` of the fastest."""
         runs = [r for r in self.verified if r.achieved is not None]
         if runs:
-            return max(runs, key=lambda r: r.achieved)
-        c, p = self.ranked[0]
-        return Result(c, p)
+            pick = nearest([(r.candidate, r.achieved) for r in runs], self.hand)
+            return next(r for r in runs if r.candidate == pick)
+        pick = nearest([(c, p.steps_s) for c, p in self.ranked], self.hand)
+        return Result(pick, dict(self.ranked)[pick])
 
 
 def steady_rate(rows: list[dict[str, Any]]) -> float | None:
@@ -276,15 +301,16 @@ def tune(
         ranked = rank(shape, measurements.costs(shape.sampler, learners), most)
         if not ranked:
             raise ConfigError(graph.path, "roles", f"no setting keeps {shape.round_steps} env steps per update")
-        tuning = Tuning(shape, measurements, ranked)
+        tuning = Tuning(shape, measurements, ranked, hand=hand)
         if n_verify:
             predicted = dict(ranked)
             if hand not in predicted and hand.policy in MODELLED:
                 predicted[hand] = predict(hand, shape, measurements.costs(shape.sampler, learners))
-            picks: list[Candidate] = []  # the best of each (policy, samplers): settings that differ
-            for c, _ in ranked:
-                if len(picks) < n_verify and all((c.policy, c.samplers) != (p.policy, p.samplers) for p in picks):
-                    picks.append(c)
+            groups: dict[tuple[str, int], list[tuple[Candidate, float]]] = {}  # by (policy, samplers), best first
+            for c, p in ranked:
+                groups.setdefault((c.policy, c.samplers), []).append((c, p.steps_s))
+            # one of each of the best groups: settings that differ, each the nearest the graph as written
+            picks = [nearest(options, hand) for options in list(groups.values())[:n_verify]]
             for c in [hand, *done]:
                 if c not in picks:
                     picks.append(c)
