@@ -297,7 +297,7 @@ def worker_environ() -> dict[str, Any]:
     trim = environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny sets its pre-spawn variables in its own process too, so every worker spawned from here
     # later inherits them: drop the one a plain LocalCluster of this process left behind
-    if trim is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(trim):
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") in {str(trim), "65536"}:  # the config's, or Dask's default
         del os.environ["MALLOC_TRIM_THRESHOLD_"]
     return environ
 
