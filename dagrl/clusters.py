@@ -276,6 +276,10 @@ the nanny config :func:`untrimmed` sets, SLURM ones through the job script (``sl
 pre-spawn variable set to None in Dask's config is left out)."""
 
 
+DASK_TRIM = "65536"
+"""Dask's default ``MALLOC_TRIM_THRESHOLD_`` for workers (``distributed.nanny.pre-spawn-environ``)."""
+
+
 def trim_warning(actors: list[dict[str, Any]]) -> str | None:
     """What to tell a user whose actors (``policy.actors()``) run with Dask's trim threshold, if any do."""
     slow = sorted({f"{a['role']}[{a['index']}]" for a in actors if "MALLOC_TRIM_THRESHOLD_" in a.get("env", {})})
@@ -297,7 +301,7 @@ def worker_environ() -> dict[str, Any]:
     trim = environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny sets its pre-spawn variables in its own process too, so every worker spawned from here
     # later inherits them: drop the one a plain LocalCluster of this process left behind
-    if os.environ.get("MALLOC_TRIM_THRESHOLD_") in {str(trim), "65536"}:  # the config's, or Dask's default
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") in {str(trim), DASK_TRIM}:  # the config's, or Dask's default
         del os.environ["MALLOC_TRIM_THRESHOLD_"]
     return environ
 

@@ -89,7 +89,7 @@ def test_among_equally_fast_settings_the_one_nearest_the_graph_as_written_wins()
     assert nearest([(wide, 176.0), (same, 150.0)], hand) == wide  # 15 % slower: speed wins
     assert nearest([(wide, 176.0), (same, 170.0)], None) == wide
     tuning = Tuning(PPO, Measurements.from_dict(synthetic()), [], hand=hand)
-    tuning.verified = [Result(wide, None, 174.0), Result(same, None, 165.0), Result(hand, None, 87.0, hand=True)]
+    tuning.verified = [Result(wide, None, 174.0), Result(same, None, 165.0), Result(hand, None, 87.0)]
     assert tuning.chosen.candidate == same
     tuning.verified[1].achieved = None  # a run too short to tell is never chosen
     assert tuning.chosen.candidate == wide

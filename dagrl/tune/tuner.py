@@ -185,11 +185,9 @@ class Result:
     predicted: Prediction | None
     achieved: float | None = None
     """Env steps/s of the short real run (steady state: rows after the first update)."""
-    hand: bool = False
-    """The graph as written."""
 
     def label(self, tuning: Tuning) -> str:
-        tags = [" (as written)" if self.hand else ""]
+        tags = [" (as written)" if self.candidate == tuning.hand else ""]
         if self.candidate.describe() == tuning.measurements.calibration.get("candidate"):
             tags.append(" (calibration run)")
         if self is tuning.chosen:
@@ -319,7 +317,7 @@ def tune(
                     bar.set_postfix_str(f"verifying {c.describe()}")
                     done[c] = verify(candidate_data(data, shape, c), graph.path, cluster, slot)
                     bar.update(1)
-            tuning.verified = [Result(c, predicted.get(c), done[c], hand=c == hand) for c in picks]
+            tuning.verified = [Result(c, predicted.get(c), done[c]) for c in picks]
         bar.update(bar.total - bar.n)
     return tuning
 
