@@ -123,7 +123,16 @@ class Streaming(Policy):
             t.start()
             self.threads.append(t)
 
-    def _submit_one(self, i: int) -> _Pending:
+    def _submit_one(self, i: int, previous: _Pending | None, seen: int) -> _Pending:
+        """One stream call on sampler ``i`` and its inserts, in order after ``previous`` (still in flight).
+
+        Dask runs the ready tasks of a worker in priority (here: submission) order, but tasks that
+        wait for the *same* input fetched from another worker start in an arbitrary order once it
+        arrives. So a call whose weights version the sampler has not run with yet (``seen``) waits for
+        the pending call with the same version, and each insert for the previous insert on its
+        shard: a shard stores one sampler's rollouts in the order they were collected. In the steady
+        state neither edge delays anything (the weights are already there; an insert queues anyway).
+        """
         stream, ex = self.shape.stream, self.executor
         with self.cond:
             version, current = self.version, self.current
@@ -132,7 +141,8 @@ class Streaming(Policy):
             route(current[a.id], a.role, stream.role, self.roles, i, len(handles)) if isinstance(a, Node) else a
             for a in stream.inputs
         ]
-        call = ex.submit(handles[i], stream.name, args)
+        fresh = previous is not None and previous.version == version != seen
+        call = ex.submit(handles[i], stream.name, args, after=[previous.call] if fresh else [])
         inserts = []
         for node in self.shape.insert:
             shards = self.hosts[node.role]
@@ -142,13 +152,15 @@ class Streaming(Policy):
                 if isinstance(a, Node) else a
                 for a in node.inputs
             ]  # fmt: skip
-            inserts.append((node, k, ex.submit(shards[k], node.name, node_args)))
+            after = [c for n, _, c in previous.inserts if n is node] if previous is not None else []
+            inserts.append((node, k, ex.submit(shards[k], node.name, node_args, after=after)))
         watch = [c for cs in current.values() for c in cs]
         return _Pending(version, call, ex.report(call), inserts, watch)
 
     def _stream(self, i: int) -> None:
         """Keep ``in_flight`` stream calls (and their inserts) queued on sampler ``i``; record arrivals."""
         pending: collections.deque[_Pending] = collections.deque()
+        seen = -1  # the weights version of this sampler's last finished call
         stop = self.stopping.is_set
         try:
             while not stop():
@@ -156,13 +168,14 @@ class Streaming(Policy):
                     while len(pending) < self.in_flight and (
                         self.limiter.try_start_insert() if pending else self.limiter.start_insert(stop)
                     ):
-                        pending.append(self._submit_one(i))
+                        pending.append(self._submit_one(i, pending[-1] if pending else None, seen))
                     if not pending:
                         continue
                     p = pending[0]
                     ins = [c for _, _, c in p.inserts]
                     values = self.executor.wait([p.report, *ins], [*p.watch, p.call, *ins])
                     pending.popleft()
+                    seen = p.version
                     with self.cond:
                         for node, k, c in p.inserts:
                             self.latest[node.id][k] = c

@@ -8,7 +8,12 @@ driver only ever gathers small things (a sampler output's :class:`Report`, an up
 Everything a policy does is built from :meth:`Executor.submit` and :meth:`Executor.wait`:
 
 * ``submit`` never blocks: a policy submits a whole iteration (or keeps a stream of calls in
-  flight), and Dask starts each task as soon as its inputs exist;
+  flight), and Dask starts each task as soon as its inputs exist. Of the tasks ready on one worker,
+  the one submitted first runs first: each call gets a falling Dask ``priority`` (Dask's own ties
+  calls submitted within 100 ms and breaks the tie by their random keys, so a sampler's two queued
+  ``collect`` calls swapped, and a replay shard stored that sampler's rollouts out of order). Tasks
+  waiting for the *same* input from another worker still start in any order once it arrives; the
+  stream engine adds the edge that orders those (:mod:`dagrl.policies.streaming`);
 * ``wait`` turns what can go wrong into :class:`~dagrl.runtime.supervisor.RoleFailure`: a fragment
   that raised (blamed on the call that raised, not on its consumers), a worker that died while a
   call of the iteration was pending or held its output, a call running past ``hang_timeout_s``.
@@ -22,6 +27,7 @@ Routing between roles follows one rule (:func:`route`), in-process or remote.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Iterable
@@ -150,6 +156,7 @@ class Executor:
 
     def __init__(self, client: Any = None, supervisor: Any = None):
         self.client, self.supervisor = client, supervisor
+        self._order = itertools.count()
 
     @property
     def remote(self) -> bool:
@@ -186,6 +193,7 @@ class Executor:
             allow_other_workers=False,
             pure=False,
             key=key,
+            priority=-next(self._order),  # first submitted, first run (module docstring)
         )
         call = Call(handle, fragment, future, time.perf_counter(), inputs=[*args, *after])
         future.add_done_callback(call._stamp)
@@ -204,6 +212,7 @@ class Executor:
             allow_other_workers=False,
             pure=False,
             key=f"report-{call.fragment}-{uuid.uuid4().hex}",
+            priority=-next(self._order),  # first submitted, first run (module docstring)
         )
         out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
         future.add_done_callback(out._stamp)
