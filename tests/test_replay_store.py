@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -274,3 +275,36 @@ while True:
         np.testing.assert_array_equal(
             got["obs"][lo - store.head : hi - store.head], expect["obs"][lo - start : hi - start]
         )
+
+
+MAPPED_BLOCKS_OF_A_20MB_ARRAY = """
+import ctypes, sys
+import numpy as np
+from dagrl.replay import ReplayStore, Schema
+
+class MallInfo(ctypes.Structure):
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(n, ctypes.c_size_t) for n in names.split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo
+store = ReplayStore(Schema({"obs": ("uint8", tuple(int(d) for d in sys.argv[1].split("x")))}), 64, 64 << 20)
+before = libc.mallinfo2().hblks
+block = np.ones(20 << 20, np.uint8)  # a batch of 360 Atari rows
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+def test_a_store_of_image_rows_keeps_large_blocks_on_the_heap():
+    """Image-row batches are MBs: in a process holding a store of such rows a 20 MB block comes from
+    the heap (freed memory reused), not from a fresh mmap that each sample call page-faults again
+    (what glibc does by default, as in a process with a store of small rows)."""
+
+    def mapped(shape: str) -> int:
+        code = MAPPED_BLOCKS_OF_A_20MB_ARRAY
+        out = subprocess.run([sys.executable, "-c", code, shape], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert mapped("84x84x4") == 0
+    assert mapped("4") == 1

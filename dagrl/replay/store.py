@@ -36,12 +36,15 @@ from typing import Any
 
 import numpy as np
 
+from dagrl.replay.malloc import keep_freed_memory
 from dagrl.replay.schema import ReplayError, Schema
 from dagrl.replay.sumtree import PriorityTree
 
 META = "meta.json"
 PRIORITIES = "priorities.npy"
 CODECS = ("none", "zstd", "blosc-zstd", "blosc-lz4")
+LARGE_ROW_BYTES = 4096
+"""Rows this large (images) make the process keep freed memory (:mod:`dagrl.replay.malloc`)."""
 
 Batch = Mapping[str, np.ndarray]
 
@@ -180,6 +183,8 @@ class ReplayStore:
                 f"memory budget ({self.hot_budget} B besides the cache) and no path was given to spill to"
             )
         self.prioritized, self.alpha, self.beta0, self.beta_steps = prioritized, alpha, beta, beta_steps
+        if schema.row_bytes >= LARGE_ROW_BYTES:
+            keep_freed_memory()  # each sample is MBs: reuse freed blocks instead of page-faulting new ones
         R = self.chunk_rows
         # RAM: a ring of whole chunks for the newest rows, a cache of cold chunks; each one array per field
         self.ring_chunks = max(1, min(self.hot_budget // self.chunk_bytes, self.slots))
