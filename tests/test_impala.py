@@ -46,6 +46,19 @@ def test_ratios_are_truncated_at_rho_bar_and_c_bar():
     np.testing.assert_allclose(half[0].numpy()[-1] - values[-1], 0.5 * td[-1], atol=1e-5)
 
 
+def test_target_kl_stops_a_batchs_steps_once_the_policy_moved_that_far(tmp_path):
+    """With ``target_kl`` tiny, each batch gets its first gradient step only; without, all of them."""
+    steps = {}
+    for kl in ("null", "1.0e-12"):
+        overrides = ["policy=single", "stop.iterations=6", "hyperparameters.update_epochs=4"]
+        overrides.append(f"hyperparameters.target_kl={kl}")
+        _, rundir = train("graphs/impala-cartpole.yaml", tmp_path / kl, overrides)
+        rows = rundir.read_metrics()
+        steps[kl] = {r["losses/steps"] for r in rows}
+        assert all(r["perf/frames"] == r["losses/steps"] * 8 * 32 for r in rows)
+    assert steps == {"null": {4.0}, "1.0e-12": {1.0}}
+
+
 @pytest.mark.slow
 def test_impala_learns_cartpole_under_async(client, tmp_path):
     summary, rundir = train("graphs/impala-cartpole.yaml", tmp_path, client=client)
