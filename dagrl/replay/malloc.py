@@ -3,8 +3,8 @@
 A sample call returns a fresh batch: 256 Atari rows are 14 MB. With glibc's defaults the freed
 batch goes back to the kernel (above the mmap threshold, or trimmed off the heap top), so the next
 call page-faults 14 MB of zeroed pages again. Measured on Pong rows (84x84x4 uint8, 6,000 in RAM,
-batches of 256, a fresh process on the 2-core machine): 47k rows/s with the defaults, 139k with the
-settings below; 100k rows 94 % spilled: 27k -> 76k rows/s.
+batches of 256, fresh processes on the 2-core machine): 61-64k rows/s with the defaults, 149-152k
+with the settings below; 100k rows 94 % spilled: 30-38k -> 77-87k rows/s (BENCHMARKS.md).
 
 The settings hold for the whole process (a replay host's worker, or the driver under ``single``):
 blocks up to 32 MiB come from the heap, and up to 256 MiB of free heap top is kept. Other C
