@@ -11,8 +11,21 @@ import time
 from typing import Any
 
 
+PACKAGES = ("dask", "distributed", "gymnasium", "numpy", "zarr", "numcodecs", "stable-baselines3", "mujoco", "ale-py")
+"""Recorded with every result: a run's env steps to a target moved once between two runs and nothing
+said which package had changed."""
+
+
 def machine() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
     return {
         "cpus": os.cpu_count(),
@@ -20,6 +33,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_avg": os.getloadavg()[0],
+        "packages": {name: installed(name) for name in PACKAGES},
     }
 
 

@@ -53,11 +53,18 @@ def dagrl(policy: str, seed: int, budget: int, client, root: str) -> dict:
          "stop.wall_time_s=600", "checkpoint.every=0", f"runs_dir={root}"],
     )  # fmt: skip
     pol = build_policy(graph, client)
+    rundir = RunDir.create(root, graph.name)
     try:
-        summary = Trainer(graph, pol, RunDir.create(root, graph.name), progress=Progress(enabled=False)).run()
+        summary = Trainer(graph, pol, rundir, progress=Progress(enabled=False)).run()
         actors = pol.actors()
     finally:
         pol.close()
+    solved = [  # the iteration that reached the target (sync runs one more, submitted ahead of the stop)
+        r for r in rundir.read_metrics()
+        if r["episodes"] >= WINDOW and (r.get("charts/episode_return_mean") or 0.0) >= TARGET
+    ]  # fmt: skip
+    if solved:
+        summary.update(elapsed_s=solved[0]["time_s"], env_steps=solved[0]["env_steps"])
     learner = sum(sum(a["busy_s"].values()) for a in actors if a["role"] == "learner")
     samplers = [sum(a["busy_s"].values()) for a in actors if a["role"] == "sampler"]
     wall = summary["elapsed_s"]

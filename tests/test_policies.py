@@ -32,6 +32,69 @@ def test_sync_reproduces_single_exactly(client, graphs_dir, samplers):
             assert a.metrics[key] == b.metrics[key], key
 
 
+def train(graph, client, root, listener=None):
+    """Train ``graph`` through the driver; the policy's submissions ahead are counted."""
+    from dagrl.runtime.driver import Trainer
+    from dagrl.runtime.progress import Progress
+    from dagrl.runtime.rundir import RunDir
+
+    policy = build_policy(graph, client)
+    ahead, submit = [], policy.submit_graph
+    policy.submit_graph = lambda g, previous=None: ahead.append(previous is not None) or submit(g, previous)
+    rundir = RunDir.create(root, graph.name)
+    trainer = Trainer(graph, policy, rundir, progress=Progress(enabled=False))
+    if listener is not None:
+        trainer.listeners.append(lambda row, res: listener(trainer, row))
+    try:
+        summary = trainer.run()
+        assert not policy.pending
+    finally:
+        policy.close()
+    return summary, rundir, sum(ahead)
+
+
+def test_sync_running_ahead_computes_what_single_does(client, graphs_dir, tmp_path):
+    """Through the driver, ``sync`` submits iteration k+1 with k (not across a checkpoint or the
+    last iteration): the metrics of every iteration and the learner at each checkpoint are single's."""
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    over = ["roles.sampler.replicas=2", "roles.sampler.envs=4", "stop.iterations=7", "stop.mean_return=null"]
+    over += ["checkpoint.every=3", "checkpoint.keep=5"]
+    runs = {}
+    for policy in ("single", "sync"):
+        graph = load_graph(f"{graphs_dir}/ppo-cartpole-{policy}.yaml", over)
+        runs[policy] = train(graph, client if policy == "sync" else None, tmp_path / policy)
+    (s1, d1, ahead1), (s2, d2, ahead2) = runs["single"], runs["sync"]
+    assert ahead1 == 0 and ahead2 == 3  # 3, 5, 6 submitted while 2, 4, 5 ran (1: steps unknown; 3, 6: checkpoints)
+    assert s1["iterations"] == s2["iterations"] == 7
+    rows1, rows2 = d1.read_metrics(), d2.read_metrics()
+    assert [r["env_steps"] for r in rows1] == [r["env_steps"] for r in rows2]
+    for a, b in zip(rows1, rows2, strict=True):
+        assert [a[k] for k in LOSSES] == [b[k] for k in LOSSES]
+    for it in (3, 6):
+        w1 = load_checkpoint(d1.checkpoint_path(it))["roles"]["learner"][0]
+        w2 = load_checkpoint(d2.checkpoint_path(it))["roles"]["learner"][0]
+        for key, value in w1["agent"].items():
+            assert value.equal(w2["agent"][key]), (it, key)
+
+
+def test_a_stop_the_driver_did_not_foresee_counts_the_iteration_already_submitted(client, graphs_dir, tmp_path):
+    """The stop comes after iteration 3 was submitted with iteration 4 behind it: 4 runs, is logged and
+    counted, and nothing is left in flight."""
+    import dataclasses
+
+    def stop_at_three(trainer, row):
+        if row["iteration"] == 3:
+            trainer.stop = dataclasses.replace(trainer.stop, iterations=3)
+
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["stop.mean_return=null", "checkpoint.every=0"])
+    summary, rundir, ahead = train(graph, client, tmp_path, stop_at_three)
+    assert ahead == 2  # 3 submitted while 2 ran, 4 while 3 ran
+    assert summary["iterations"] == 4 and summary["stop_reason"] == "iterations"
+    assert [r["iteration"] for r in rundir.read_metrics()] == [1, 2, 3, 4]
+    assert summary["env_steps"] == 4 * 256
+
+
 def test_sync_actors_live_on_distinct_worker_processes(client, graphs_dir):
     graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml")
     policy = build_policy(graph, client)

@@ -50,6 +50,18 @@ class StepResult:
             self.sources = np.concatenate([self.sources, np.full(len(episodes), source, np.int64)])
 
 
+@dataclass
+class Submitted:
+    """An iteration submitted and not yet waited for (:meth:`Policy.submit_graph`)."""
+
+    calls: dict[int, list[Call]]
+    reports: dict[int, list[Call]]
+    outs: list[Call]
+    watch: list[Call]
+    """Every call of the iteration, in submission order (a failure is blamed on the first that failed)."""
+    t0: float
+
+
 class Policy:
     """Base of the distribution policies: owns role hosts, runs iterations, exposes learner state."""
 
@@ -87,27 +99,47 @@ class Policy:
 
         Sampler outputs stay on their workers; only their reports and the output come back.
         """
+        return self.finish_graph(self.submit_graph(graph))
+
+    def submit_graph(self, graph: FragmentGraph, previous: Submitted | None = None) -> Submitted:
+        """Submit every call of ``graph`` and the reports the driver needs; wait for none of them.
+
+        ``previous``: an iteration still in flight that this one follows. Each call then also waits
+        for the last call of ``previous`` on its role, so a role state sees the iterations in order
+        (the next ``publish`` after this ``update``), however Dask orders ready tasks.
+        """
         t0 = time.perf_counter()
         roles = self.graph.algorithm.roles
         side: dict[int, list[Call]] = {}
+        last: dict[str, list[Call]] = {}
+        if previous is not None:
+            for node in graph.nodes:
+                last[node.role] = previous.calls[node.id]
 
         def after(node: Node, calls: dict[int, list[Call]]) -> list[Call]:
             side[node.id] = self.before(node, calls)
-            return side[node.id]
+            return [*side[node.id], *last.get(node.role, [])]
 
         calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after)
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
-        wanted = [r for rs in reports.values() for r in rs]
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
+        return Submitted(calls, reports, outs, watch, t0)
+
+    def finish_graph(self, sub: Submitted) -> tuple[dict[int, list[Call]], dict[int, list[Report]], Any, float]:
+        """Wait for an iteration :meth:`submit_graph` submitted; on a failure, cancel what is left of it."""
+        wanted = [r for rs in sub.reports.values() for r in rs]
         try:
-            values = self.executor.wait([*wanted, *outs], watch)
+            values = self.executor.wait([*wanted, *sub.outs], sub.watch)
         except RoleFailure:
-            self.executor.cancel([*watch, *wanted])
+            self.cancel(sub)
             raise
-        out = merge_outputs(values[len(wanted) :]) if outs else None
+        out = merge_outputs(values[len(wanted) :]) if sub.outs else None
         got = iter(values)
-        return calls, {i: [next(got) for _ in rs] for i, rs in reports.items()}, out, t0
+        return sub.calls, {i: [next(got) for _ in rs] for i, rs in sub.reports.items()}, out, sub.t0
+
+    def cancel(self, sub: Submitted) -> None:
+        self.executor.cancel([*sub.watch, *(r for rs in sub.reports.values() for r in rs)])
 
     def before(self, node: Node, calls: dict[int, list[Call]]) -> list[Call]:
         """Calls to submit before ``node`` runs, which it then waits for (none here; central inference
@@ -143,8 +175,15 @@ class Policy:
     def after_restore(self) -> None:
         """Called after the driver restored learner state from a checkpoint (republish weights)."""
 
-    def step(self) -> StepResult:
+    def step(self, ahead: bool = False) -> StepResult:
+        """Run one iteration. ``ahead`` is the driver's word that it will ask for the next one right
+        after, with nothing in between; a policy may use it to submit the next one now."""
         raise NotImplementedError
+
+    @property
+    def pending(self) -> bool:
+        """Whether an iteration was submitted ahead: the driver runs it (:meth:`step`) before stopping."""
+        return False
 
     def state_dict(self) -> dict[str, list[Any]]:
         while True:

@@ -40,9 +40,9 @@ class DataParallel(Lockstep):
         self.formed = False
         self.checked = False
 
-    def step(self) -> StepResult:
+    def step(self, ahead: bool = False) -> StepResult:
         self.prepare()
-        res = super().step()
+        res = super().step(ahead)
         if not self.checked:
             self._check_identical("after the first iteration")
             self.checked = True

@@ -68,11 +68,11 @@ class CentralInference(Lockstep):
         weights = [calls[a.id][0] for a in node.inputs if isinstance(a, Node)]  # single-instance: broadcast
         return [self.executor.submit(self.server, "load", weights, task=load_acting)]
 
-    def step(self) -> StepResult:
+    def step(self, ahead: bool = False) -> StepResult:
         while True:
             try:
                 self._attach()
-                res = self._step()
+                res = self._step(False)
                 break
             except RoleFailure as failure:
                 if failure.handle.role == self.actors_role and not self._server_answers():

@@ -10,23 +10,59 @@ the driver receives only each rollout's :class:`~dagrl.runtime.executor.Report` 
 
 from __future__ import annotations
 
-from dagrl.policies.base import Policy, StepResult, learn_time, stage_time
+from typing import Any
+
+from dagrl.policies.base import Policy, StepResult, Submitted, learn_time, stage_time
 from dagrl.runtime.supervisor import RoleFailure
 
 
 class Lockstep(Policy):
     name = "lockstep"
+    runs_ahead = False
+    """Whether the next iteration may be submitted before this one is waited for (see :meth:`step`)."""
 
-    def step(self) -> StepResult:
+    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+        super().__init__(graph, hosts, executor)
+        self.ahead: Submitted | None = None
+        """The next iteration, submitted while this one ran (``step(ahead=True)``)."""
+
+    def step(self, ahead: bool = False) -> StepResult:
+        """Run one iteration. ``ahead``: the driver will ask for the next one right after, with
+        nothing in between (no checkpoint, no blocking evaluation, no stop it can foresee), so it
+        is submitted now, behind this one: Dask starts its ``publish`` the moment this ``update``
+        ends, without the round trip through the driver."""
         while True:
             try:
-                return self._step()
+                return self._step(ahead)
             except RoleFailure as failure:  # a sampler or replay shard died: replace it, redo the iteration
+                self.drop_ahead()
                 self.replace_in_place(failure)
 
-    def _step(self) -> StepResult:
+    def drop_ahead(self) -> None:
+        """Cancel an iteration submitted ahead (after a failure, or at a rollback)."""
+        if self.ahead is not None:
+            self.cancel(self.ahead)
+            self.ahead = None
+
+    @property
+    def pending(self) -> bool:
+        return self.ahead is not None
+
+    def restore(self, sd: dict[str, list[Any]]) -> None:
+        self.drop_ahead()  # it followed the iteration that failed
+        super().restore(sd)
+
+    def close(self) -> None:
+        self.drop_ahead()
+        super().close()
+
+    def _step(self, ahead: bool) -> StepResult:
         graph = self.graph.algorithm.graph
-        calls, reports, out, t0 = self.run_graph(graph)
+        current = self.ahead if self.ahead is not None else self.submit_graph(graph)
+        self.ahead = None
+        if ahead and self.runs_ahead and self.executor.remote:
+            self.ahead = self.submit_graph(graph, previous=current)
+        calls, reports, out, t0 = self.finish_graph(current)
         res = StepResult()
         for node in graph.nodes:
             if node.id in reports:

@@ -238,7 +238,7 @@ class Streaming(Policy):
             res.add_output(a.report, source=a.source)
         return taken
 
-    def step(self) -> StepResult:
+    def step(self, ahead: bool = False) -> StepResult:
         if not self.threads:
             self.start()
         res = StepResult()

@@ -12,3 +12,4 @@ class Sync(Lockstep):
     sampler's, ``update`` back on the learner's, data fetched worker to worker."""
 
     name = "sync"
+    runs_ahead = True

@@ -71,6 +71,8 @@ class Trainer:
         self.progress = progress or Progress()
         self.stop = graph.spec.stop
         self.counters = Counters()
+        self._last_env_steps = 0
+        """Env steps of the last iteration (what :meth:`may_run_ahead` expects of the next)."""
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
@@ -152,7 +154,6 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; returns (and writes) the run summary."""
         reason = self.stop_reason()
-        every = self.graph.spec.checkpoint.every
         start = time.perf_counter() - self.counters.elapsed_s
         if self.policy.supervisor is not None:
             self.policy.supervisor.listeners.append(self._on_restart)
@@ -160,22 +161,15 @@ class Trainer:
             self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
         with _stop_on_sigint() as stop_requested:
             try:
-                while reason is None:
+                while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
                     try:
-                        res = self.policy.step()
-                        res.metrics.update(self.evaluation.after(self.counters.iteration + 1))
-                        self._count(res, start)
-                        last_row = self._row(res)
-                        self.rundir.log(last_row)
-                        self.progress.update(last_row)
-                        for listener in self.listeners:
-                            listener(last_row, res)
-                        if every and self.counters.iteration % every == 0:
-                            self.checkpoint()
+                        res = self.policy.step(ahead=reason is None and self.may_run_ahead())
+                        self._record(res, start)
                     except RoleFailure as failure:
                         self.restore(failure)
-                        continue
-                    reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+                        reason = None  # rolled back: the stop is decided again
+                    if reason is None:
+                        reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
             except CrashLoop as err:  # from a policy replacing a sampler, or from restore()
                 raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
             except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
@@ -206,10 +200,40 @@ class Trainer:
             log.warning("could not write %s (%s); the checkpoints are complete", err.filename or "run files", err)
         return summary
 
+    def _record(self, res: Any, start: float) -> None:
+        """Count, log and show one finished iteration; checkpoint when one is due."""
+        res.metrics.update(self.evaluation.after(self.counters.iteration + 1))
+        self._count(res, start)
+        row = self._row(res)
+        self.rundir.log(row)
+        self.progress.update(row)
+        for listener in self.listeners:
+            listener(row, res)
+        every = self.graph.spec.checkpoint.every
+        if every and self.counters.iteration % every == 0:
+            self.checkpoint()
+
+    def may_run_ahead(self) -> bool:
+        """Whether the iteration after the one about to run may be submitted with it: nothing is due
+        between the two (a checkpoint, a blocking evaluation) and no stop the driver can foresee
+        (``iterations``, ``env_steps`` at the last iteration's count) falls after this one. A stop it
+        cannot foresee (``mean_return``, ``wall_time_s``, Ctrl-C) lets the iteration already
+        submitted finish, and counts it."""
+        c, s = self.counters, self.stop
+        now = c.iteration + 1
+        every = self.graph.spec.checkpoint.every
+        if (every and now % every == 0) or self.evaluation.blocks(now):
+            return False
+        if s.iterations is not None and now >= s.iterations:
+            return False
+        last = self._last_env_steps
+        return s.env_steps is None or (last > 0 and c.env_steps + last < s.env_steps)
+
     def _count(self, res: Any, start: float) -> None:
         c = self.counters
         c.iteration += 1
         c.env_steps += res.env_steps
+        self._last_env_steps = res.env_steps
         c.episodes += len(res.episodes)
         c.frames += int(res.metrics.get("perf/frames", 0))
         c.elapsed_s = time.perf_counter() - start
@@ -257,6 +281,10 @@ class Evaluation:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="dagrl-eval") if self.every and self.concurrent else None
         self.running: tuple[int, Future] | None = None
         self.skipped = 0
+
+    def blocks(self, iteration: int) -> bool:
+        """Whether an evaluation runs between ``iteration`` and the next, training waiting for it."""
+        return self.pool is None and bool(self.every) and iteration % self.every == 0
 
     def after(self, iteration: int) -> dict[str, float]:
         """Metrics for the row of ``iteration``, which just finished: an evaluation run now (blocking)
