@@ -16,6 +16,10 @@ PACKAGES = ("dask", "distributed", "gymnasium", "numpy", "zarr", "numcodecs", "s
 said which package had changed."""
 
 
+LOAD_AT_START = os.getloadavg()[0]
+"""The 1-minute load average when the benchmark started (other work on a shared machine)."""
+
+
 def machine() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -33,7 +37,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "load_avg": os.getloadavg()[0],
+        "load_avg_at_start": LOAD_AT_START,
         "packages": {name: installed(name) for name in PACKAGES},
     }
 
