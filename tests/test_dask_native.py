@@ -59,3 +59,25 @@ def test_fragments_are_tasks_on_their_workers_and_rollouts_skip_the_driver(clien
     assert all(w in samplers for w, who, k, n in transfers if k.startswith("collect-"))
     assert rollouts_to_driver == 0
     assert sum(n for _, n in to_driver) < rollout_bytes / 20, to_driver  # reports and metrics only
+
+
+def test_sync_counts_env_steps_without_a_report_task_per_rollout(client, graphs_dir):
+    """Under ``sync`` the update's task reports the rollouts it consumed (their env steps and episodes
+    reach the driver with the metrics): no ``report`` task runs, and the counts are the same as single's."""
+    from distributed import get_task_stream
+
+    over = ["roles.sampler.replicas=2", "roles.sampler.envs=4"]
+    single = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", over))
+    expected = [single.step() for _ in range(3)]
+    policy = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", over), client)
+    try:
+        with get_task_stream(client) as ts:
+            results = [policy.step() for _ in range(3)]
+    finally:
+        policy.close()
+    prefixes = {rec["key"].split("-")[0] for rec in ts.data}
+    assert prefixes == {"publish", "collect", "update"}
+    for a, b in zip(expected, results, strict=True):
+        assert a.env_steps == b.env_steps == 2 * 4 * 32
+        np.testing.assert_array_equal(a.episodes.returns, b.episodes.returns)
+        np.testing.assert_array_equal(a.sources, b.sources)  # which sampler each episode came from

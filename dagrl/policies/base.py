@@ -60,6 +60,8 @@ class Submitted:
     watch: list[Call]
     """Every call of the iteration, in submission order (a failure is blamed on the first that failed)."""
     t0: float
+    folded: list[int] = field(default_factory=list)
+    """Nodes whose reports the output's own task computes, in the order it returns them."""
 
 
 class Policy:
@@ -120,11 +122,39 @@ class Policy:
             side[node.id] = self.before(node, calls)
             return [*side[node.id], *last.get(node.role, [])]
 
-        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after)
-        reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if self.counts(n)}
+        positions = self.folded_reports(graph)
+        folded = [graph.output.inputs[i].id for i in positions]
+        fold = {graph.output.id: positions} if positions else None
+        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after, reports=fold)
+        reports = {
+            n.id: [self.executor.report(c) for c in calls[n.id]]
+            for n in graph.nodes
+            if self.counts(n) and n.id not in folded
+        }
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
-        return Submitted(calls, reports, outs, watch, t0)
+        return Submitted(calls, reports, outs, watch, t0, folded)
+
+    def folded_reports(self, graph: FragmentGraph) -> tuple[int, ...]:
+        """Positions of the output node's inputs whose reports its own task computes.
+
+        A report task per sampler output costs the scheduler and the sampler's worker a task each
+        (a twelfth of a ``sync`` PPO iteration on two cores); when every replica's output goes to
+        the one output call, which nothing but the driver reads, that call reports them instead.
+        """
+        out = graph.output
+        roles = self.graph.algorithm.roles
+        if not self.executor.remote or out is None or roles[out.role].many or len(self.hosts[out.role]) != 1:
+            return ()
+        if any(isinstance(a, Node) and a.id == out.id for n in graph.nodes for a in n.inputs):
+            return ()  # another fragment consumes the output: it must stay the plain value
+        seen: set[int] = set()
+        positions = []
+        for i, a in enumerate(out.inputs):
+            if isinstance(a, Node) and a.id not in seen and self.counts(a):
+                seen.add(a.id)
+                positions.append(i)
+        return tuple(positions)
 
     def finish_graph(self, sub: Submitted) -> tuple[dict[int, list[Call]], dict[int, list[Report]], Any, float]:
         """Wait for an iteration :meth:`submit_graph` submitted; on a failure, cancel what is left of it."""
@@ -134,9 +164,14 @@ class Policy:
         except RoleFailure:
             self.cancel(sub)
             raise
-        out = merge_outputs(values[len(wanted) :]) if sub.outs else None
         got = iter(values)
-        return sub.calls, {i: [next(got) for _ in rs] for i, rs in sub.reports.items()}, out, sub.t0
+        reports = {i: [next(got) for _ in rs] for i, rs in sub.reports.items()}
+        outputs = list(got)
+        if sub.folded:
+            first, outputs[0] = outputs[0], outputs[0].value
+            reports.update(zip(sub.folded, first.reports, strict=True))
+        out = merge_outputs(outputs) if sub.outs else None
+        return sub.calls, reports, out, sub.t0
 
     def cancel(self, sub: Submitted) -> None:
         self.executor.cancel([*sub.watch, *(r for rs in sub.reports.values() for r in rs)])

@@ -165,13 +165,22 @@ class Executor:
     # -- submitting --------------------------------------------------------------------------------
 
     def submit(
-        self, handle: Any, fragment: str, args: Iterable[Any] = (), after: Iterable[Call] = (), task: Any = None
+        self,
+        handle: Any,
+        fragment: str,
+        args: Iterable[Any] = (),
+        after: Iterable[Call] = (),
+        task: Any = None,
+        reports: tuple[int, ...] = (),
     ) -> Call:
         """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
 
         ``after``: calls that must finish before this one starts (an ordering edge of the task graph).
         ``task``: another task function of :mod:`dagrl.runtime.host` than ``run_fragment``, called as
         ``task(host_id, *args)`` (remote only; ``fragment`` then only names the task).
+        ``reports``: positions of ``args`` holding sampler outputs whose :class:`Report` the task
+        computes itself, returning :class:`~dagrl.runtime.host.Reported` (remote only; for an output
+        only the driver reads).
         """
         args = [_values(a) for a in args]
         after = [c.future for c in after]
@@ -189,6 +198,7 @@ class Executor:
             *head,
             *args,
             after=after or None,
+            **({"reports": tuple(reports)} if reports else {}),
             workers=[handle.address],
             allow_other_workers=False,
             pure=False,
@@ -226,12 +236,14 @@ class Executor:
         calls: dict[int, list[Call]] | None = None,
         inputs: Any = None,
         after: Any = None,
+        reports: dict[int, tuple[int, ...]] | None = None,
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
         ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
         given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
-        ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs.
+        ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs;
+        ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`).
         """
         calls = {} if calls is None else calls
         for node in nodes:
@@ -247,7 +259,7 @@ class Executor:
                         args.append(route(outs, a.role, node.role, roles, r, len(handles)))
                     else:
                         args.append(a)
-                row.append(self.submit(h, node.name, args, after=first))
+                row.append(self.submit(h, node.name, args, after=first, reports=(reports or {}).get(node.id, ())))
             calls[node.id] = row
         return calls
 

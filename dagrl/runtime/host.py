@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from dagrl.context import RoleContext
@@ -57,7 +58,16 @@ def _host(host_id: str) -> RoleHost:
     return host
 
 
-def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None) -> Any:
+@dataclass
+class Reported:
+    """A fragment output for the driver, with the :class:`~dagrl.runtime.executor.Report` of each
+    sampler output its task consumed (``reports[j][r]``: the ``j``-th reported argument, replica ``r``)."""
+
+    value: Any
+    reports: list[list[Any]]
+
+
+def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None, reports: tuple[int, ...] = ()) -> Any:
     """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
 
     Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
@@ -65,9 +75,18 @@ def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None) -> 
     ``after`` holds futures that must finish first and are otherwise ignored (ordering only).
     Large arrays in the output may reach a same-host consumer through shared memory
     (:mod:`dagrl.runtime.shm`); an input that comes from this worker arrives in that envelope.
+    ``reports``: positions of arguments (sampler outputs, gathered) whose reports the driver wants;
+    the output, which only the driver reads, then comes back :class:`Reported` (one task fewer per
+    sampler than a report task each).
     """
     host = _host(host_id)
-    out = host.call(fragment, *[shm.unwrap(a) for a in args])
+    inputs = [shm.unwrap(a) for a in args]
+    out = host.call(fragment, *inputs)
+    if reports:
+        from dagrl.runtime.executor import report
+
+        gathered = [inputs[i] if isinstance(inputs[i], list) else [inputs[i]] for i in reports]
+        return Reported(out, [[report(v) for v in values] for values in gathered])
     return shm.wrap(out) if host.shared_memory else out
 
 
