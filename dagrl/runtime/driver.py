@@ -282,14 +282,18 @@ class Evaluation:
         self.running: tuple[int, Future] | None = None
         self.skipped = 0
 
+    def due(self, iteration: int) -> bool:
+        """Whether an evaluation is due after ``iteration``."""
+        return bool(self.every) and iteration % self.every == 0
+
     def blocks(self, iteration: int) -> bool:
         """Whether an evaluation runs between ``iteration`` and the next, training waiting for it."""
-        return self.pool is None and bool(self.every) and iteration % self.every == 0
+        return self.pool is None and self.due(iteration)
 
     def after(self, iteration: int) -> dict[str, float]:
         """Metrics for the row of ``iteration``, which just finished: an evaluation run now (blocking)
         or a concurrent one that finished meanwhile; starts a concurrent one when it is due."""
-        due = bool(self.every) and iteration % self.every == 0
+        due = self.due(iteration)
         if self.pool is None:
             return self.policy.evaluate() if due else {}
         out = self._finished()
