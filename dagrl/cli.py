@@ -103,12 +103,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary["stop_reason"] == "interrupted":
         log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
         return 130
+    evaluated = "" if summary.get("eval_return") is None else f", evaluation return {summary['eval_return']:.1f}"
     log.info(
-        "done (%s): %d iterations, %d env steps, mean return %s, %.1f s; see %s",
+        "done (%s): %d iterations, %d env steps, mean return %s%s, %.1f s; see %s",
         summary["stop_reason"],
         summary["iterations"],
         summary["env_steps"],
         "-" if summary["mean_return"] is None else f"{summary['mean_return']:.1f}",
+        evaluated,
         summary["elapsed_s"],
         rundir.path,
     )

@@ -7,22 +7,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dagrl.episodes import Episodes
+
 __all__ = ["Acting", "Episodes", "RoleContext"]
-
-
-@dataclass
-class Episodes:
-    """Episodes that finished during a fragment call; the runtime reads these from sampler outputs.
-
-    A fragment output that carries an ``episodes: Episodes`` attribute and an ``env_steps: int``
-    attribute is counted in the run's progress, metrics and stop conditions.
-    """
-
-    returns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def __len__(self) -> int:
-        return len(self.returns)
 
 
 class Acting(Protocol):

@@ -101,20 +101,27 @@ class StopSpec:
     mean_return: float | None = None
     """Stop when the mean return of the last ``window`` episodes reaches this."""
     window: int = 20
-    """Episodes averaged for ``mean_return`` (and for the progress bar)."""
+    """Episodes averaged for ``mean_return`` (and for the progress bar); a sampler's episodes count only
+    once each of its envs has finished one since they were reset together (:mod:`dagrl.episodes`)."""
     env_steps: int | None = None
     """Stop after this many env steps."""
     wall_time_s: float | None = None
     """Stop after this many seconds of training."""
     iterations: int | None = None
     """Stop after this many iterations."""
+    eval_return: float | None = None
+    """Stop when an evaluation's mean return (``eval/return_mean``, greedy, whole episodes from fresh
+    resets) reaches this; needs ``evaluate.every``. Under ``evaluate.concurrent`` the stop comes with
+    the row the evaluation's metrics join."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "window", "env_steps", "iterations")
         if self.wall_time_s is not None and not self.wall_time_s > 0:
             raise ValueError(f"wall_time_s must be > 0, got {self.wall_time_s}")
-        if self.mean_return is not None and not math.isfinite(self.mean_return):
-            raise ValueError(f"mean_return must be a finite number, got {self.mean_return}")
+        for key in ("mean_return", "eval_return"):
+            value = getattr(self, key)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value}")
 
 
 @dataclass
@@ -305,6 +312,10 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     if spec.evaluate.every and algo.eval_graph is None:
         raise ConfigError(
             where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
+        )
+    if spec.stop.eval_return is not None and not spec.evaluate.every:
+        raise ConfigError(
+            where, "stop.eval_return", f"{spec.stop.eval_return:g}: needs evaluations (set evaluate.every)"
         )
     if spec.torch_threads < 1:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")

@@ -84,3 +84,25 @@ def test_concurrent_evaluation_on_a_cluster(client, tmp_path):
     evaluated = [r for r in rows if "eval/iteration" in r]
     assert len(evaluated) >= 2
     assert all(np.isfinite(r["eval/return_mean"]) and r["eval/iteration"] <= r["iteration"] for r in evaluated)
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_a_run_stops_when_an_evaluation_reaches_eval_return(tmp_path, concurrent):
+    overrides = [
+        "evaluate.every=2", f"evaluate.concurrent={str(concurrent).lower()}", "hyperparameters.eval_episodes=5",
+        "stop.mean_return=null", "stop.eval_return=150", "stop.iterations=80",
+    ]  # fmt: skip
+    summary, rundir = train("graphs/ppo-cartpole-single.yaml", tmp_path, overrides)
+    rows = rundir.read_metrics()
+    evals = [r["eval/return_mean"] for r in rows if "eval/return_mean" in r]
+    assert summary["stop_reason"] == "eval_return" and summary["iterations"] < 80
+    assert evals[-1] >= 150 and all(e < 150 for e in evals[:-1]) and len(evals) >= 2
+    assert "eval/return_mean" in rows[-1] and summary["eval_return"] == evals[-1]  # stopped with that row
+    if not concurrent:
+        assert rows[-1]["iteration"] % 2 == 0
+
+
+def test_eval_return_needs_evaluations():
+    data = {"algorithm": "ppo", "env": {"id": "CartPole-v1"}, "stop": {"eval_return": 400}}
+    with pytest.raises(ConfigError, match=r"^mine: stop\.eval_return: 400: needs evaluations \(set evaluate\.every\)"):
+        resolve_graph(data, "mine")

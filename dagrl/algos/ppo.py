@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import Episodes, RoleContext
+from dagrl.context import RoleContext
+from dagrl.episodes import Episodes, EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
@@ -239,8 +240,7 @@ class SamplerState:
     acting: Acting
     """Picks the actions: the sampler's own ``agent``, or the ``inference`` role (``central-inference``)."""
     obs: np.ndarray
-    ep_return: np.ndarray
-    ep_length: np.ndarray
+    episodes: EpisodeTracker
     disc_return: np.ndarray
     """Per env, the discount-weighted sum of its rewards so far (what ``norm_reward`` scales by)."""
 
@@ -281,7 +281,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
         agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
     acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
     n = envs.num_envs
-    return SamplerState(cfg, envs, agent, acting, obs, np.zeros(n), np.zeros(n, np.int64), np.zeros(n))
+    return SamplerState(cfg, envs, agent, acting, obs, EpisodeTracker(n), np.zeros(n))
 
 
 def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
@@ -339,7 +339,6 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     rew_buf = np.zeros((T, N), np.float32)
     done_buf = np.zeros((T, N), np.float32)
     disc_buf = np.zeros((T, N), np.float32) if agent.return_norm is not None else None
-    finished_returns, finished_lengths = [], []
     with torch.no_grad():
         for t in range(T):
             obs_buf[t] = state.obs
@@ -352,8 +351,7 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
             rew_buf[t] = reward
             done = terminated | truncated
             done_buf[t] = done
-            state.ep_return += reward
-            state.ep_length += 1
+            state.episodes.step(reward, done)
             if disc_buf is not None:
                 state.disc_return = state.disc_return * cfg.gamma + reward
                 disc_buf[t] = state.disc_return
@@ -362,11 +360,8 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
                 tail = agent.value(obs_tensor(final)).numpy() * agent.reward_scale()
                 rew_buf[t, cut] += cfg.gamma * tail
-            if done.any():
-                finished_returns.extend(state.ep_return[done])
-                finished_lengths.extend(state.ep_length[done])
-                state.ep_return[done], state.ep_length[done], state.disc_return[done] = 0.0, 0, 0.0
-    episodes = Episodes(np.asarray(finished_returns, np.float64), np.asarray(finished_lengths, np.int64))
+            state.disc_return[done] = 0.0
+    episodes = state.episodes.take()
     return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N, disc_buf)
 
 

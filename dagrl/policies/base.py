@@ -43,10 +43,7 @@ class StepResult:
         if isinstance(steps, int | np.integer):
             self.env_steps += int(steps)
         if isinstance(episodes, Episodes) and len(episodes):
-            self.episodes = Episodes(
-                np.concatenate([self.episodes.returns, episodes.returns]),
-                np.concatenate([self.episodes.lengths, episodes.lengths]),
-            )
+            self.episodes = Episodes.concat([self.episodes, episodes])
             self.sources = np.concatenate([self.sources, np.full(len(episodes), source, np.int64)])
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.context import Episodes
+from dagrl.episodes import EpisodeTracker
 from dagrl.replay.role import Transitions
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -30,14 +30,11 @@ class Recorder:
     """
 
     def __init__(self, num_envs: int):
-        self.ep_return = np.zeros(num_envs)
-        self.ep_length = np.zeros(num_envs, np.int64)
+        self.episodes = EpisodeTracker(num_envs)
         self._reset_batch()
 
     def _reset_batch(self) -> None:
         self.rows: dict[str, list] = {k: [] for k in FIELDS}
-        self.returns: list[float] = []
-        self.lengths: list[int] = []
 
     def step(self, envs: Any, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Take one step of every env; return the observations to act on next."""
@@ -48,11 +45,7 @@ class Recorder:
             next_obs[i] = info["final_obs"][i]
         for k, v in zip(FIELDS, (obs, action, reward, next_obs, terminated, truncated), strict=True):
             self.rows[k].append(v)
-        self.ep_return += reward
-        self.ep_length += 1
-        self.returns.extend(self.ep_return[done])
-        self.lengths.extend(self.ep_length[done])
-        self.ep_return[done], self.ep_length[done] = 0.0, 0
+        self.episodes.step(reward, done)
         return new_obs
 
     def take(self, envs: Any) -> Transitions:
@@ -66,7 +59,6 @@ class Recorder:
             "terminated": np.concatenate(self.rows["terminated"]),
             "truncated": np.concatenate(self.rows["truncated"]),
         }
-        episodes = Episodes(np.asarray(self.returns, np.float64), np.asarray(self.lengths, np.int64))
-        out = Transitions(data, episodes, len(data["reward"]))
+        out = Transitions(data, self.episodes.take(), len(data["reward"]))
         self._reset_batch()
         return out

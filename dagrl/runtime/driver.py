@@ -76,6 +76,8 @@ class Trainer:
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
+        self.last_eval: float | None = None
+        """``eval/return_mean`` of the newest evaluation that finished (``stop.eval_return``)."""
         self.evaluation = Evaluation(policy, graph.spec.evaluate)
         if resume is not None:
             self.counters = Counters(**resume["counters"])
@@ -91,6 +93,8 @@ class Trainer:
         ret = self.mean_return()
         if s.mean_return is not None and len(self.recent) >= s.window and ret is not None and ret >= s.mean_return:
             return "mean_return"
+        if s.eval_return is not None and self.last_eval is not None and self.last_eval >= s.eval_return:
+            return "eval_return"
         if s.env_steps is not None and c.env_steps >= s.env_steps:
             return "env_steps"
         if s.iterations is not None and c.iteration >= s.iterations:
@@ -188,6 +192,7 @@ class Trainer:
             "env_steps": self.counters.env_steps,
             "episodes": self.counters.episodes,
             "mean_return": self.mean_return(),
+            "eval_return": self.last_eval,
             "elapsed_s": self.counters.elapsed_s,
             "run_dir": str(self.rundir.path),
         }
@@ -202,8 +207,16 @@ class Trainer:
 
     def _record(self, res: Any, start: float) -> None:
         """Count, log and show one finished iteration; checkpoint when one is due."""
-        res.metrics.update(self.evaluation.after(self.counters.iteration + 1))
+        evaluated = self.evaluation.after(self.counters.iteration + 1)
+        res.metrics.update(evaluated)
         self._count(res, start)
+        if "eval/return_mean" in evaluated:
+            self.last_eval = evaluated["eval/return_mean"]
+        elif self.stop.eval_return is not None and any(k != "eval/skipped" for k in evaluated):
+            raise TrainingError(
+                f"stop.eval_return: the evaluation of {self.graph.spec.algorithm} returned no eval/return_mean "
+                f"(it returned {', '.join(sorted(evaluated))})"
+            )
         row = self._row(res)
         self.rundir.log(row)
         self.progress.update(row)
@@ -217,7 +230,7 @@ class Trainer:
         """Whether the iteration after the one about to run may be submitted with it: nothing is due
         between the two (a checkpoint, a blocking evaluation) and no stop the driver can foresee
         (``iterations``, ``env_steps`` at the last iteration's count) falls after this one. A stop it
-        cannot foresee (``mean_return``, ``wall_time_s``, Ctrl-C) lets the iteration already
+        cannot foresee (``mean_return``, ``eval_return``, ``wall_time_s``, Ctrl-C) lets the iteration already
         submitted finish, and counts it."""
         c, s = self.counters, self.stop
         now = c.iteration + 1
@@ -237,7 +250,7 @@ class Trainer:
         c.episodes += len(res.episodes)
         c.frames += int(res.metrics.get("perf/frames", 0))
         c.elapsed_s = time.perf_counter() - start
-        self.recent.extend(res.episodes.returns.tolist())
+        self.recent.extend(res.episodes.window_returns().tolist())
         bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]
         if bad:
             raise TrainingError(f"iteration {c.iteration}: non-finite {', '.join(bad)}; last good checkpoint kept")
