@@ -21,9 +21,11 @@ sleeping simulator does not). With ``k`` samplers collecting at once beside a le
 longer, by a factor linear in ``k`` from none for one sampler to the one measured under load. A
 learner round takes the measured ``L``. Moving a collect between workers costs one task hop plus its
 bytes at the measured peer bandwidth; a distributed learner round adds a task round trip per
-fragment after the samplers' and one for the driver. What a distributed run loses beyond that (the
-driver's dispatch, samplers waiting for weights or for the rate limiter) is measured once, by a
-short real run, as achieved over predicted, and scales every distributed candidate.
+fragment after the samplers' and one more: the driver's, which submits each streaming round once
+the last one ended, or under ``sync``, which runs ahead of the driver, ``publish``'s after
+``update``. What a distributed run loses beyond that (the driver's dispatch, samplers waiting for
+weights or for the rate limiter) is measured once, by a short real run, as achieved over predicted,
+and scales every distributed candidate.
 
 * ``single``: collects then the update, one after another: ``steps / (collects * collect + L)``.
 * ``sync``: every sampler collects at once, then the update: the collects stretched by CPU
@@ -76,7 +78,8 @@ class Shape:
     are dropped), so a faster setting with more lag can reach the target later."""
     round_hops: int = 2
     """Task round trips on a distributed learner round's critical path: each fragment after the
-    samplers' (``update``, ``publish``; a replay's ``add`` and ``sample``), and the driver's own."""
+    samplers' (``update``; a replay's ``add`` and ``sample``), and one for the driver's round trip (under
+    ``sync``, which runs ahead of the driver, for ``publish`` after ``update`` instead)."""
 
 
 @dataclass(frozen=True)
