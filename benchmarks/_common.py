@@ -10,7 +10,18 @@ import statistics
 import time
 from typing import Any
 
-PACKAGES = ("dask", "distributed", "gymnasium", "numpy", "zarr", "numcodecs", "stable-baselines3", "mujoco", "ale-py")
+PACKAGES = (
+    "dask",
+    "distributed",
+    "gymnasium",
+    "numpy",
+    "zarr",
+    "numcodecs",
+    "stable-baselines3",
+    "mujoco",
+    "ale-py",
+    "envpool",
+)
 """Recorded with every result: a run's env steps to a target moved once between two runs and nothing
 said which package had changed."""
 

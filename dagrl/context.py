@@ -45,7 +45,8 @@ class RoleContext:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     num_envs: int = 1
     vector: str = "sync"
-    """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess."""
+    """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess;
+    ``envpool``: EnvPool's C++ threads (:mod:`dagrl.vector`)."""
     device: str = "cpu"
     observation_space: Any = None
     action_space: Any = None
@@ -124,6 +125,11 @@ class RoleContext:
         """
         import gymnasium as gym
 
+        if self.vector == "envpool":
+            from dagrl.vector import EnvPoolVector
+
+            envs = EnvPoolVector(self.env_id, self.num_envs, seed=self.seed, **self.env_kwargs)
+            return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
         envs = gym.make_vec(
             self.env_id,
             num_envs=self.num_envs,

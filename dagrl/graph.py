@@ -42,8 +42,8 @@ class EnvSpec:
     """Keyword arguments for ``gymnasium.make``."""
 
 
-VECTOR_MODES = ("sync", "async")
-MAX_ENVS = {"sync": 4096, "async": 256}
+VECTOR_MODES = ("sync", "async", "envpool")
+MAX_ENVS = {"sync": 4096, "async": 256, "envpool": 4096}
 """Most envs one sampler replica steps: ``async`` starts a process per env."""
 
 
@@ -327,6 +327,9 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
+    for name, rspec in spec.roles.items():
+        if rspec.vector == "envpool" and name in algo.roles:
+            _check_envpool(spec.env, (obs_space, act_space), where, f"roles.{name}.vector")
     check = getattr(config, "check_spaces", None)  # hyperparameters that depend on the env's spaces
     if check is not None:
         try:
@@ -388,6 +391,35 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     spaces = probe.observation_space, probe.action_space
     probe.close()
     return spaces
+
+
+def _check_envpool(env: EnvSpec, spaces: tuple[Any, Any], where: str, key: str) -> None:
+    """EnvPool is installed, has the env's task, and gives the spaces gymnasium's env does."""
+    from dagrl.vector import envpool_task
+
+    try:
+        import envpool
+    except ImportError:
+        raise ConfigError(where, key, "envpool: EnvPool is not installed (pip install envpool)") from None
+    try:
+        task, options = envpool_task(env.id, env.kwargs)
+    except ValueError as err:
+        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
+    if task not in envpool.list_all_envs():
+        raise ConfigError(where, key, f"envpool: EnvPool has no task {task!r} for env {env.id!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # EnvPool's Box bounds are float64: gymnasium warns on the cast
+            made = envpool.make_spec(task, **options)
+            theirs = made.gymnasium_observation_space, made.gymnasium_action_space
+    except Exception as err:  # EnvPool's own config errors (an unknown option) are plain exceptions
+        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: EnvPool's {task}: {err}") from None
+    for what, ours, other in zip(("observation", "action"), spaces, theirs, strict=True):
+        differs = type(ours) is not type(other) or getattr(ours, "shape", None) != getattr(other, "shape", None)
+        if differs or (what == "observation" and ours.dtype != other.dtype):  # actions are cast either way
+            raise ConfigError(
+                where, key, f"envpool: EnvPool's {task} {what} space {other} differs from {env.id}'s {ours}"
+            )
 
 
 def replace_spec(graph: Graph, **changes: Any) -> Graph:

@@ -1,0 +1,97 @@
+"""One sampler's env steps/s with each vector backend: gymnasium's sync vector env vs EnvPool.
+
+    dagrl bench vector [--tasks cartpole pong] [--envs 8] [--seconds 4] [--rounds 3]
+
+For each task and backend, in one process with torch on one thread, two rates over ``seconds``:
+
+* **env**: the vector env alone, random actions (what the simulator and its wrappers cost);
+* **collect**: PPO's ``collect`` fragment (env steps plus the policy's forward: the 64x64 MLP on
+  CartPole, the Nature CNN on Pong), which is what a sampler runs.
+
+Backends alternate within each round; the table gives medians over rounds, and ``envpool / sync``
+is taken within each round before the median. ``envpool`` steps its envs in EnvPool's C++ threads
+(its default thread count) behind :class:`dagrl.vector.EnvPoolVector`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from _common import emit, table
+
+from dagrl.algos import ppo
+from dagrl.context import RoleContext
+
+TASKS = {
+    "cartpole": ("CartPole-v1", {}, 32),
+    "pong": ("dagrl.envs:Atari-v0", {"game": "Pong"}, 32),
+}
+BACKENDS = ("sync", "envpool")
+
+
+def sampler(task: str, backend: str, envs: int) -> ppo.SamplerState:
+    env_id, kwargs, steps = TASKS[task]
+    ctx = RoleContext("sampler", 0, 1, seed=0, env_id=env_id, env_kwargs=kwargs, num_envs=envs, vector=backend)
+    return ppo.sampler(ctx, ppo.Config(num_steps=steps))
+
+
+def rates(state: ppo.SamplerState, seconds: float) -> dict[str, float]:
+    weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
+    ppo.collect(state, weights)  # warm-up
+    out = {}
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += ppo.collect(state, weights).env_steps
+    out["collect"] = done / (time.perf_counter() - t0)
+    envs, n = state.envs, state.envs.num_envs
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        envs.step(envs.action_space.sample())
+        done += n
+    out["env"] = done / (time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    import torch
+
+    p = argparse.ArgumentParser(prog="dagrl bench vector", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+
+    rows, result = [], {"envs": args.envs, "seconds": args.seconds, "rounds": args.rounds, "tasks": {}}
+    for task in args.tasks:
+        states = {b: sampler(task, b, args.envs) for b in BACKENDS}
+        measured = {b: [] for b in BACKENDS}
+        for _ in range(args.rounds):
+            for b in BACKENDS:
+                measured[b].append(rates(states[b], args.seconds))
+        for state in states.values():
+            state.envs.close()
+        summary = {}
+        for what in ("env", "collect"):
+            per = {b: statistics.median(r[what] for r in measured[b]) for b in BACKENDS}
+            ratio = statistics.median(
+                e[what] / s[what] for e, s in zip(measured["envpool"], measured["sync"], strict=True)
+            )
+            summary[what] = {
+                **per,
+                "envpool_vs_sync": ratio,
+                "rounds": {b: [r[what] for r in measured[b]] for b in BACKENDS},
+            }
+            rows.append(
+                {"task": task, "rate": what, **{b: round(per[b]) for b in BACKENDS}, "envpool / sync": round(ratio, 2)}
+            )
+        result["tasks"][task] = summary
+    print(table(rows, ["task", "rate", *BACKENDS, "envpool / sync"]))
+    emit("vector", result)
+
+
+if __name__ == "__main__":
+    main()
