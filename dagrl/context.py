@@ -128,7 +128,8 @@ class RoleContext:
         if self.vector == "envpool":
             from dagrl.vector import EnvPoolVector
 
-            envs = EnvPoolVector(self.env_id, self.num_envs, seed=self.seed, **self.env_kwargs)
+            spaces = (self.observation_space, self.action_space) if self.action_space is not None else None
+            envs = EnvPoolVector(self.env_id, self.num_envs, seed=self.seed, spaces=spaces, **self.env_kwargs)
             return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
         envs = gym.make_vec(
             self.env_id,

@@ -70,20 +70,33 @@ class EnvPoolVector(gym.vector.VectorEnv):
     """``num_envs`` envs of one EnvPool task stepped as a batch, autoreset in the same step.
 
     Env ``i`` is seeded ``seed + i`` when the pool is made (EnvPool seeds only then: ``reset``
-    ignores ``seed``). Observations are copies, safe to keep across steps.
+    ignores ``seed``). Observations are copies, safe to keep across steps. ``spaces`` (observation,
+    action), when given, are shown instead of EnvPool's: the gymnasium env's, which the graph check
+    found of the same shapes (EnvPool's MuJoCo actions are float64 where gymnasium's are float32, and
+    a replay schema follows the graph's).
     """
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
-    def __init__(self, env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, **kwargs: Any):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int = 0,
+        num_threads: int = 0,
+        spaces: tuple[gym.Space, gym.Space] | None = None,
+        **kwargs: Any,
+    ):
         import envpool
 
         task, options = envpool_task(env_id, kwargs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # EnvPool's Box bounds are float64: gymnasium warns on the cast
             self.pool = envpool.make_gymnasium(task, num_envs=num_envs, seed=seed, num_threads=num_threads, **options)
-            self.single_observation_space = self.pool.observation_space
-            self.single_action_space = self.pool.action_space
+            self.single_observation_space, self.single_action_space = spaces or (
+                self.pool.observation_space,
+                self.pool.action_space,
+            )
             self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
             self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.task, self.num_envs = task, num_envs

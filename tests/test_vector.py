@@ -66,3 +66,11 @@ def test_envpool_refusals_name_the_key_before_anything_starts(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"roles\.sampler\.vector: envpool: EnvPool is not installed"):
         load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool"])
+
+
+def test_off_policy_rows_keep_the_graphs_dtypes_on_envpool(tmp_path):
+    """EnvPool's Pendulum acts in float64; the replay schema follows the graph's float32 actions."""
+    overrides = ["roles.sampler.vector=envpool", "stop.iterations=20", "stop.mean_return=null"]
+    summary, rundir = train("graphs/sac-pendulum-single.yaml", tmp_path, overrides)
+    assert summary["iterations"] == 20 and summary["env_steps"] == 20 * 16
+    assert rundir.read_metrics()[-1]["env_steps"] == 320
