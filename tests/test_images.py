@@ -65,7 +65,8 @@ def test_uint8_observations_cross_dask_as_uint8(client, graph_file, overrides, o
 def test_ppo_with_the_cnn_learns_which_half_is_bright(client, tmp_path):
     summary, rundir = train("graphs/ppo-brighthalf.yaml", tmp_path, client=client)
     assert summary["stop_reason"] == "mean_return", summary  # 15 of 16; guessing earns 8
-    assert rundir.read_metrics()[0]["charts/episode_return_mean"] < 12
+    means = [r["charts/episode_return_mean"] for r in rundir.read_metrics()]
+    assert next(m for m in means if m is not None) < 12  # the window's first mean: still near guessing
 
 
 @pytest.mark.slow
