@@ -7,6 +7,7 @@ import pytest
 
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.policies import build_policy
+from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.schema import ConfigError
 from tests.helpers import train
 
@@ -100,6 +101,7 @@ def test_a_run_stops_when_an_evaluation_reaches_eval_return(tmp_path, concurrent
     assert "eval/return_mean" in rows[-1] and summary["eval_return"] == evals[-1]  # stopped with that row
     if not concurrent:
         assert rows[-1]["iteration"] % 2 == 0
+    assert load_checkpoint(rundir.path)["last_eval"] == evals[-1]  # a resume knows it
 
 
 def test_eval_return_needs_evaluations():

@@ -82,6 +82,7 @@ class Trainer:
         if resume is not None:
             self.counters = Counters(**resume["counters"])
             self.recent.extend(resume.get("recent", []))
+            self.last_eval = resume.get("last_eval")
             policy.load_state_dict(resume["roles"])
             rundir.truncate_metrics(self.counters.iteration)
 
@@ -112,7 +113,12 @@ class Trainer:
             raise TrainingError(
                 f"iteration {self.counters.iteration}: non-finite weights in {shown}; last good checkpoint kept"
             )
-        payload = {"counters": dataclasses.asdict(self.counters), "recent": list(self.recent), "roles": roles}
+        payload = {
+            "counters": dataclasses.asdict(self.counters),
+            "recent": list(self.recent),
+            "last_eval": self.last_eval,
+            "roles": roles,
+        }
         save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
 
     def restore(self, failure: RoleFailure) -> None:
@@ -131,6 +137,7 @@ class Trainer:
         self.counters = Counters(**{**ckpt["counters"], "elapsed_s": elapsed})
         self.recent.clear()
         self.recent.extend(ckpt.get("recent", []))
+        self.last_eval = ckpt.get("last_eval")
         roles = self.graph.algorithm.roles
         self.policy.restore({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
         self.rundir.truncate_metrics(self.counters.iteration)
