@@ -53,6 +53,8 @@ def describe(graph: Graph) -> str:
             frags += "  [not started: " + ("evaluate.every is off]" if name in algo.eval_only_roles else "policy]")
         res = ", ".join(f"{k}={v:g}" for k, v in r.resources.items()) or "-"
         envs = f"envs {r.envs:<3}" if rdef.many else " " * 8
+        if r.vector != "sync":  # how those envs are stepped, when not one after another in the role's thread
+            frags += f"  [vector {r.vector}]"
         lines.append(f"  {name:<10} x{r.replicas:<3} {envs} resources {res:<12} fragments: {frags}")
     lines.append("one iteration:")
     edges = algo.graph.edges

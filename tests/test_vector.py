@@ -74,3 +74,11 @@ def test_off_policy_rows_keep_the_graphs_dtypes_on_envpool(tmp_path):
     summary, rundir = train("graphs/sac-pendulum-single.yaml", tmp_path, overrides)
     assert summary["iterations"] == 20 and summary["env_steps"] == 20 * 16
     assert rundir.read_metrics()[-1]["env_steps"] == 320
+
+
+def test_dagrl_graph_shows_the_backend():
+    from dagrl.inspect import describe
+
+    shown = describe(load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool"]))
+    assert "collect  [vector envpool]" in shown
+    assert "[vector" not in describe(load_graph("graphs/ppo-cartpole-single.yaml"))
