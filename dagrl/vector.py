@@ -99,7 +99,7 @@ class EnvPoolVector(gym.vector.VectorEnv):
             )
             self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
             self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-        self.task, self.num_envs = task, num_envs
+        self.num_envs = num_envs
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, _ = self.pool.reset()
