@@ -551,9 +551,13 @@ class ReplayStore:
         cold, cache_pos = self._cold_rows(n - n_hot, hot_start)
         data = {}
         for name, f in self.schema.items():
+            # gathered straight into the batch: ``out[:k] = a[pos]`` gathers into a temporary and copies
+            # it, twice the memory traffic, which is what image rows are bound by (0.36-0.6 x all-in-RAM
+            # at 1M Pong rows before, 0.77 after). "clip" keeps np.take from buffering ``out``; every
+            # position is in range.
             out = data[name] = np.empty((n, *f.shape), f.dtype)
-            out[:n_hot] = self.ring[name][ring_pos]
-            out[n_hot:] = self.cache[name][cache_pos]
+            np.take(self.ring[name], ring_pos, axis=0, out=out[:n_hot], mode="clip")
+            np.take(self.cache[name], cache_pos, axis=0, out=out[n_hot:], mode="clip")
         return np.concatenate([hot, cold]), data
 
     def _cold_rows(self, n: int, hot_start: int) -> tuple[np.ndarray, np.ndarray]:
