@@ -47,6 +47,8 @@ class RoleContext:
     vector: str = "sync"
     """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess;
     ``envpool``: EnvPool's C++ threads (:mod:`dagrl.vector`)."""
+    vector_threads: int = 0
+    """EnvPool's thread count under ``envpool`` (0: EnvPool's default, one per core)."""
     device: str = "cpu"
     observation_space: Any = None
     action_space: Any = None
@@ -129,7 +131,14 @@ class RoleContext:
             from dagrl.vector import EnvPoolVector
 
             spaces = (self.observation_space, self.action_space) if self.action_space is not None else None
-            envs = EnvPoolVector(self.env_id, self.num_envs, seed=self.seed, spaces=spaces, **self.env_kwargs)
+            envs = EnvPoolVector(
+                self.env_id,
+                self.num_envs,
+                seed=self.seed,
+                num_threads=self.vector_threads,
+                spaces=spaces,
+                **self.env_kwargs,
+            )
             return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
         envs = gym.make_vec(
             self.env_id,

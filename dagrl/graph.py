@@ -63,7 +63,12 @@ class RoleSpec:
     vector: str = "sync"
     """How a sampler steps its ``envs``: ``sync`` one after another in its own process (gymnasium's
     SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that one sampler
-    uses several cores or overlaps envs that wait (remote or sleeping simulators)."""
+    uses several cores or overlaps envs that wait (remote or sleeping simulators), ``envpool`` in
+    EnvPool's C++ threads (:mod:`dagrl.vector`)."""
+    vector_threads: int = 0
+    """Threads EnvPool steps one replica's envs on (``vector: envpool`` only). 0: EnvPool's default, a
+    thread per core of the host, which oversubscribes a host where several samplers run; set it to
+    the cores each replica should use there."""
 
     def __post_init__(self) -> None:
         if self.vector not in VECTOR_MODES:
@@ -71,6 +76,9 @@ class RoleSpec:
         if self.memory is not None:
             self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
         at_least(self, 1, "replicas", "envs")
+        at_least(self, 0, "vector_threads")
+        if self.vector_threads and self.vector != "envpool":
+            raise ValueError(f"vector_threads applies to vector: envpool only (vector is {self.vector!r})")
         most = MAX_ENVS[self.vector]
         if self.envs > most:
             raise ValueError(

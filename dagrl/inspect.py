@@ -54,7 +54,9 @@ def describe(graph: Graph) -> str:
         res = ", ".join(f"{k}={v:g}" for k, v in r.resources.items()) or "-"
         envs = f"envs {r.envs:<3}" if rdef.many else " " * 8
         if r.vector != "sync":  # how those envs are stepped, when not one after another in the role's thread
-            frags += f"  [vector {r.vector}]"
+            n = r.vector_threads
+            threads = f", {n} thread{'s' if n > 1 else ''}" if n else ""
+            frags += f"  [vector {r.vector}{threads}]"
         lines.append(f"  {name:<10} x{r.replicas:<3} {envs} resources {res:<12} fragments: {frags}")
     lines.append("one iteration:")
     edges = algo.graph.edges

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dagrl.graph import load_graph
+from dagrl.runtime.hosts import role_context
 from dagrl.schema import ConfigError
 from dagrl.vector import EnvPoolVector
 from tests.helpers import train
@@ -81,4 +82,24 @@ def test_dagrl_graph_shows_the_backend():
 
     shown = describe(load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool"]))
     assert "collect  [vector envpool]" in shown
+    threads = ["roles.sampler.vector=envpool", "roles.sampler.vector_threads=2"]
+    assert "collect  [vector envpool, 2 threads]" in describe(load_graph("graphs/ppo-cartpole-single.yaml", threads))
     assert "[vector" not in describe(load_graph("graphs/ppo-cartpole-single.yaml"))
+
+
+def test_a_replicas_envpool_gets_the_thread_count_its_graph_asks_for():
+    """EnvPool's default is a thread per core of the host, too many where several samplers share it."""
+    graph = load_graph(
+        "graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool", "roles.sampler.vector_threads=2"]
+    )
+    ctx = role_context(graph, "sampler", 0)
+    assert (ctx.vector, ctx.vector_threads) == ("envpool", 2)
+    envs = ctx.make_envs()
+    assert envs._envs.pool.config["num_threads"] == 2
+    envs.close()
+    with pytest.raises(ConfigError, match=r"roles\.sampler: vector_threads applies to vector: envpool only"):
+        load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector_threads=2"])
+    with pytest.raises(ConfigError, match=r"roles\.sampler: vector_threads must be >= 0, got -1"):
+        load_graph(
+            "graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool", "roles.sampler.vector_threads=-1"]
+        )

@@ -130,6 +130,7 @@ def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_
         env_kwargs=dict(graph.spec.env.kwargs),
         num_envs=rspec.envs,
         vector=rspec.vector,
+        vector_threads=rspec.vector_threads,
         observation_space=graph.observation_space,
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),
