@@ -5,8 +5,8 @@
 Each sampler call steps ``envs`` CartPole envs ``steps`` times with a 64x64 MLP policy. The plain
 loop calls the same fragment on an in-process state; the actors run on a LocalCluster, one per
 worker process (two workers), each ``collect`` a Dask task on its actor's worker with two in flight
-per sampler, as the streaming policies run them; only each rollout's report comes back. Parallel efficiency is
-Hz(2 actors) / (2 x Hz(plain loop)): 1.0 is perfect scaling over two cores.
+per sampler, as the streaming policies run them; only each rollout's report comes back (an event).
+Parallel efficiency is Hz(2 actors) / (2 x Hz(plain loop)): 1.0 is perfect scaling over two cores.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def actors(client, replicas: int, envs: int, steps: int, seconds: float) -> floa
         samplers = hosts["sampler"]
 
         def collect(s):  # the stream's path: a task on the sampler's worker; only its report comes back
-            return ex.report(ex.submit(s, "collect", [weights]))
+            return ex.report(ex.submit(s, "collect", [weights], announce=True))
 
         for s in samplers:
             ex.wait([collect(s)])  # warm-up
@@ -73,6 +73,7 @@ def actors(client, replicas: int, envs: int, steps: int, seconds: float) -> floa
         ex.wait([c for cs in inflight.values() for c in cs])
         return done / elapsed
     finally:
+        ex.close()
         for hs in hosts.values():
             for h in hs:
                 h.close()

@@ -1,7 +1,7 @@
 """How env-step throughput scales with samplers: dagrl's policies vs Stable-Baselines3.
 
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
-                        [--policies sync async central-inference] [--seconds 8] [--skip-sb3]
+                        [--policies sync async async-report-tasks central-inference] [--seconds 8] [--skip-sb3]
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -13,7 +13,10 @@ first metrics row after the warm-up and the last. Learner work is kept small and
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
 * **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
   of a sampler in its own subprocess, ``roles.sampler.vector: async``) and ``central-inference``
-  (as ``sync``, one inference actor acting for all samplers: one batched forward per env step).
+  (as ``sync``, one inference actor acting for all samplers: one batched forward per env step);
+  ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event.
+* **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
+  steps: what the driver pays per rollout.
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
   envs), same n_steps and one epoch, timed the same way.
@@ -32,6 +35,7 @@ from dagrl.algos import ppo
 from dagrl.clusters import LocalClusterSpec, local_cluster
 from dagrl.context import RoleContext
 from dagrl.graph import load_graph
+from dagrl.runtime.executor import Executor
 from dagrl.training import train
 
 GRAPH = "graphs/ppo-costly-cartpole.yaml"
@@ -40,6 +44,7 @@ NUM_STEPS = 32
 SETUPS = {
     "sync": "policy sync, each sampler steps its envs in turn",
     "async": "policy async, each sampler steps its envs in turn",
+    "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
 }
@@ -65,6 +70,7 @@ class Window:
 
 def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
     policy, _, vector = setup.partition("-") if setup != "central-inference" else (setup, "", "")
+    Executor.report_events = vector != "report-tasks"
     options = f"{{name: async, max_staleness: 2, rollouts_per_update: {k}}}" if policy == "async" else policy
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
@@ -75,8 +81,16 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
         "checkpoint.every=0", f"runs_dir={root}",
     ])  # fmt: skip
     window = Window(args.warmup)
-    summary = train(graph, client, listeners=[window.on_row])
-    return {"steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"]}
+    cpu = time.process_time()
+    try:
+        summary = train(graph, client, listeners=[window.on_row])
+    finally:
+        Executor.report_events = True
+    cpu = time.process_time() - cpu  # this process: the driver, the client and the scheduler
+    return {
+        "steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"],
+        "driver_cpu_ms_per_1k_steps": 1e6 * cpu / max(1, summary["env_steps"]),
+    }  # fmt: skip
 
 
 def plain_loop(args: argparse.Namespace, cost: str) -> float:
@@ -177,8 +191,13 @@ def main() -> None:
                     base.setdefault(policy, r["steps_s"])
                     row[policy] = r["steps_s"]
                     row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
+                    row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
-                    print(f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s", flush=True)
+                    cpu = r["driver_cpu_ms_per_1k_steps"]
+                    print(
+                        f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s, driver CPU {cpu:.0f} ms/1k steps",
+                        flush=True,
+                    )
                 if not args.skip_sb3:
                     row["sb3"] = sb3(k, args, cost)
                     runs.append({"cost": cost, "samplers": k, "policy": "sb3", "steps_s": row["sb3"]})
@@ -188,10 +207,11 @@ def main() -> None:
                 rows.append(row)
     cols = ["cost", "samplers", "envs", "plain x k"]
     for policy in args.policies:
-        cols += [policy, f"{policy} eff"]
+        cols += [policy, f"{policy} eff", f"{policy} cpu"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
-    print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler")
+    print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler;")
+    print("cpu: CPU time of the driver process (client and scheduler) per 1,000 env steps, ms")
     print(table(rows, cols))
     for cost in args.cost:
         effs = [r.get("async eff") for r in rows if r["cost"] == cost and "async eff" in r]

@@ -1,6 +1,7 @@
 """``dagrl tune`` judged by time to target: the tuned graph vs the graph as written vs ``single``.
 
     dagrl bench tune [--graphs ppo-cartpole sac-pendulum-apex] [--seeds 1 2 3] [--budget-s 120]
+                     [--set stop.mean_return=2000 ...]
 
 For each graph: ``dagrl tune`` (measure, predict, verify) on an embedded LocalCluster, then each of
 the three graphs trained to the graph's own ``stop.mean_return`` with each seed, side by side in one
@@ -21,7 +22,7 @@ from _common import emit, table
 
 from dagrl.catalog import resolve
 from dagrl.graph import load_graph, resolve_graph
-from dagrl.schema import read_yaml
+from dagrl.schema import apply_overrides, read_yaml
 from dagrl.training import train
 from dagrl.tune import shape_of, tune, write_tuned
 from dagrl.tune.model import Candidate
@@ -44,16 +45,17 @@ def main() -> None:
     p.add_argument("--graphs", nargs="+", default=["ppo-cartpole"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--budget-s", type=float, default=120.0)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every graph (the target)")
     args = p.parse_args()
     results, verified = [], []
     for name in args.graphs:
         path = str(resolve("graphs", name, "--graphs"))
-        data, graph = read_yaml(path), load_graph(path)
+        data, graph = apply_overrides(read_yaml(path), args.set), load_graph(path, args.set)
         shape = shape_of(graph)
         tuning = tune(graph, data, None, budget_s=args.budget_s, progress=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / f"{graph.name}-tuned.yaml"
-            write_tuned(tuning, data, f"dagrl bench tune --graphs {name}", out, path)
+            write_tuned(tuning, data, " ".join(["dagrl bench tune --graphs", name, *args.set]), out, path)
             print(out.read_text())
             tuned = read_yaml(out)
             if shape.onpolicy:
@@ -84,7 +86,9 @@ def main() -> None:
                 })  # fmt: skip
     print(table(results, ["graph", "as_written_s", "single_s", "tuned_s", "tuned_vs_best", "tuned"]))
     print(table(verified, ["graph", "candidate", "predicted", "achieved", "error"]))
-    emit("tune", {"graphs": results, "verified": verified, "seeds": args.seeds, "budget_s": args.budget_s})
+    emit("tune", {
+        "graphs": results, "verified": verified, "seeds": args.seeds, "budget_s": args.budget_s, "set": args.set,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -127,6 +127,9 @@ class RoleContext:
         """
         import gymnasium as gym
 
+        from dagrl.envs import route_mujoco_warnings
+
+        route_mujoco_warnings(self.env_id)
         if self.vector == "envpool":
             from dagrl.vector import EnvPoolVector
 

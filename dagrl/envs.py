@@ -17,6 +17,9 @@ actions at reset, 4 frames repeated per action (max-pooled over the last two), 8
 sticky actions. ``env: {id: "dagrl.envs:Atari-v0", kwargs: {game: Pong}}``. With
 ``episodic_life: true`` a lost life ends the episode (returns are then per life).
 
+MuJoCo envs: before dagrl makes one it routes MuJoCo's warnings to the ``dagrl`` logger, each distinct
+message once per process (:func:`route_mujoco_warnings`).
+
 Examples
 --------
 >>> import gymnasium as gym
@@ -29,6 +32,7 @@ Examples
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -36,7 +40,41 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["BrightHalf", "CostlyCartPole", "make_atari"]
+__all__ = ["BrightHalf", "CostlyCartPole", "make_atari", "route_mujoco_warnings"]
+
+log = logging.getLogger("dagrl")
+
+
+def route_mujoco_warnings(env_id: str) -> bool:
+    """If ``env_id`` is a MuJoCo env, send MuJoCo's warnings to the ``dagrl`` logger, each distinct one once.
+
+    By default MuJoCo prints every warning to stdout and appends it to ``MUJOCO_LOG.TXT`` in the working
+    directory. Gymnasium's ``-v5`` models use a compiler attribute MuJoCo 4 deprecates, so every env
+    made printed the same lines (a few hundred in one ``dagrl tune``) and the file appeared wherever a run
+    started. A handler set by someone else is kept. Returns whether dagrl's handler is in place.
+    """
+    try:
+        entry = gym.spec(env_id.rpartition(":")[2]).entry_point
+    except gym.error.Error:
+        return False
+    if not (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")):
+        return False
+    import mujoco
+
+    current = mujoco.get_mju_user_warning()
+    if current is None:
+        seen: set[str] = set()
+
+        def once(message: str) -> None:
+            if message not in seen:
+                seen.add(message)
+                log.warning("MuJoCo: %s", message)
+
+        once.dagrl = True  # type: ignore[attr-defined]
+        mujoco.set_mju_user_warning(once)
+        return True
+    return bool(getattr(current, "dagrl", False))
+
 
 COSTS = ("sleep", "busy")
 

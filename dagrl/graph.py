@@ -390,6 +390,9 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
         gym.spec(name)
     except gym.error.Error as err:
         raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err})") from None
+    from dagrl.envs import route_mujoco_warnings
+
+    route_mujoco_warnings(env.id)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

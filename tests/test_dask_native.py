@@ -81,3 +81,107 @@ def test_sync_counts_env_steps_without_a_report_task_per_rollout(client, graphs_
         assert a.env_steps == b.env_steps == 2 * 4 * 32
         np.testing.assert_array_equal(a.episodes.returns, b.episodes.returns)
         np.testing.assert_array_equal(a.sources, b.sources)  # which sampler each episode came from
+
+
+def test_announced_reports_match_the_outputs_they_stand_for(client, graphs_dir):
+    """A sampler task logs its output's report as a Dask event: what the driver reads equals the report
+    of the rollout that stayed on the worker, and no ``report`` task runs."""
+    from distributed import get_task_stream
+
+    from dagrl.runtime.executor import report
+    from dagrl.runtime.shm import unwrap
+
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["roles.sampler.replicas=2", "roles.sampler.envs=4"])
+    policy = build_policy(graph, client)
+    ex, nodes = policy.executor, graph.algorithm.graph.nodes
+    collect = next(n for n in nodes if n.name == "collect")
+    roles, publish = graph.algorithm.roles, nodes[0]
+    try:
+        with get_task_stream(client) as ts:
+            calls = ex.run_nodes(nodes[:2], policy.hosts, roles, announce={collect.id})
+            announced = calls[collect.id]
+            for _ in range(3):  # more rollouts with the same weights: CartPole episodes finish within them
+                more = {publish.id: calls[publish.id]}
+                announced += ex.run_nodes([collect], policy.hosts, roles, calls=more, announce={collect.id})[collect.id]
+            reports = ex.wait([ex.report(c) for c in announced])
+        outputs = [unwrap(v) for v in client.gather([c.future for c in announced])]
+    finally:
+        policy.close()
+    assert {rec["key"].split("-")[0] for rec in ts.data} == {"publish", "collect"}
+    assert sum(len(r.episodes) for r in reports) > 0
+    for got, out in zip(reports, outputs, strict=True):
+        want = report(out)
+        assert got.counted and got.env_steps == want.env_steps == 4 * 32
+        np.testing.assert_array_equal(got.episodes.returns, want.episodes.returns)
+        np.testing.assert_array_equal(got.episodes.lengths, want.episodes.lengths)
+        np.testing.assert_array_equal(got.episodes.in_window, want.episodes.in_window)
+
+
+def test_async_counts_every_arrival_without_a_report_task(client, graphs_dir):
+    """Under ``async`` each rollout's report comes as an event: the env steps counted are those of the
+    rollouts that arrived, and the task stream holds no ``report`` task."""
+    from distributed import get_task_stream
+
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml")
+    policy = build_policy(graph, client)
+    try:
+        with get_task_stream(client) as ts:
+            results = [policy.step() for _ in range(4)]
+        counted, arrived = sum(r.env_steps for r in results), policy.rounds * policy.batch + policy.dropped
+    finally:
+        policy.close()
+    per_rollout = graph.role("sampler").envs * graph.config.num_steps
+    assert counted == arrived * per_rollout > 0
+    assert "report" not in {rec["key"].split("-")[0] for rec in ts.data}
+    assert sum(len(r.episodes) for r in results) > 0
+
+
+class _Future:
+    """Just enough of a Dask future for :class:`Announced`: a key, a status, an exception."""
+
+    def __init__(self, key, status, error=None):
+        self.key, self.status, self.error = key, status, error
+
+    def exception(self):
+        return self.error
+
+    def result(self, timeout=None):
+        return self.error
+
+
+class _Client:
+    def subscribe_topic(self, topic, handler):
+        self.topic, self.handler = topic, handler
+
+
+def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_error():
+    from dagrl.context import Episodes
+    from dagrl.runtime.executor import Announced, Announcements, Report, report_message
+
+    class Rollout:
+        env_steps, episodes = 96, Episodes(np.array([3.0, 9.5]), np.array([3, 10]), np.array([False, True]))
+
+    client = _Client()
+    board = Announcements(client)
+    tasks = []
+
+    def fallback(future):
+        tasks.append(future.key)
+        return _Future("report-" + future.key, "finished", Report(7))
+
+    client.handler((0.0, {"key": "collect-a", **report_message(Rollout())}))  # the worker's event
+    got = Announced(_Future("collect-a", "finished"), board, fallback).result(timeout=1)
+    assert got.env_steps == 96 and got.counted and tasks == []
+    np.testing.assert_array_equal(got.episodes.returns, [3.0, 9.5])
+    np.testing.assert_array_equal(got.episodes.in_window, [False, True])
+
+    lost = Announced(_Future("collect-b", "finished"), board, fallback)
+    lost.GRACE_S = 0.2
+    with pytest.raises(TimeoutError):  # finished, no event yet: wait for it a while
+        lost.result(timeout=0.1)
+    assert lost.result(timeout=1).env_steps == 7 and tasks == ["collect-b"]  # then a report task, once
+
+    failed = Announced(_Future("collect-c", "error", ValueError("env exploded")), board, fallback)
+    with pytest.raises(ValueError, match="env exploded"):
+        failed.result(timeout=1)
+    assert board.got == {}

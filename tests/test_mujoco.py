@@ -103,3 +103,26 @@ def test_norm_obs_on_an_image_env_is_refused_before_a_cluster_starts():
 
     with pytest.raises(ConfigError, match=r"ppo-brighthalf.yaml: hyperparameters: norm_obs.*BrightHalf"):
         load_graph("graphs/ppo-brighthalf.yaml", ["hyperparameters.norm_obs=true"])
+
+
+def test_mujoco_warnings_go_to_the_log_once_not_to_stdout_or_the_working_directory(tmp_path):
+    """MuJoCo prints its warnings to stdout and appends them to MUJOCO_LOG.TXT in the working directory;
+    gymnasium's -v5 models raise a deprecation warning with every env made under MuJoCo 4."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from dagrl.context import RoleContext\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "for _ in range(3):\n"
+        "    envs = RoleContext('sampler', 0, 1, seed=0, env_id='HalfCheetah-v5', num_envs=2).make_envs()\n"
+        "    envs.reset(seed=0)\n"
+        "    envs.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" not in done.stdout
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    logged = [line for line in done.stderr.splitlines() if "MuJoCo: " in line]
+    assert len(logged) <= 1, logged  # each distinct warning once (none from a MuJoCo without it)

@@ -122,12 +122,9 @@ class Policy:
         positions = self.folded_reports(graph)
         folded = [graph.output.inputs[i].id for i in positions]
         fold = {graph.output.id: positions} if positions else None
-        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after, reports=fold)
-        reports = {
-            n.id: [self.executor.report(c) for c in calls[n.id]]
-            for n in graph.nodes
-            if self.counts(n) and n.id not in folded
-        }
+        reported = {n.id for n in graph.nodes if self.counts(n) and n.id not in folded}
+        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported)
+        reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if n.id in reported}
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
         return Submitted(calls, reports, outs, watch, t0, folded)
@@ -252,6 +249,7 @@ class Policy:
         for handles in self.hosts.values():
             for h in handles:
                 h.close()
+        self.executor.close()
         if self.executor.remote:
             with contextlib.suppress(Exception):  # the cluster may be going down
                 self.executor.client.run(shm.sweep, True)

@@ -142,7 +142,7 @@ class Streaming(Policy):
             for a in stream.inputs
         ]
         fresh = previous is not None and previous.version == version != seen
-        call = ex.submit(handles[i], stream.name, args, after=[previous.call] if fresh else [])
+        call = ex.submit(handles[i], stream.name, args, after=[previous.call] if fresh else [], announce=True)
         inserts = []
         for node in self.shape.insert:
             shards = self.hosts[node.role]

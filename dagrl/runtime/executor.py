@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +44,7 @@ from dagrl.runtime.host import HostGone, run_fragment
 from dagrl.runtime.shm import unwrap
 from dagrl.runtime.supervisor import RoleFailure
 
-__all__ = ["Call", "Executor", "Report", "report", "route"]
+__all__ = ["Announcements", "Call", "Executor", "Report", "report", "route"]
 
 
 @dataclass
@@ -68,6 +70,127 @@ def report(value: Any) -> Report:
     )
 
 
+def report_message(value: Any) -> dict[str, Any]:
+    """:func:`report` of ``value`` as plain lists and numbers (a Dask event carries msgpack only)."""
+    r = report(value)
+    ep = r.episodes
+    return {
+        "env_steps": r.env_steps,
+        "counted": r.counted,
+        "returns": ep.returns.tolist(),
+        "lengths": ep.lengths.tolist(),
+        "in_window": None if ep.in_window is None else ep.in_window.tolist(),
+    }
+
+
+def report_from_message(msg: dict[str, Any]) -> Report:
+    mask = msg["in_window"]
+    episodes = Episodes(
+        np.asarray(msg["returns"], np.float64),
+        np.asarray(msg["lengths"], np.int64),
+        None if mask is None else np.asarray(mask, bool),
+    )
+    return Report(int(msg["env_steps"]), episodes, bool(msg["counted"]))
+
+
+class Announcements:
+    """The reports that fragment tasks log as Dask events (``run_fragment``'s ``announce``), by task key.
+
+    A sampler output that other tasks consume stays on its worker, and the driver needs only its
+    :class:`Report`. A task per report (:func:`report` on the output's worker) costs the scheduler,
+    the worker and this client a task's round trips and bookkeeping per rollout; an event is one
+    message from the worker through the scheduler to this client's handler. A worker's messages reach
+    the scheduler in the order it sent them, and the scheduler's reach this client in order, so a
+    call's event has been handled here by the time its future reads ``finished``.
+    """
+
+    def __init__(self, client: Any):
+        self.topic = f"dagrl-reports-{uuid.uuid4().hex[:12]}"
+        self.client = client
+        self.cond = threading.Condition()
+        self.got: dict[str, Report] = {}
+        client.subscribe_topic(self.topic, self._on_event)
+
+    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:
+        msg = event[1]
+        with self.cond:
+            self.got[msg["key"]] = report_from_message(msg)
+            self.cond.notify_all()
+
+    def take(self, key: str, timeout: float) -> Report | None:
+        with self.cond:
+            self.cond.wait_for(lambda: key in self.got, timeout)
+            return self.got.pop(key, None)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        with self.cond:
+            for key in keys:
+                self.got.pop(key, None)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the client may be closing
+            self.client.unsubscribe_topic(self.topic)
+
+
+class Announced:
+    """The :class:`Report` of an announced call, shaped like the Dask future of a report task.
+
+    Its status is the call's own (the call's output never travels); its result is the event the
+    call's task logged. Should the event be missing once the call has finished (it never was in any
+    run; the ordering in :class:`Announcements` says why), a report task computes it after
+    ``GRACE_S``.
+    """
+
+    GRACE_S = 5.0
+
+    def __init__(self, future: Any, board: Announcements, fallback: Any):
+        self.future, self.board, self.fallback = future, board, fallback
+        self.key = future.key
+        self._value: Report | None = None
+        self._finished_seen: float | None = None
+        self._task: Any = None
+
+    @property
+    def status(self) -> str:
+        return self.future.status
+
+    def exception(self) -> BaseException | None:
+        return self.future.exception()
+
+    def add_done_callback(self, fn: Any) -> None:
+        self.future.add_done_callback(lambda _f: fn(self))
+
+    def result(self, timeout: float | None = None) -> Report:
+        if self._value is not None:
+            return self._value
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic()))
+            got = self.board.take(self.key, left)
+            if got is not None:
+                self._value = got
+                return got
+            status = self.future.status
+            if status == "error":
+                raise self.future.exception()
+            if status == "cancelled":
+                raise CancelledError(self.key)
+            if status == "finished":
+                now = time.monotonic()
+                self._finished_seen = self._finished_seen or now
+                if now - self._finished_seen > self.GRACE_S:
+                    self._task = self._task or self.fallback(self.future)
+                    self._value = self._task.result(timeout)
+                    return self._value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no report of {self.key} yet")
+
+
+def _dask_future(future: Any) -> Any:
+    """The Dask future behind a call's future (an :class:`Announced` report stands on its call's)."""
+    return future.future if isinstance(future, Announced) else future
+
+
 class Done:
     """An in-process call's result, shaped like a finished future."""
 
@@ -90,6 +213,8 @@ class Call:
     started: float
     done_at: float | None = None
     """When the driver learnt the call finished (perf counter); ``None`` while pending."""
+    announced: bool = False
+    """Whether its task logs its output's :class:`Report` as an event (:class:`Announcements`)."""
     inputs: Any = None
     """The futures this call consumes, held as long as the call is: a dependency whose last client
     reference goes while the scheduler still digests the task that names it would be forgotten,
@@ -154,9 +279,25 @@ class Executor:
     ['losses/approx_kl', 'losses/clipfrac']
     """
 
+    report_events: bool = True
+    """Whether an announced call's report comes as an event (``False``: a report task each, as
+    before events; ``dagrl bench scaling --policies async-report-tasks`` compares the two)."""
+
     def __init__(self, client: Any = None, supervisor: Any = None):
         self.client, self.supervisor = client, supervisor
         self._order = itertools.count()
+        self._announcements: Announcements | None = None
+
+    def announcements(self) -> Announcements:
+        if self._announcements is None:
+            self._announcements = Announcements(self.client)
+        return self._announcements
+
+    def close(self) -> None:
+        """Stop receiving reports (the client stays the caller's)."""
+        if self._announcements is not None:
+            self._announcements.close()
+            self._announcements = None
 
     @property
     def remote(self) -> bool:
@@ -172,6 +313,7 @@ class Executor:
         after: Iterable[Call] = (),
         task: Any = None,
         reports: tuple[int, ...] = (),
+        announce: bool = False,
     ) -> Call:
         """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
 
@@ -181,6 +323,8 @@ class Executor:
         ``reports``: positions of ``args`` holding sampler outputs whose :class:`Report` the task
         computes itself, returning :class:`~dagrl.runtime.host.Reported` (remote only; for an output
         only the driver reads).
+        ``announce``: the task logs its output's :class:`Report` as an event, which :meth:`report`
+        then returns without a task of its own (remote only; for an output other tasks consume).
         """
         args = [_values(a) for a in args]
         after = [c.future for c in after]
@@ -193,40 +337,54 @@ class Executor:
             return call
         key = f"{fragment}-{handle.role}-{handle.index}-{uuid.uuid4().hex}"  # task stream: "collect-sampler"
         head = (handle.host_id,) if task is not None else (handle.host_id, fragment)
+        announce = announce and task is None and self.report_events
         future = self.client.submit(
             task or run_fragment,
             *head,
             *args,
             after=after or None,
             **({"reports": tuple(reports)} if reports else {}),
+            **({"announce": self.announcements().topic} if announce else {}),
             workers=[handle.address],
             allow_other_workers=False,
             pure=False,
             key=key,
             priority=-next(self._order),  # first submitted, first run (module docstring)
         )
-        call = Call(handle, fragment, future, time.perf_counter(), inputs=[*args, *after])
+        call = Call(handle, fragment, future, time.perf_counter(), announced=announce, inputs=[*args, *after])
         future.add_done_callback(call._stamp)
         return call
 
     def report(self, call: Call) -> Call:
-        """A small :class:`Report` of ``call``'s output, computed where the output lives."""
+        """A small :class:`Report` of ``call``'s output, computed where the output lives: the event
+        an announced call's task logged, else a task of its own on the output's worker."""
         if not self.remote:
             out = Call(call.handle, "report", Done(report(call.future.value)), call.started)
             out.done_at = call.done_at
             return out
-        future = self.client.submit(
-            report,
-            call.future,
-            workers=[call.handle.address],
-            allow_other_workers=False,
-            pure=False,
-            key=f"report-{call.fragment}-{uuid.uuid4().hex}",
-            priority=-next(self._order),  # first submitted, first run (module docstring)
-        )
+        if call.announced:
+            future: Any = Announced(call.future, self.announcements(), self._report_task(call.handle))
+        else:
+            future = self._report_task(call.handle)(call.future)
         out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
         future.add_done_callback(out._stamp)
         return out
+
+    def _report_task(self, handle: Any) -> Any:
+        """Submits :func:`report` of a future held on ``handle``'s worker, as a task there."""
+
+        def submit(future: Any) -> Any:
+            return self.client.submit(
+                report,
+                future,
+                workers=[handle.address],
+                allow_other_workers=False,
+                pure=False,
+                key=f"report-{future.key}",
+                priority=-next(self._order),  # first submitted, first run (module docstring)
+            )
+
+        return submit
 
     def run_nodes(
         self,
@@ -237,13 +395,15 @@ class Executor:
         inputs: Any = None,
         after: Any = None,
         reports: dict[int, tuple[int, ...]] | None = None,
+        announce: set[int] | frozenset[int] = frozenset(),
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
         ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
         given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
         ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs;
-        ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`).
+        ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`);
+        ``announce``, the nodes whose tasks log their output's report (:meth:`submit`).
         """
         calls = {} if calls is None else calls
         for node in nodes:
@@ -259,7 +419,8 @@ class Executor:
                         args.append(route(outs, a.role, node.role, roles, r, len(handles)))
                     else:
                         args.append(a)
-                row.append(self.submit(h, node.name, args, after=first, reports=(reports or {}).get(node.id, ())))
+                folded = (reports or {}).get(node.id, ())
+                row.append(self.submit(h, node.name, args, after=first, reports=folded, announce=node.id in announce))
             calls[node.id] = row
         return calls
 
@@ -276,7 +437,7 @@ class Executor:
         from distributed import wait
 
         watched = list(dict.fromkeys([*watch, *calls]))  # submission order, for blame
-        futures = [c.future for c in calls]
+        futures = list(dict.fromkeys(_dask_future(c.future) for c in calls))
         poll = self.supervisor.spec.poll_s if self.supervisor is not None else 1.0
         while True:
             try:
@@ -335,7 +496,11 @@ class Executor:
     def cancel(self, calls: Iterable[Call]) -> None:
         """Forget calls of an abandoned iteration (a failed one is redone); their tasks are cancelled."""
         if self.remote:
-            futures = [c.future for c in calls if c.future.status != "finished"]
+            calls = list(calls)
+            announced = [c.future.key for c in calls if isinstance(c.future, Announced)]
+            if announced and self._announcements is not None:
+                self._announcements.forget(announced)
+            futures = [_dask_future(c.future) for c in calls if c.future.status != "finished"]
             if futures:
                 with contextlib.suppress(Exception):  # the client may be closing
                     self.client.cancel(futures)

@@ -67,7 +67,14 @@ class Reported:
     reports: list[list[Any]]
 
 
-def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None, reports: tuple[int, ...] = ()) -> Any:
+def run_fragment(
+    host_id: str,
+    fragment: str,
+    *args: Any,
+    after: Any = None,
+    reports: tuple[int, ...] = (),
+    announce: str | None = None,
+) -> Any:
     """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
 
     Dask resolves futures among ``args`` (fetched peer to peer from the workers that hold them)
@@ -78,10 +85,20 @@ def run_fragment(host_id: str, fragment: str, *args: Any, after: Any = None, rep
     ``reports``: positions of arguments (sampler outputs, gathered) whose reports the driver wants;
     the output, which only the driver reads, then comes back :class:`Reported` (one task fewer per
     sampler than a report task each).
+    ``announce``: a Dask event topic; the :class:`~dagrl.runtime.executor.Report` of the output is
+    logged there under this task's key before the task ends, for a driver that needs the report of an
+    output other tasks consume (:class:`~dagrl.runtime.executor.Announcements`).
     """
     host = _host(host_id)
     inputs = [shm.unwrap(a) for a in args]
     out = host.call(fragment, *inputs)
+    if announce is not None:
+        from distributed import get_worker
+
+        from dagrl.runtime.executor import report_message
+
+        worker = get_worker()
+        worker.log_event(announce, {"key": worker.get_current_task(), **report_message(out)})
     if reports:
         from dagrl.runtime.executor import report
 
