@@ -184,4 +184,7 @@ def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_erro
     failed = Announced(_Future("collect-c", "error", ValueError("env exploded")), board, fallback)
     with pytest.raises(ValueError, match="env exploded"):
         failed.result(timeout=1)
-    assert board.got == {}
+
+    board.forget(["collect-d"])  # cancelled before its task's event came: the event is dropped on arrival
+    client.handler((0.0, {"key": "collect-d", **report_message(Rollout())}))
+    assert board.got == {} and board.forgotten == set()

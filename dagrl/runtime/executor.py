@@ -109,11 +109,16 @@ class Announcements:
         self.client = client
         self.cond = threading.Condition()
         self.got: dict[str, Report] = {}
+        self.forgotten: set[str] = set()
+        """Keys forgotten before their event came (a cancelled call that still finished)."""
         client.subscribe_topic(self.topic, self._on_event)
 
     def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = event[1]
         with self.cond:
+            if msg["key"] in self.forgotten:
+                self.forgotten.discard(msg["key"])
+                return
             self.got[msg["key"]] = report_from_message(msg)
             self.cond.notify_all()
 
@@ -125,7 +130,8 @@ class Announcements:
     def forget(self, keys: Iterable[str]) -> None:
         with self.cond:
             for key in keys:
-                self.got.pop(key, None)
+                if self.got.pop(key, None) is None:
+                    self.forgotten.add(key)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the client may be closing
@@ -287,11 +293,13 @@ class Executor:
         self.client, self.supervisor = client, supervisor
         self._order = itertools.count()
         self._announcements: Announcements | None = None
+        self._lock = threading.Lock()
 
     def announcements(self) -> Announcements:
-        if self._announcements is None:
-            self._announcements = Announcements(self.client)
-        return self._announcements
+        with self._lock:  # the stream's threads submit at once: one topic for all of them
+            if self._announcements is None:
+                self._announcements = Announcements(self.client)
+            return self._announcements
 
     def close(self) -> None:
         """Stop receiving reports (the client stays the caller's)."""
