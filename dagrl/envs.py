@@ -45,35 +45,32 @@ __all__ = ["BrightHalf", "CostlyCartPole", "make_atari", "route_mujoco_warnings"
 log = logging.getLogger("dagrl")
 
 
-def route_mujoco_warnings(env_id: str) -> bool:
+def route_mujoco_warnings(env_id: str) -> None:
     """If ``env_id`` is a MuJoCo env, send MuJoCo's warnings to the ``dagrl`` logger, each distinct one once.
 
     By default MuJoCo prints every warning to stdout and appends it to ``MUJOCO_LOG.TXT`` in the working
     directory. Gymnasium's ``-v5`` models use a compiler attribute MuJoCo 4 deprecates, so every env
     made printed the same lines (a few hundred in one ``dagrl tune``) and the file appeared wherever a run
-    started. A handler set by someone else is kept. Returns whether dagrl's handler is in place.
+    started. A handler set before (by dagrl or anyone else) is kept.
     """
     try:
         entry = gym.spec(env_id.rpartition(":")[2]).entry_point
     except gym.error.Error:
-        return False
+        return
     if not (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")):
-        return False
+        return
     import mujoco
 
-    current = mujoco.get_mju_user_warning()
-    if current is None:
-        seen: set[str] = set()
+    if mujoco.get_mju_user_warning() is not None:
+        return
+    seen: set[str] = set()
 
-        def once(message: str) -> None:
-            if message not in seen:
-                seen.add(message)
-                log.warning("MuJoCo: %s", message)
+    def once(message: str) -> None:
+        if message not in seen:
+            seen.add(message)
+            log.warning("MuJoCo: %s", message)
 
-        once.dagrl = True  # type: ignore[attr-defined]
-        mujoco.set_mju_user_warning(once)
-        return True
-    return bool(getattr(current, "dagrl", False))
+    mujoco.set_mju_user_warning(once)
 
 
 COSTS = ("sleep", "busy")

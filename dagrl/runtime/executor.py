@@ -27,6 +27,7 @@ Routing between roles follows one rule (:func:`route`), in-process or remote.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -371,28 +372,26 @@ class Executor:
             out.done_at = call.done_at
             return out
         if call.announced:
-            future: Any = Announced(call.future, self.announcements(), self._report_task(call.handle))
+            future: Any = Announced(
+                call.future, self.announcements(), functools.partial(self._report_task, call.handle)
+            )
         else:
-            future = self._report_task(call.handle)(call.future)
+            future = self._report_task(call.handle, call.future)
         out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
         future.add_done_callback(out._stamp)
         return out
 
-    def _report_task(self, handle: Any) -> Any:
-        """Submits :func:`report` of a future held on ``handle``'s worker, as a task there."""
-
-        def submit(future: Any) -> Any:
-            return self.client.submit(
-                report,
-                future,
-                workers=[handle.address],
-                allow_other_workers=False,
-                pure=False,
-                key=f"report-{future.key}",
-                priority=-next(self._order),  # first submitted, first run (module docstring)
-            )
-
-        return submit
+    def _report_task(self, handle: Any, future: Any) -> Any:
+        """:func:`report` of ``future``, held on ``handle``'s worker, as a task there."""
+        return self.client.submit(
+            report,
+            future,
+            workers=[handle.address],
+            allow_other_workers=False,
+            pure=False,
+            key=f"report-{future.key}",
+            priority=-next(self._order),  # first submitted, first run (module docstring)
+        )
 
     def run_nodes(
         self,
