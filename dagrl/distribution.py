@@ -34,6 +34,7 @@ __all__ = [
     "check",
     "data_parallel_roles",
     "stream_shape",
+    "warmup_steps",
 ]
 
 
@@ -171,6 +172,13 @@ def delayed_edges(algorithm: Algorithm) -> set[tuple[int, int]]:
         if e.src.id in learn and e.dst.id in learn and e.src.role != e.dst.role
         and not roles[e.src.role].many and not roles[e.dst.role].many
     }  # fmt: skip
+
+
+def warmup_steps(config: Any) -> int:
+    """Env steps stored before the learner has anything to learn from: the hyperparameter
+    ``learning_starts`` of an off-policy algorithm (its replay samples nothing until then), else 0.
+    The stream policies let samplers run free until then and start no learner round."""
+    return max(0, int(getattr(config, "learning_starts", 0) or 0))
 
 
 def check(policy: str, algorithm: Algorithm) -> None:

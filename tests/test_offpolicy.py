@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from distributed import get_task_stream
 
 from dagrl.algos import dqn
 from dagrl.context import RoleContext
@@ -28,9 +29,8 @@ def test_dqn_reaches_195(policy, client, graphs_dir, tmp_path):
 
 
 def test_apex_holds_its_update_ratio(client, graphs_dir, tmp_path):
-    graph = load_graph(
-        f"{graphs_dir}/dqn-cartpole-apex.yaml", [f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3"]
-    )
+    over = [f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3", "hyperparameters.learning_starts=0"]
+    graph = load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml", over)
     policy = build_policy(graph, client, run_dir=tmp_path)
     try:
         for rounds in range(1, 16):
@@ -39,6 +39,29 @@ def test_apex_holds_its_update_ratio(client, graphs_dir, tmp_path):
             assert collects <= (rounds + 1) / 0.25 + 3  # samplers lead by at most max_lead
     finally:
         policy.close()
+
+
+def test_apex_runs_no_learner_round_before_learning_starts(client, graphs_dir, tmp_path):
+    """Until replay holds ``learning_starts`` env steps, an iteration counts a round's collects and
+    no learner task runs; the first learner round then learns, and the ratio counts from there."""
+    over = [f"runs_dir={tmp_path}", "update_ratio=0.5", "max_lead=0", "hyperparameters.learning_starts=2048"]
+    graph = load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml", over)  # 2 envs x 64 steps: 16 collects
+    policy = build_policy(graph, client, run_dir=tmp_path)
+    steps = []
+    try:
+        with get_task_stream(client) as stream:
+            while len(steps) < 12:
+                res = policy.step()
+                steps.append((res.env_steps, res.metrics))
+    finally:
+        policy.close()
+    warmup = [m for _, m in steps if "perf/frames" not in m]
+    learnt = [m for _, m in steps if "perf/frames" in m]
+    assert len(warmup) == 8 and all(n == 2 * 128 for n, _ in steps[:8])  # two collects an iteration
+    assert len(learnt) == 4 and all(m["perf/frames"] > 0 for m in learnt)  # every round learnt
+    updates = [t for t in stream.data if t["key"].startswith("update-")]
+    assert len(updates) == len(learnt)  # no learner task ran during the warm-up
+    assert all(m["perf/collects"] - 16 >= 2 * (i + 1) for i, m in enumerate(learnt))  # the ratio, from there
 
 
 def test_apex_unlimited_lets_samplers_run_ahead(client, graphs_dir, tmp_path):

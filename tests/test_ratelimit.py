@@ -74,6 +74,20 @@ def test_unlimited_runs_free():
     assert limiter.start_round(timeout=0)
 
 
+def test_warmup_runs_free_and_its_inserts_owe_no_rounds():
+    limiter = RateLimiter(0.5, 0, warmup=True)
+    assert all(limiter.try_start_insert() for _ in range(10))  # free, whatever the ratio and lead
+    limiter.insert_done(10)
+    assert not limiter.start_round(timeout=0)  # nothing to learn from yet
+    limiter.end_warmup()
+    assert not limiter.start_round(timeout=0)  # the warm-up's inserts owe no round
+    assert limiter.try_start_insert() and limiter.try_start_insert() and not limiter.try_start_insert()
+    limiter.insert_done(2)
+    assert limiter.start_round(timeout=0)
+    limiter.round_done()
+    assert not limiter.start_round(timeout=0)  # one round per two inserts after the warm-up
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="ratio"):
         RateLimiter(0, 1)

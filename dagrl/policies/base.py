@@ -210,6 +210,9 @@ class Policy:
         after, with nothing in between; a policy may use it to submit the next one now."""
         raise NotImplementedError
 
+    def resumed(self, env_steps: int) -> None:
+        """The run goes on from a checkpoint taken after ``env_steps`` env steps."""
+
     @property
     def pending(self) -> bool:
         """Whether an iteration was submitted ahead: the driver runs it (:meth:`step`) before stopping."""

@@ -17,6 +17,12 @@ The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
 
 ``async`` consumes ``rollouts_per_update`` rollouts per round and drops those staler than
 ``max_staleness`` versions; ``apex``/``split-learner`` consume what the inserts stored.
+
+An off-policy algorithm learns nothing until its replay holds ``learning_starts`` env steps
+(:func:`~dagrl.distribution.warmup_steps`). Until then the samplers run free and an iteration only
+counts a round's worth of arrivals: a learner round would be a chain of tasks doing nothing, and
+with the rate limiter tying samplers to it, the samplers' random steps would run at the rate of
+those task chains rather than at their own.
 """
 
 from __future__ import annotations
@@ -29,13 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.distribution import delayed_edges, stream_shape
+from dagrl.distribution import delayed_edges, stream_shape, warmup_steps
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult, learn_time
 from dagrl.runtime.executor import Call, Executor, Report, route
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.ratelimit import RateLimiter
 from dagrl.runtime.supervisor import RoleFailure
+
+WARMUP_IN_FLIGHT = 8
+"""Stream calls queued per sampler during the warm-up: nothing there goes stale (the weights do not
+change), so a deeper queue only hides the task round trip."""
 
 
 @dataclass
@@ -76,7 +86,9 @@ class Streaming(Policy):
         self.roles = graph.algorithm.roles
         self.delayed: set[tuple[int, int]] = set()
         self.configure()
-        self.limiter = RateLimiter(self.ratio, self.max_lead, self.limited)
+        self.warmup = warmup_steps(graph.config)
+        """Env steps still to arrive before the first learner round."""
+        self.limiter = RateLimiter(self.ratio, self.max_lead, self.limited, warmup=self.warmup > 0)
         self.cond = threading.Condition()
         self.version = 0
         self.current: dict[int, list[Call]] = {}
@@ -165,7 +177,8 @@ class Streaming(Policy):
         try:
             while not stop():
                 try:
-                    while len(pending) < self.in_flight and (
+                    depth = self.in_flight if self.warmup <= 0 else max(self.in_flight, WARMUP_IN_FLIGHT)
+                    while len(pending) < depth and (
                         self.limiter.try_start_insert() if pending else self.limiter.start_insert(stop)
                     ):
                         pending.append(self._submit_one(i, pending[-1] if pending else None, seen))
@@ -181,6 +194,7 @@ class Streaming(Policy):
                             self.latest[node.id][k] = c
                         self.arrivals.append(Arrival(p.version, i, p.call, values[0]))
                         self.collects += 1
+                        self.cond.notify_all()
                     self.limiter.insert_done()
                 except RoleFailure as failure:
                     self.executor.cancel([c for p in pending for c in (p.call, p.report, *(c for *_, c in p.inserts))])
@@ -238,9 +252,36 @@ class Streaming(Policy):
             res.add_output(a.report, source=a.source)
         return taken
 
+    def resumed(self, env_steps: int) -> None:
+        self.warmup -= env_steps
+        if self.warmup <= 0:
+            self.limiter.end_warmup()
+
+    def _warmup_step(self) -> StepResult:
+        """An iteration of the warm-up: a round's worth of arrivals counted, no learner round."""
+        res, n = StepResult(), max(1, round(1 / self.ratio))
+        while True:
+            self._raise_posted()
+            with self.cond:
+                if len(self.arrivals) >= n:
+                    taken, self.arrivals = self.arrivals[:n], self.arrivals[n:]
+                    break
+                self.cond.wait(0.2)
+        for a in taken:
+            res.add_output(a.report, source=a.source)
+        self.warmup -= res.env_steps
+        if self.warmup <= 0:
+            self.limiter.end_warmup()
+        self.report_lag(res, [])
+        now = time.perf_counter()
+        res.sample_time, self.last_step_end = now - self.last_step_end, now
+        return res
+
     def step(self, ahead: bool = False) -> StepResult:
         if not self.threads:
             self.start()
+        if self.warmup > 0:
+            return self._warmup_step()
         res = StepResult()
         while True:
             while not self.limiter.start_round(timeout=0.2):

@@ -84,6 +84,7 @@ class Trainer:
             self.recent.extend(resume.get("recent", []))
             self.last_eval = resume.get("last_eval")
             policy.load_state_dict(resume["roles"])
+            policy.resumed(self.counters.env_steps)
             rundir.truncate_metrics(self.counters.iteration)
 
     def mean_return(self) -> float | None:

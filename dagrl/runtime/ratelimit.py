@@ -10,6 +10,11 @@ Producers (sampler streams) *start* inserts; the consumer (the learner) runs *ro
   from taking a small machine's cores to make data that would only go stale.
 
 ``limited=False`` lets both sides run free.
+
+A limiter made with ``warmup=True`` starts in warm-up: inserts run free and no round is owed, until
+:meth:`end_warmup` (the replay holds what the learner needs to start). From then on the ratio counts
+the inserts done after that point only, as Reverb's ``min_size_to_sample``: the warm-up's inserts
+owe no rounds.
 No Dask here: it is plain threading, unit-tested on its own.
 """
 
@@ -37,21 +42,30 @@ class RateLimiter:
     True
     """
 
-    def __init__(self, ratio: float, max_lead: int, limited: bool = True):
+    def __init__(self, ratio: float, max_lead: int, limited: bool = True, warmup: bool = False):
         if ratio <= 0:
             raise ValueError(f"ratio must be > 0, got {ratio}")
         if max_lead < 0:
             raise ValueError(f"max_lead must be >= 0, got {max_lead}")
-        self.ratio, self.max_lead, self.limited = ratio, max_lead, limited
+        self.ratio, self.max_lead, self.limited, self.warming = ratio, max_lead, limited, warmup
         self.cond = threading.Condition()
         self.started = self.done = self.rounds = 0
+        self.offset = 0
+        """Inserts done during the warm-up (they owe no rounds)."""
+
+    def end_warmup(self) -> None:
+        """Start holding both sides to the ratio, counting inserts from the ones done now."""
+        with self.cond:
+            if self.warming:
+                self.warming, self.offset = False, self.done
+                self.cond.notify_all()
 
     # -- producers ---------------------------------------------------------------------------------
 
     def _insert_allowed(self) -> bool:
-        if not self.limited:
+        if not self.limited or self.warming:
             return True
-        return self.started < math.ceil((self.rounds + 1) / self.ratio - 1e-9) + self.max_lead
+        return self.started - self.offset < math.ceil((self.rounds + 1) / self.ratio - 1e-9) + self.max_lead
 
     def try_start_insert(self) -> bool:
         """Start an insert if the limiter allows one now."""
@@ -92,9 +106,11 @@ class RateLimiter:
     # -- the consumer ------------------------------------------------------------------------------
 
     def _round_allowed(self) -> bool:
+        if self.warming:
+            return False
         if not self.limited:
             return True
-        return self.ratio * self.done >= self.rounds + 1 - 1e-9
+        return self.ratio * (self.done - self.offset) >= self.rounds + 1 - 1e-9
 
     def start_round(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds until the next round may start; ``False`` if it may not yet."""
