@@ -70,7 +70,8 @@ def train(
         if client is not None:
             log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
         offset = resume["counters"]["iteration"] if resume else 0
-        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path)
+        steps = resume["counters"]["env_steps"] if resume else 0
+        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path, env_steps=steps)
         stack.callback(policy.close)
         actors = policy.actors()
         rundir.write_json("actors.json", actors)

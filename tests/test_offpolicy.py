@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from distributed import get_task_stream
 
 from dagrl.algos import dqn
@@ -91,6 +92,30 @@ def test_dqn_sync_with_two_replay_shards_reproduces_single(client, graphs_dir, t
             pol.close()
     assert results[0][-1]["perf/frames"] > 0  # learning happened
     assert results[0] == results[1]
+
+
+def test_a_sampler_started_late_in_a_run_goes_on_with_the_runs_schedules(graphs_dir):
+    """A resumed run or a replacement sampler does not start the random phase or epsilon decay again."""
+    from dagrl.algos import td3
+    from dagrl.runtime.hosts import role_context
+
+    g = load_graph(f"{graphs_dir}/td3-pendulum-single.yaml", ["hyperparameters.exploration_noise=0"])
+    weights = td3.publish(td3.actor(role_context(g, "actor", 0), g.config))
+    deterministic = td3.Policy(g.observation_space, g.action_space, g.config.hidden)
+    deterministic.load_state_dict(td3.as_tensors(weights))
+    acted = {}
+    for at in (0, 2 * g.config.learning_starts):
+        state = td3.sampler(role_context(g, "sampler", 0, env_steps=at), g.config)
+        rows = td3.collect(state, weights).data
+        with torch.no_grad():
+            greedy = deterministic(torch.as_tensor(rows["obs"], dtype=torch.float32)).numpy()
+        acted[at] = np.allclose(rows["action"], greedy, atol=1e-6)
+    assert acted == {0: False, 2 * g.config.learning_starts: True}  # uniform at first, the policy later
+
+    cfg = dqn.Config(eps_steps=1000)
+    fresh = dqn.sampler(RoleContext("sampler", 0, 2, seed=0, env_id="CartPole-v1"), cfg)
+    late = dqn.sampler(RoleContext("sampler", 0, 2, seed=0, env_id="CartPole-v1", env_steps=4000), cfg)
+    assert fresh.epsilon() == cfg.eps_start and late.epsilon() == pytest.approx(cfg.eps_end)
 
 
 def test_apex_epsilons_follow_the_apex_formula():

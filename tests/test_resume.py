@@ -3,6 +3,7 @@ metrics after going back to an older checkpoint."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -66,6 +67,9 @@ def test_resume_from_an_older_checkpoint_redoes_iterations_without_repeating_row
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
     steps = [r["env_steps"] for r in rows]
     assert steps == sorted(steps)
+    at_checkpoint = next(r["env_steps"] for r in rows if r["iteration"] == 4)
+    actors = json.loads((path / "actors.json").read_text())
+    assert {a["started_at_env_steps"] for a in actors} == {at_checkpoint}  # schedules go on from there
 
 
 def test_resume_with_overrides_that_do_not_fit_changes_nothing(tmp_path, graphs_dir, capsys):

@@ -133,6 +133,8 @@ def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, t
     assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
     assert restarts[0]["new_worker"] and restarts[0]["replace_s"] < 30
     rows = run.rundir.read_metrics()
+    before = [r["env_steps"] for r in rows if r["iteration"] <= 5]
+    assert restarts[0]["env_steps"] >= before[-1]  # the replacement's schedules go on from the run's count
     assert rows[-1]["sup/restarts/sampler"] == 1.0
     assert rows[-1]["charts/episode_return_mean"] >= threshold
 

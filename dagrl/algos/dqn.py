@@ -159,7 +159,8 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
         torch.manual_seed(ctx.seed)
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
     rng = np.random.default_rng(ctx.seed)
-    return SamplerState(cfg, envs, q, rng, obs, Recorder(envs.num_envs), ctx.index, ctx.replicas)
+    done = ctx.env_steps // max(ctx.replicas, 1)  # a resumed run or a replacement: epsilon as the run has got to
+    return SamplerState(cfg, envs, q, rng, obs, Recorder(envs.num_envs), ctx.index, ctx.replicas, done)
 
 
 @role("replay", many=True)

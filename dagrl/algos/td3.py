@@ -170,7 +170,8 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
     random_steps = cfg.learning_starts // max(ctx.replicas, 1)
     rng = np.random.default_rng(ctx.seed)
-    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs), random_steps)
+    done = ctx.env_steps // max(ctx.replicas, 1)  # a resumed run or a replacement acts as the run has got to
+    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs), random_steps, done)
 
 
 @role("replay", many=True)

@@ -35,24 +35,27 @@ POLICIES: dict[str, type[Policy]] = {
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 
 
-def build_policy(graph: Any, client: Any = None, seed_offset: int = 0, run_dir: Any = None) -> Policy:
+def build_policy(
+    graph: Any, client: Any = None, seed_offset: int = 0, run_dir: Any = None, env_steps: int = 0
+) -> Policy:
     """Start the role hosts a graph asks for and wrap them in its policy.
 
     ``client`` is a ``distributed.Client`` for every policy but ``single``; ``run_dir`` is where
-    roles without their own ``path`` keep on-disk data.
+    roles without their own ``path`` keep on-disk data; ``env_steps``: the run's so far (a resume).
     """
     run_dir = None if run_dir is None else str(run_dir)
     cls = POLICIES[graph.spec.policy]
     if not cls.distributed:
-        return cls(graph, start_local(graph, seed_offset, run_dir))
+        return cls(graph, start_local(graph, seed_offset, run_dir, env_steps))
     if client is None:
         raise ValueError(f"policy {cls.name} needs a Dask client")
-    hosts = start_actors(client, graph, seed_offset, run_dir=run_dir)
+    hosts = start_actors(client, graph, seed_offset, run_dir=run_dir, env_steps=env_steps)
 
-    def start(role: str, index: int, address: str, offset: int) -> Any:
-        return start_one(client, graph, role, index, address, offset, run_dir)
+    def start(role: str, index: int, address: str, offset: int, steps: int) -> Any:
+        return start_one(client, graph, role, index, address, offset, run_dir, steps)
 
     supervisor = Supervisor(client, graph, hosts, start, seed_offset)
+    supervisor.env_steps = env_steps
     policy = cls(graph, hosts, Executor(client, supervisor))
     policy.supervisor = supervisor
     return policy

@@ -47,6 +47,10 @@ WARMUP_IN_FLIGHT = 8
 """Stream calls queued per sampler during the warm-up: nothing there goes stale (the weights do not
 change), so a deeper queue only hides the task round trip."""
 
+WARMUP_BACKLOG = 4
+"""Iterations' worth of arrivals that may wait for the driver during the warm-up before samplers
+pause: an arrival keeps its rollout alive on the sampler's worker until the driver counts it."""
+
 
 @dataclass
 class Arrival:
@@ -178,11 +182,15 @@ class Streaming(Policy):
             while not stop():
                 try:
                     depth = self.in_flight if self.warmup <= 0 else max(self.in_flight, WARMUP_IN_FLIGHT)
-                    while len(pending) < depth and (
-                        self.limiter.try_start_insert() if pending else self.limiter.start_insert(stop)
+                    while (
+                        len(pending) < depth
+                        and not self._backlogged()
+                        and (self.limiter.try_start_insert() if pending else self.limiter.start_insert(stop))
                     ):
                         pending.append(self._submit_one(i, pending[-1] if pending else None, seen))
                     if not pending:
+                        with self.cond:
+                            self.cond.wait_for(lambda: not self._backlogged() or stop(), 0.2)
                         continue
                     p = pending[0]
                     ins = [c for _, _, c in p.inserts]
@@ -257,6 +265,10 @@ class Streaming(Policy):
         if self.warmup <= 0:
             self.limiter.end_warmup()
 
+    def _backlogged(self) -> bool:
+        """During the warm-up: as many arrivals wait for the driver as :data:`WARMUP_BACKLOG` allows."""
+        return self.warmup > 0 and len(self.arrivals) >= WARMUP_BACKLOG * max(1, round(1 / self.ratio))
+
     def _warmup_step(self) -> StepResult:
         """An iteration of the warm-up: a round's worth of arrivals counted, no learner round."""
         res, n = StepResult(), max(1, round(1 / self.ratio))
@@ -265,6 +277,7 @@ class Streaming(Policy):
             with self.cond:
                 if len(self.arrivals) >= n:
                     taken, self.arrivals = self.arrivals[:n], self.arrivals[n:]
+                    self.cond.notify_all()  # samplers paused on the backlog may go on
                     break
                 self.cond.wait(0.2)
         for a in taken:

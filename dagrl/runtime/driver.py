@@ -257,6 +257,8 @@ class Trainer:
         self._last_env_steps = res.env_steps
         c.episodes += len(res.episodes)
         c.frames += int(res.metrics.get("perf/frames", 0))
+        if self.policy.supervisor is not None:
+            self.policy.supervisor.env_steps = c.env_steps  # where a replacement's schedules start
         c.elapsed_s = time.perf_counter() - start
         self.recent.extend(res.episodes.window_returns().tolist())
         bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]

@@ -252,6 +252,7 @@ class RoleHost:
             "device_note": self.device_note,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "started_at_env_steps": self.ctx.env_steps,
             "calls": self.calls,
             "busy_s": dict(self.busy_s),
             "env": {k: os.environ[k] for k in _REPORTED_ENV if k in os.environ},

@@ -114,7 +114,9 @@ def role_path(graph: Graph, role: str, index: int, run_dir: str | None) -> str |
     return None if run_dir is None else os.path.join(run_dir, f"{role}-{index}")
 
 
-def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_dir: str | None = None) -> RoleContext:
+def role_context(
+    graph: Graph, role: str, index: int, seed_offset: int = 0, run_dir: str | None = None, env_steps: int = 0
+) -> RoleContext:
     rspec = graph.role(role)
     inference = None
     if graph.spec.policy == "central-inference" and graph.algorithm.roles[role].many:
@@ -135,12 +137,16 @@ def role_context(graph: Graph, role: str, index: int, seed_offset: int = 0, run_
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),
         memory_bytes=rspec.memory_bytes,
+        env_steps=env_steps,
         inference=inference,
     )
 
 
-def _host_args(graph: Graph, role: str, index: int, seed_offset: int, run_dir: str | None) -> tuple[tuple, dict]:
-    args = (graph.spec.algorithm, role, role_context(graph, role, index, seed_offset, run_dir), graph.config)
+def _host_args(
+    graph: Graph, role: str, index: int, seed_offset: int, run_dir: str | None, env_steps: int = 0
+) -> tuple[tuple, dict]:
+    ctx = role_context(graph, role, index, seed_offset, run_dir, env_steps)
+    args = (graph.spec.algorithm, role, ctx, graph.config)
     kwargs = {
         "wants_gpu": graph.role(role).gpus > 0,
         "gpu_fallback": graph.spec.gpu_fallback,
@@ -150,13 +156,15 @@ def _host_args(graph: Graph, role: str, index: int, seed_offset: int, run_dir: s
     return args, kwargs
 
 
-def start_local(graph: Graph, seed_offset: int = 0, run_dir: str | None = None) -> dict[str, list[Handle]]:
-    """Every role replica as an in-process :class:`RoleHost`."""
+def start_local(
+    graph: Graph, seed_offset: int = 0, run_dir: str | None = None, env_steps: int = 0
+) -> dict[str, list[Handle]]:
+    """Every role replica as an in-process :class:`RoleHost` (``env_steps``: the run's so far)."""
     hosts: dict[str, list[Handle]] = {}
     for role in graph.active_roles:
         hosts[role] = []
         for i in range(graph.role(role).replicas):
-            args, kwargs = _host_args(graph, role, i, seed_offset, run_dir)
+            args, kwargs = _host_args(graph, role, i, seed_offset, run_dir, env_steps)
             hosts[role].append(Handle(role, i, RoleHost(*args, **kwargs)))
     _log_devices(hosts)
     return hosts
@@ -186,13 +194,20 @@ def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
 
 
 def start_actors(
-    client: Any, graph: Graph, seed_offset: int = 0, roles: list[str] | None = None, run_dir: str | None = None
+    client: Any,
+    graph: Graph,
+    seed_offset: int = 0,
+    roles: list[str] | None = None,
+    run_dir: str | None = None,
+    env_steps: int = 0,
 ) -> dict[str, list[Handle]]:
     """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
     placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
-    futures = {key: _submit(client, graph, *key, addr, seed_offset, run_dir) for key, addr in placement.items()}
+    futures = {
+        key: _submit(client, graph, *key, addr, seed_offset, run_dir, env_steps) for key, addr in placement.items()
+    }
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
         actor = _started(client, fut, placement[(role, i)], f"{role}[{i}]")
@@ -220,10 +235,17 @@ def _started(client: Any, fut: Any, address: str, what: str) -> Any:
 
 
 def start_one(
-    client: Any, graph: Graph, role: str, index: int, address: str, seed_offset: int, run_dir: str | None
+    client: Any,
+    graph: Graph,
+    role: str,
+    index: int,
+    address: str,
+    seed_offset: int,
+    run_dir: str | None,
+    env_steps: int = 0,
 ) -> Handle:
     """One role replica as a Dask actor on ``address`` (a replacement for a failed one)."""
-    fut = _submit(client, graph, role, index, address, seed_offset, run_dir)
+    fut = _submit(client, graph, role, index, address, seed_offset, run_dir, env_steps)
     try:
         return Handle(role, index, _started(client, fut, address, f"{role}[{index}]"), address, fut, host_id=fut.key)
     except BaseException:
@@ -232,9 +254,16 @@ def start_one(
 
 
 def _submit(
-    client: Any, graph: Graph, role: str, index: int, address: str, seed_offset: int, run_dir: str | None
+    client: Any,
+    graph: Graph,
+    role: str,
+    index: int,
+    address: str,
+    seed_offset: int,
+    run_dir: str | None,
+    env_steps: int = 0,
 ) -> Any:
-    args, kwargs = _host_args(graph, role, index, seed_offset, run_dir)
+    args, kwargs = _host_args(graph, role, index, seed_offset, run_dir, env_steps)
     key = f"host-{role}-{index}-{uuid.uuid4().hex}"  # also the host's id on its worker
     return client.submit(
         RoleHost, *args, **kwargs, host_id=key, actor=True, workers=[address], allow_other_workers=False, key=key

@@ -66,6 +66,8 @@ class Event:
     new_worker: str | None = None
     replace_s: float | None = None
     """Seconds from noticing the failure to a working replacement."""
+    env_steps: int | None = None
+    """The run's env steps the replacement started from (its samplers' schedules go on from there)."""
     traceback: str | None = None
 
 
@@ -122,8 +124,10 @@ class Supervisor:
     def __init__(self, client: Any, graph: Any, hosts: dict[str, list[Any]], start: Any, seed_offset: int = 0):
         self.client, self.graph, self.hosts = client, graph, hosts
         self.spec = graph.spec.supervision
-        self.start = start  # start(role, index, address, seed_offset) -> Handle
+        self.start = start  # start(role, index, address, seed_offset, env_steps) -> Handle
         self.seed_offset = seed_offset
+        self.env_steps = 0
+        """The run's env steps as the driver last counted them (a replacement starts from there)."""
         self.lock = threading.RLock()
         self.events: list[Event] = []
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
@@ -172,7 +176,8 @@ class Supervisor:
                     self._restart_worker(old.address)
                 old.close()
                 try:
-                    new = self.start(old.role, old.index, self._choose_worker(old), self._seed_shift(old.role))
+                    where, shift = self._choose_worker(old), self._seed_shift(old.role)
+                    new = self.start(old.role, old.index, where, shift, self.env_steps)
                     break
                 except Exception as err:  # the constructor failed (e.g. the env raises on reset)
                     cause = err
@@ -181,6 +186,7 @@ class Supervisor:
                     time.sleep(min(2.0, 0.2 * len(self.recent[old.role])))
             new.supervisor = self
             event.new_worker, event.replace_s = new.address, time.monotonic() - t0
+            event.env_steps = self.env_steps
             self.hosts[old.role][old.index] = new
             for listener in self.listeners:
                 listener(event)
