@@ -15,6 +15,7 @@ A limiter made with ``warmup=True`` starts in warm-up: inserts run free and no r
 :meth:`end_warmup` (the replay holds what the learner needs to start). From then on the ratio counts
 the inserts done after that point only, as Reverb's ``min_size_to_sample``: the warm-up's inserts
 owe no rounds.
+
 No Dask here: it is plain threading, unit-tested on its own.
 """
 
