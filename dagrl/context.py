@@ -64,6 +64,11 @@ class RoleContext:
     """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
     their own network."""
 
+    def per_replica(self, env_steps: int) -> int:
+        """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
+        or :attr:`env_steps` for where its own schedules stand)."""
+        return env_steps // max(self.replicas, 1)
+
     def acting(self, local: Acting) -> Acting:
         """What this sampler should act with: ``local`` (its own network), or under
         ``central-inference`` a client of the batched ``inference`` role, which answers every

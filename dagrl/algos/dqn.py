@@ -159,7 +159,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
         torch.manual_seed(ctx.seed)
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
     rng = np.random.default_rng(ctx.seed)
-    done = ctx.env_steps // max(ctx.replicas, 1)  # a resumed run or a replacement: epsilon as the run has got to
+    done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
     return SamplerState(cfg, envs, q, rng, obs, Recorder(envs.num_envs), ctx.index, ctx.replicas, done)
 
 

@@ -168,9 +168,9 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
     envs.action_space.seed(ctx.seed)
     policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
-    random_steps = cfg.learning_starts // max(ctx.replicas, 1)
+    random_steps = ctx.per_replica(cfg.learning_starts)
     rng = np.random.default_rng(ctx.seed)
-    done = ctx.env_steps // max(ctx.replicas, 1)  # a resumed run or a replacement acts as the run has got to
+    done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
     return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs), random_steps, done)
 
 

@@ -90,6 +90,8 @@ class Streaming(Policy):
         self.roles = graph.algorithm.roles
         self.delayed: set[tuple[int, int]] = set()
         self.configure()
+        self.round_collects = max(1, round(1 / self.ratio))
+        """Collects per learner round (what a warm-up iteration counts)."""
         self.warmup = warmup_steps(graph.config)
         """Env steps still to arrive before the first learner round."""
         self.limiter = RateLimiter(self.ratio, self.max_lead, self.limited, warmup=self.warmup > 0)
@@ -267,11 +269,11 @@ class Streaming(Policy):
 
     def _backlogged(self) -> bool:
         """During the warm-up: as many arrivals wait for the driver as :data:`WARMUP_BACKLOG` allows."""
-        return self.warmup > 0 and len(self.arrivals) >= WARMUP_BACKLOG * max(1, round(1 / self.ratio))
+        return self.warmup > 0 and len(self.arrivals) >= WARMUP_BACKLOG * self.round_collects
 
     def _warmup_step(self) -> StepResult:
         """An iteration of the warm-up: a round's worth of arrivals counted, no learner round."""
-        res, n = StepResult(), max(1, round(1 / self.ratio))
+        res, n = StepResult(), self.round_collects
         while True:
             self._raise_posted()
             with self.cond:
