@@ -13,7 +13,7 @@ from dagrl.graph import load_graph, resolve_graph
 from dagrl.schema import read_yaml
 from dagrl.tune.measure import Measurements
 from dagrl.tune.model import Candidate, Costs, Shape, candidates, predict, rank
-from dagrl.tune.tuner import Result, Tuning, candidate_data, nearest, shape_of
+from dagrl.tune.tuner import Result, Tuning, candidate_data, choose_vector, nearest, shape_of, with_vector
 
 PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,
             policies=("single", "sync", "async"), step_bytes=40, round_hops=3)  # fmt: skip
@@ -126,6 +126,25 @@ def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir
     assert tuned.config.update_epochs == load_graph(f"{graphs_dir}/ppo-cartpole.yaml").config.update_epochs
 
 
+def test_a_clearly_faster_vector_backend_is_chosen_and_written(tmp_path, graphs_dir):
+    assert choose_vector({"sync": 1.0e-3, "envpool": 0.5e-3}, "sync") == "envpool"
+    assert choose_vector({"sync": 1.0e-3, "envpool": 0.95e-3}, "sync") == "sync"  # within 10 %: the graph's
+    assert choose_vector({"sync": 0.95e-3, "envpool": 1.0e-3}, "envpool") == "envpool"
+    assert choose_vector({"sync": 0.5e-3, "envpool": 1.0e-3}, "envpool") == "sync"
+    threads = with_vector({"roles": {"sampler": {"vector": "envpool", "vector_threads": 2}}}, "sampler", "sync")
+    assert threads["roles"]["sampler"] == {"vector": "sync"}  # vector_threads is EnvPool's only
+
+    saved, out = tmp_path / "m.json", tmp_path / "t.yaml"
+    vector = {"envs": 8, "step_s": {"sync": 1.5e-4, "envpool": 0.5e-4}, "chosen": "envpool"}
+    saved.write_text(json.dumps({**synthetic(), "vector": vector}))
+    args = ["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--from", str(saved), "--verify", "0", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    assert load_graph(out).role("sampler").vector == "envpool"
+    text = out.read_text()
+    assert "sync 0.150 ms, envpool 0.050 ms; chose envpool" in text
+    assert all("envpool" in line for line in text.splitlines() if line.startswith("#  ") and "steps" in line)
+
+
 def test_tune_refuses_bad_input_before_starting(tmp_path, graphs_dir, capsys):
     bad = tmp_path / "m.json"
     bad.write_text("{}")
@@ -144,6 +163,8 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     m = json.loads(saved.read_text())
     assert m["cluster"]["workers"] == 3 and m["cluster"]["cores"] >= 1 and m["cluster"]["hop_s"] > 0
     assert sorted(p["envs"] for p in m["fragments"]) == [1, 8]
+    assert set(m["vector"]["step_s"]) == {"sync", "envpool"} and min(m["vector"]["step_s"].values()) > 0
+    assert all(p["vector"] == m["vector"]["chosen"] for p in m["env"])  # the probes ran on the chosen one
     assert all(p["busy"]["sampler"]["step_s"] > 0 and p["busy"]["learner"]["round_s"] > 0 for p in m["fragments"])
     report = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in report[1:] if line[:1] == " " or line[:1].isdigit()]
@@ -153,6 +174,7 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
         assert float(row[0]) > 0 and float(row[1]) > 0  # predicted and achieved env steps/s
     tuned = load_graph(out)
     assert tuned.role("sampler").replicas <= 2  # three workers: the learner keeps one
+    assert tuned.role("sampler").vector == m["vector"]["chosen"]
     assert "Verified by short real runs" in out.read_text()
 
 

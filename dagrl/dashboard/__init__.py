@@ -1,11 +1,12 @@
 """The RL page of the Dask dashboard (``/individual-dagrl``) and the feed that fills it.
 
-The driver publishes one event per iteration (topic ``dagrl-metrics``: the metrics row and the
-returns of the episodes that finished) and, every ``interval`` seconds, the role actors' heartbeats
-(topic ``dagrl-actors``), through Dask's event topics (``Client.log_event``). The page is a bokeh
-document served by the scheduler's dashboard; it reads the scheduler's event log and streams what
-is new into its plots. The scheduler keeps the last 1000 events per topic, so a page opened late
-shows the last 1000 iterations.
+The driver publishes the iterations' metrics rows (topic ``dagrl-metrics``: each row with the
+returns of the episodes that finished, the rows of a quarter second in one event) and, every
+``interval`` seconds, the role actors' heartbeats (topic ``dagrl-actors``), through Dask's event
+topics (``Client.log_event``, from the feed's own thread, never the training loop's). The page is a
+bokeh document served by the scheduler's dashboard; it reads the scheduler's event log and streams
+what is new into its plots. The scheduler keeps the last 1000 events per topic, so a page opened
+late shows the last four minutes of rows, or the last 1000 iterations if they took longer.
 
 Registering the page uses Dask's dashboard internals (``distributed.dashboard.scheduler.applications``),
 so the distributed version is pinned in ``pyproject.toml`` and the page is tested in a real browser.

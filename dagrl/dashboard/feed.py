@@ -16,12 +16,21 @@ MAX_EPISODES = 64
 
 
 class Feed:
-    """Publishes a run's metrics (per iteration) and its actors' heartbeats (every ``interval`` s)."""
+    """Publishes a run's metrics rows and its actors' heartbeats (every ``interval`` s).
 
-    def __init__(self, client: Any, policy: Any, run: str, interval: float = 2.0):
-        self.client, self.policy, self.run, self.interval = client, policy, run, interval
+    The training loop only queues a row (:meth:`on_row`); the feed's own thread sends what queued
+    every ``flush_s`` as one event. Logging an event is a round trip to the scheduler: one per
+    iteration from the training loop cost a ``sync`` PPO iteration on CartPole about 1 ms of the
+    driver's time and a blocking wait, and filled the scheduler's event log (1000 events per topic)
+    with a minute of rows.
+    """
+
+    def __init__(self, client: Any, policy: Any, run: str, interval: float = 2.0, flush_s: float = 0.25):
+        self.client, self.policy, self.run, self.interval, self.flush_s = client, policy, run, interval, flush_s
         self.devices = {(a["role"], a["index"]): a["device"] for a in policy.actors()}
         self.last_seen: dict[tuple[str, int], float] = {}
+        self.queued: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="dagrl-feed", daemon=True)
 
@@ -30,12 +39,20 @@ class Feed:
         return self
 
     def on_row(self, row: dict[str, Any], res: Any) -> None:
-        """Trainer listener: one event per iteration, with the returns of the episodes that finished and
-        the sampler that produced each."""
+        """Trainer listener: queue the iteration's row, with the returns of the episodes that finished
+        and the sampler that produced each."""
         n = min(len(res.episodes), MAX_EPISODES)
         returns = [float(r) for r in res.episodes.returns[len(res.episodes) - n :]]
         sources = [int(s) for s in res.sources[len(res.sources) - n :]] if len(res.sources) >= n else [-1] * n
-        self._send(METRICS, {"run": self.run, "row": row, "returns": returns, "sources": sources})
+        with self.lock:
+            self.queued.append({"row": row, "returns": returns, "sources": sources})
+
+    def flush(self) -> None:
+        """Send the queued rows as one event (topic ``dagrl-metrics``: ``{"run", "rows": [...]}``)."""
+        with self.lock:
+            rows, self.queued = self.queued, []
+        if rows:
+            self._send(METRICS, {"run": self.run, "rows": rows})
 
     def _send(self, topic: str, msg: dict[str, Any]) -> None:
         try:
@@ -44,8 +61,12 @@ class Feed:
             log.debug("dashboard feed: %s", err)
 
     def _loop(self) -> None:
-        while not self.stopping.wait(self.interval):
-            self._send(ACTORS, {"run": self.run, "actors": self.actors()})
+        beat = time.monotonic() + self.interval
+        while not self.stopping.wait(self.flush_s):
+            self.flush()
+            if time.monotonic() >= beat:
+                self._send(ACTORS, {"run": self.run, "actors": self.actors()})
+                beat = time.monotonic() + self.interval
 
     def actors(self) -> list[dict[str, Any]]:
         """One row per role replica: where it runs, what it is doing, when it last answered."""
@@ -81,4 +102,5 @@ class Feed:
     def close(self) -> None:
         self.stopping.set()
         self.thread.join(timeout=10)
+        self.flush()
         self._send(ACTORS, {"run": self.run, "actors": self.actors(), "final": True})

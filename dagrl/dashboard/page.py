@@ -106,7 +106,8 @@ class RLPage:
             if msg.get("run") != self.run:
                 self._start(msg.get("run"))
                 batch = {}
-            self._metrics(msg, batch)
+            for one in msg.get("rows", [msg]):  # a feed's event holds the rows queued since its last
+                self._metrics(one, batch)
         for name, cols in batch.items():
             getattr(self, name).stream(cols, rollover=ROLLOVER[name])
         for _, msg in self._new(ACTORS):

@@ -5,7 +5,9 @@
   ``busy_s`` they keep): a collect's seconds per vector step, and each learner role's seconds per
   round, with the graph's own networks, batch sizes and devices.
 * **Envs** (:func:`probe_env`): a vector env stepped with random actions, its wall and CPU time: how
-  much of a step takes a core (a simulator that waits on something else does not).
+  much of a step takes a core (a simulator that waits on something else does not). Each vector env
+  backend the graph could use is stepped this way first, at the graph's envs per sampler; every
+  other probe then uses the backend chosen from these (:func:`dagrl.tune.tuner.choose_vector`).
 * **Load** (:func:`probe_loaded`): the env stepped on every worker but one at once while the other
   runs the graph's iteration: how much slower a step gets when samplers share the machine with each
   other and a learner (on a few cores, a sleeping simulator mostly waits for a core to wake it on).
@@ -49,6 +51,9 @@ class Measurements:
     calibration) and achieved env steps/s."""
     loaded: dict[str, Any] = field(default_factory=dict)
     """:func:`probe_loaded`'s result: env steps while other samplers and a learner share the machine."""
+    vector: dict[str, Any] = field(default_factory=dict)
+    """The vector env backends stepped alone (``envs``, ``step_s`` per backend) and the one chosen
+    (``chosen``); empty when the graph's own was the only one to try."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +64,7 @@ class Measurements:
             **{k: data[k] for k in ("fragments", "env", "cluster")},
             loaded=data.get("loaded", {}),
             calibration=data.get("calibration", {}),
+            vector=data.get("vector", {}),
         )
 
     def costs(self, sampler: str, learners: list[str]) -> Costs:
@@ -192,30 +198,40 @@ def busy(policy: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float) -> dict[str, Any]:
-    """Step ``envs`` copies of an env with random actions for about ``seconds``: wall seconds per
-    vector step and the share of them that took this thread's CPU."""
+def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, vector: str = "sync") -> dict[str, Any]:
+    """Step ``envs`` copies of an env with random actions for about ``seconds`` in a ``vector`` env
+    (``sync`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
+
+    The CPU counted is this thread's for ``sync``, and the whole process's for ``envpool``, whose C++
+    threads step the envs (the probe is the only task on its worker meanwhile)."""
     import gymnasium as gym
 
     from dagrl.graph import EnvSpec, _probe_env
 
     _probe_env(EnvSpec(id=env_id, kwargs=kwargs), "env")  # imports the env's module, like a sampler
-    vec = gym.make_vec(env_id.rpartition(":")[2], num_envs=envs, vectorization_mode="sync", **kwargs)
+    if vector == "envpool":
+        from dagrl.vector import EnvPoolVector
+
+        vec = EnvPoolVector(env_id, envs, seed=0, **kwargs)
+        clock = time.process_time
+    else:
+        vec = gym.make_vec(env_id.rpartition(":")[2], num_envs=envs, vectorization_mode=vector, **kwargs)
+        clock = time.thread_time
     try:
         vec.reset(seed=0)
         vec.action_space.seed(0)
         actions = [vec.action_space.sample() for _ in range(64)]
-        steps, t0, c0 = 0, time.perf_counter(), time.thread_time()
+        steps, t0, c0 = 0, time.perf_counter(), clock()
         while steps < 16 or time.perf_counter() - t0 < seconds:
             vec.step(actions[steps % len(actions)])
             steps += 1
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        wall, cpu = time.perf_counter() - t0, clock() - c0
     finally:
         vec.close()
-    return {"envs": envs, "steps": steps, "step_s": wall / steps, "cpu_share": min(1.0, cpu / wall)}
+    return {"envs": envs, "steps": steps, "step_s": wall / steps, "cpu_share": min(1.0, cpu / wall), "vector": vector}
 
 
-def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float) -> dict[str, Any]:
+def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float, vector: str = "sync") -> dict[str, Any]:
     """Env steps while the machine is as busy as a distributed run makes it: ``probe_env(*env)`` on
     every worker but the first, at once, while the first runs ``probe_fragments(*fragments)`` (a
     sampler and learner taking turns). Median seconds per vector step over those workers."""
@@ -223,7 +239,7 @@ def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float) -> d
     if len(workers) < 2:
         return {}
     load = client.submit(probe_fragments, *fragments, seconds, pure=False, workers=workers[:1])
-    steps = [client.submit(probe_env, *env, 0.8 * seconds, pure=False, workers=[w]) for w in workers[1:]]
+    steps = [client.submit(probe_env, *env, 0.8 * seconds, vector, pure=False, workers=[w]) for w in workers[1:]]
     results = client.gather(steps)
     load.result()
     return {

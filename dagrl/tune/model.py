@@ -11,7 +11,8 @@ update (PPO's batch, an off-policy algorithm's steps between learner rounds, so 
 ratio) and every hyperparameter but the off-policy rollout length stay as written, and an ``async``
 candidate's weights lag stays within the graph's own (1 for a graph that is not ``async``). Candidates differ
 in the policy, the number of samplers, envs per sampler and, where the policy decouples them, how
-many collects feed one update (``rollouts_per_update``, ``update_ratio``).
+many collects feed one update (``rollouts_per_update``, ``update_ratio``). All of them use one vector
+env backend (:attr:`Shape.vector`), chosen before the probes this model reads.
 
 The model
 ---------
@@ -41,7 +42,7 @@ and scales every distributed candidate.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["Candidate", "Prediction", "Shape", "candidates", "predict", "rank"]
 
@@ -80,6 +81,9 @@ class Shape:
     """Task round trips on a distributed learner round's critical path: each fragment after the
     samplers' (``update``; a replay's ``add`` and ``sample``), and one for the driver's round trip (under
     ``sync``, which runs ahead of the driver, for ``publish`` after ``update`` instead)."""
+    vector: str = "sync"
+    """The samplers' vector env backend (``roles.<sampler>.vector``): the graph's, until the tuner
+    has measured the backends and chosen one (:func:`dagrl.tune.tuner.choose_vector`)."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +96,13 @@ class Candidate:
     """Vector steps per collect."""
     collects_per_round: int
     """Collects behind one learner update (``rollouts_per_update``; ``1 / update_ratio``)."""
+    vector: str = "sync"
+    """The samplers' vector env backend."""
 
     def describe(self) -> str:
         per = "" if self.policy in ("single", "sync") else f", {self.collects_per_round} collects/update"
-        return f"{self.policy}: {self.samplers} x {self.envs} envs x {self.length} steps{per}"
+        backend = "" if self.vector == "sync" else f", {self.vector}"
+        return f"{self.policy}: {self.samplers} x {self.envs} envs x {self.length} steps{per}{backend}"
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,7 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
             out += [
                 Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts if k <= 2 * total // n
             ]
-        return [c for c in out if lag(c) <= shape.max_lag + 1e-9]
+        return [replace(c, vector=shape.vector) for c in out if lag(c) <= shape.max_lag + 1e-9]
     per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
     for policy in shape.policies:
         for e in per_collect:
@@ -162,7 +169,7 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
                         out.append(Candidate("sync", collects, n, e // n, collects))
                 elif policy in ("apex", "split-learner"):
                     out += [Candidate(policy, k, n, e // n, collects) for k in counts]
-    return out
+    return [replace(c, vector=shape.vector) for c in out]
 
 
 @dataclass(frozen=True)

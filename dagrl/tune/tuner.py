@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,60 @@ def shape_of(graph: Graph) -> Shape:
         max_staleness=options.max_staleness if policy == "async" else 2,
         round_hops=len(stream.insert) + len(stream.learn) + 1,
         max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
+        vector=role.vector,
     )
+
+
+VECTOR_CHOICES = ("sync", "envpool")
+"""Vector env backends the tuner measures and may choose. ``async`` is left to the user: its envs
+step in processes of their own, whose cores the cost model does not count (it would predict them
+free), and a process per env is rarely worth it for the cheap envs a sampler steps in bulk."""
+
+
+def vector_backends(graph: Graph, sampler: str) -> list[str]:
+    """The backends worth measuring for ``graph``'s samplers: the graph's own first, then those of
+    :data:`VECTOR_CHOICES` that can run its env (EnvPool: installed, with the env's task and spaces)."""
+    from dagrl.graph import _check_envpool
+
+    own = graph.role(sampler).vector
+    out = [own]
+    for backend in VECTOR_CHOICES:
+        if backend in out:
+            continue
+        if backend == "envpool":
+            try:
+                _check_envpool(graph.spec.env, (graph.observation_space, graph.action_space), graph.path, "vector")
+            except ConfigError:
+                continue
+        out.append(backend)
+    return out
+
+
+def choose_vector(step_s: dict[str, float], own: str) -> str:
+    """The backend whose vector step took least, unless the graph's ``own`` is within :data:`MARGIN`
+    of it (a faster backend must be clearly faster to change what the graph runs).
+
+    >>> choose_vector({"sync": 1.0e-3, "envpool": 0.5e-3}, "sync")
+    'envpool'
+    >>> choose_vector({"sync": 1.0e-3, "envpool": 0.95e-3}, "sync")
+    'sync'
+    """
+    best = min(step_s, key=lambda b: step_s[b])
+    if own in step_s and step_s[own] * (1 - MARGIN) <= step_s[best]:
+        return own
+    return best
+
+
+def with_vector(data: dict[str, Any], sampler: str, vector: str) -> dict[str, Any]:
+    """Graph mapping ``data`` with its samplers on the ``vector`` backend (``vector_threads`` only
+    kept for EnvPool, the one backend it applies to)."""
+    data = copy.deepcopy(data)
+    role = dict(data.setdefault("roles", {}).get(sampler) or {})
+    role["vector"] = vector
+    if vector != "envpool":
+        role.pop("vector_threads", None)
+    data["roles"][sampler] = role
+    return data
 
 
 def learner_roles(graph: Graph) -> list[str]:
@@ -129,8 +182,8 @@ def candidate_data(data: dict[str, Any], shape: Shape, c: Candidate) -> dict[str
         data["policy"] = {"name": c.policy, "update_ratio": 1.0 / c.collects_per_round}
     else:
         data["policy"] = c.policy
-    roles = data.setdefault("roles", {})
-    roles[shape.sampler] = {**(roles.get(shape.sampler) or {}), "replicas": c.samplers, "envs": c.envs}
+    data = with_vector(data, shape.sampler, c.vector)
+    data["roles"][shape.sampler].update(replicas=c.samplers, envs=c.envs)
     data.setdefault("hyperparameters", {})[shape.length_key] = c.length
     return data
 
@@ -139,7 +192,7 @@ def as_candidate(graph: Graph, sampler: str, length: int, round_steps: int) -> C
     """The graph as written, as a candidate (its policy may be one the tuner does not propose)."""
     role = graph.role(sampler)
     collects = max(1, round_steps // (role.envs * length))
-    return Candidate(graph.spec.policy, role.replicas, role.envs, length, collects)
+    return Candidate(graph.spec.policy, role.replicas, role.envs, length, collects, role.vector)
 
 
 def probe_envs(shape: Shape) -> list[tuple[int, int]]:
@@ -161,10 +214,23 @@ def measure(graph: Graph, data: dict[str, Any], client: Any, shape: Shape, secon
     worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
+    backends = vector_backends(graph, shape.sampler)
+    vector = shape.vector
+    if len(backends) > 1:
+        envs = graph.role(shape.sampler).envs
+        step_s = {}
+        for backend in backends:
+            bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs, {backend} vector env")
+            args = (graph.spec.env.id, graph.spec.env.kwargs, envs, min(2.0, each / 4), backend)
+            step_s[backend] = client.submit(probe_env, *args, pure=False, workers=worker).result()["step_s"]
+            bar.update(1)
+        vector = choose_vector(step_s, shape.vector)
+        m.vector = {"envs": envs, "step_s": step_s, "chosen": vector}
+        data = with_vector(data, shape.sampler, vector)
     for envs, length in points:
         bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs")
         m.env.append(client.submit(probe_env, graph.spec.env.id, graph.spec.env.kwargs, envs, min(2.0, each / 4),
-                                   pure=False, workers=worker).result())  # fmt: skip
+                                   vector, pure=False, workers=worker).result())  # fmt: skip
         bar.update(1)
         bar.set_postfix_str(f"fragments: 1 sampler x {envs} envs x {length} steps")
         probe = (data, graph.path, shape.sampler, envs, (shape.length_key, length), each)
@@ -174,7 +240,7 @@ def measure(graph: Graph, data: dict[str, Any], client: Any, shape: Shape, secon
     bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs on every worker beside a learner")
     full = (data, graph.path, shape.sampler, points[-1][0], (shape.length_key, points[-1][1]))
     env = (graph.spec.env.id, graph.spec.env.kwargs, envs)
-    m.loaded = probe_loaded(client, full, env, max(2.0, 0.2 * seconds))
+    m.loaded = probe_loaded(client, full, env, max(2.0, 0.2 * seconds), vector)
     bar.update(1)
     return m
 
@@ -268,7 +334,9 @@ def tune(
     from tqdm import tqdm
 
     shape = shape_of(graph)
-    steps = (0 if measurements else 2 + 2 * len(probe_envs(shape))) + (n_verify + 2 if n_verify else 0)
+    backends = len(vector_backends(graph, shape.sampler))
+    probes = 2 + 2 * len(probe_envs(shape)) + (backends if backends > 1 else 0)
+    steps = (0 if measurements else probes) + (n_verify + 2 if n_verify else 0)
     with tqdm(total=steps, desc="dagrl tune", disable=not progress, unit="probe", leave=False) as bar:
         if measurements is None:
             from dagrl.clusters import LocalClusterSpec, connect
@@ -276,6 +344,7 @@ def tune(
             local = LocalClusterSpec(workers=min(8, 2 * (os.cpu_count() or 1) + 1))  # samplers and a learner
             with connect(cluster or local, graph) as client:
                 measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar)
+        shape = replace(shape, vector=measurements.vector.get("chosen", shape.vector))
         learners = learner_roles(graph)
         most = max_samplers or min(16, max(2, 4 * int(measurements.cluster.get("cores", 1))))
         if _fixed_workers(cluster):  # runs share the workers there are: the other roles need theirs
@@ -287,7 +356,9 @@ def tune(
         if n_verify and not measurements.calibration:
             bar.set_postfix_str("calibrating on a short distributed run")
             raw = rank(shape, measurements.costs(shape.sampler, learners), most)
-            probe = hand if hand.policy in MODELLED[1:] else next((c for c, _ in raw if c.policy != "single"), None)
+            # the graph as written on the chosen backend: the probes measured that one
+            mine = replace(hand, vector=shape.vector)
+            probe = mine if hand.policy in MODELLED[1:] else next((c for c, _ in raw if c.policy != "single"), None)
             if probe is not None:
                 done[probe] = verify(candidate_data(data, shape, probe), graph.path, cluster, slot)
                 predicted = predict(probe, shape, measurements.costs(shape.sampler, learners)).steps_s
@@ -302,7 +373,7 @@ def tune(
         tuning = Tuning(shape, measurements, ranked, hand=hand)
         if n_verify:
             predicted = dict(ranked)
-            if hand not in predicted and hand.policy in MODELLED:
+            if hand not in predicted and hand.policy in MODELLED and hand.vector == shape.vector:
                 predicted[hand] = predict(hand, shape, measurements.costs(shape.sampler, learners))
             groups: dict[tuple[str, int], list[tuple[Candidate, float]]] = {}  # by (policy, samplers), best first
             for c, p in ranked:
@@ -345,7 +416,7 @@ def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | 
         f"Machine: {cl.get('hosts', 1)} host(s), {c.cores} cores, {cl.get('gpus', 0):g} GPUs, "
         f"{cl.get('workers', 1)} workers probed.",
         f"Kept from {where}: {shape.round_steps} env steps per learner update ({kept}) and every",
-        f"other hyperparameter; changed: policy, roles.{shape.sampler} (replicas, envs), "
+        f"other hyperparameter; changed: policy, roles.{shape.sampler} (replicas, envs, vector), "
         f"hyperparameters.{shape.length_key}.",
         "Measured: a sampler's vector step "
         f"{1e3 * c.step_fixed_s:.3f} ms + {1e3 * c.step_per_env_s:.3f} ms per env "
@@ -354,6 +425,10 @@ def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | 
         f"peer bandwidth {_rate(c.peer_bytes_s)}; beside a learner and other samplers, a collect "
         f"{c.load_slowdown:.2f} x slower with {c.load_samplers}.",
     ]
+    if m.vector:
+        steps = ", ".join(f"{b} {1e3 * t:.3f} ms" for b, t in m.vector["step_s"].items())
+        lines.append(f"Vector env backends, {m.vector['envs']} envs stepped alone, per vector step: {steps}; "
+                     f"chose {m.vector['chosen']}.")  # fmt: skip
     cal = m.calibration
     if cal:
         lines += [
