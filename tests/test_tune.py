@@ -127,21 +127,24 @@ def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir
 
 
 def test_a_clearly_faster_vector_backend_is_chosen_and_written(tmp_path, graphs_dir):
-    assert choose_vector({"sync": 1.0e-3, "envpool": 0.5e-3}, "sync") == "envpool"
-    assert choose_vector({"sync": 1.0e-3, "envpool": 0.95e-3}, "sync") == "sync"  # within 10 %: the graph's
-    assert choose_vector({"sync": 0.95e-3, "envpool": 1.0e-3}, "envpool") == "envpool"
-    assert choose_vector({"sync": 0.5e-3, "envpool": 1.0e-3}, "envpool") == "sync"
+    wall, cpu = {"sync": 1.9e-3, "envpool": 1.2e-3}, {"sync": 1.9e-3, "envpool": 2.0e-3}  # Pong, 4 envs
+    assert choose_vector(wall, cpu, "sync", by_cpu=False) == "envpool"  # spare cores: its threads pay
+    assert choose_vector(wall, cpu, "sync", by_cpu=True) == "sync"  # every core busy: CPU decides
+    assert choose_vector(wall, cpu, "envpool", by_cpu=True) == "envpool"  # within 10 %: the graph's own
+    assert choose_vector({"sync": 1.0e-3, "envpool": 0.95e-3}, cpu, "sync", by_cpu=False) == "sync"
+    assert choose_vector({"sync": 0.5e-3, "envpool": 1.0e-3}, cpu, "envpool", by_cpu=False) == "sync"
     threads = with_vector({"roles": {"sampler": {"vector": "envpool", "vector_threads": 2}}}, "sampler", "sync")
     assert threads["roles"]["sampler"] == {"vector": "sync"}  # vector_threads is EnvPool's only
 
     saved, out = tmp_path / "m.json", tmp_path / "t.yaml"
-    vector = {"envs": 8, "step_s": {"sync": 1.5e-4, "envpool": 0.5e-4}, "chosen": "envpool"}
+    vector = {"envs": 8, "step_s": {"sync": 1.5e-4, "envpool": 0.5e-4}, "cpu_s": {"sync": 1.5e-4, "envpool": 0.9e-4},
+              "by": "cpu", "chosen": "envpool"}  # fmt: skip
     saved.write_text(json.dumps({**synthetic(), "vector": vector}))
     args = ["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--from", str(saved), "--verify", "0", "--out", str(out)]
     assert main([*args, "--quiet"]) == 0
     assert load_graph(out).role("sampler").vector == "envpool"
     text = out.read_text()
-    assert "sync 0.150 ms, envpool 0.050 ms; chose envpool" in text
+    assert "sync 0.150 ms (0.150 ms CPU), envpool 0.050 ms (0.090 ms CPU);" in text and "chose envpool by cpu" in text
     assert all("envpool" in line for line in text.splitlines() if line.startswith("#  ") and "steps" in line)
 
 
@@ -164,6 +167,7 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     assert m["cluster"]["workers"] == 3 and m["cluster"]["cores"] >= 1 and m["cluster"]["hop_s"] > 0
     assert sorted(p["envs"] for p in m["fragments"]) == [1, 8]
     assert set(m["vector"]["step_s"]) == {"sync", "envpool"} and min(m["vector"]["step_s"].values()) > 0
+    assert min(m["vector"]["cpu_s"].values()) > 0 and m["vector"]["by"] in ("cpu", "wall")
     assert all(p["vector"] == m["vector"]["chosen"] for p in m["env"])  # the probes ran on the chosen one
     assert all(p["busy"]["sampler"]["step_s"] > 0 and p["busy"]["learner"]["round_s"] > 0 for p in m["fragments"])
     report = capsys.readouterr().out.splitlines()

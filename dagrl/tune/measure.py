@@ -52,8 +52,9 @@ class Measurements:
     loaded: dict[str, Any] = field(default_factory=dict)
     """:func:`probe_loaded`'s result: env steps while other samplers and a learner share the machine."""
     vector: dict[str, Any] = field(default_factory=dict)
-    """The vector env backends stepped alone (``envs``, ``step_s`` per backend) and the one chosen
-    (``chosen``); empty when the graph's own was the only one to try."""
+    """The vector env backends stepped alone (``envs``; ``step_s`` and ``cpu_s`` per vector step, by
+    backend), whether the choice went by CPU (``by``) and the one chosen (``chosen``); empty when the
+    graph's own was the only one to try."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,7 +229,14 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         wall, cpu = time.perf_counter() - t0, clock() - c0
     finally:
         vec.close()
-    return {"envs": envs, "steps": steps, "step_s": wall / steps, "cpu_share": min(1.0, cpu / wall), "vector": vector}
+    return {
+        "envs": envs,
+        "steps": steps,
+        "step_s": wall / steps,
+        "cpu_s": cpu / steps,
+        "cpu_share": min(1.0, cpu / wall),
+        "vector": vector,
+    }
 
 
 def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float, vector: str = "sync") -> dict[str, Any]:
