@@ -10,6 +10,7 @@ Their names and options are data in :mod:`dagrl.distribution`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dagrl.policies.base import Policy, StepResult
@@ -19,7 +20,7 @@ from dagrl.policies.single import Single
 from dagrl.policies.streaming import Apex, Async, SplitLearner
 from dagrl.policies.sync import Sync
 from dagrl.runtime.executor import Executor
-from dagrl.runtime.hosts import start_actors, start_local, start_one
+from dagrl.runtime.hosts import Start, start_actors, start_local, start_one
 from dagrl.runtime.supervisor import Supervisor
 
 POLICIES: dict[str, type[Policy]] = {
@@ -43,16 +44,16 @@ def build_policy(
     ``client`` is a ``distributed.Client`` for every policy but ``single``; ``run_dir`` is where
     roles without their own ``path`` keep on-disk data; ``env_steps``: the run's so far (a resume).
     """
-    run_dir = None if run_dir is None else str(run_dir)
+    begin = Start(seed_offset, None if run_dir is None else str(run_dir), env_steps)
     cls = POLICIES[graph.spec.policy]
     if not cls.distributed:
-        return cls(graph, start_local(graph, seed_offset, run_dir, env_steps))
+        return cls(graph, start_local(graph, begin))
     if client is None:
         raise ValueError(f"policy {cls.name} needs a Dask client")
-    hosts = start_actors(client, graph, seed_offset, run_dir=run_dir, env_steps=env_steps)
+    hosts = start_actors(client, graph, begin)
 
     def start(role: str, index: int, address: str, offset: int, steps: int) -> Any:
-        return start_one(client, graph, role, index, address, offset, run_dir, steps)
+        return start_one(client, graph, role, index, address, replace(begin, seed_offset=offset, env_steps=steps))
 
     supervisor = Supervisor(client, graph, hosts, start, seed_offset)
     supervisor.env_steps = env_steps

@@ -114,6 +114,18 @@ def role_path(graph: Graph, role: str, index: int, run_dir: str | None) -> str |
     return None if run_dir is None else os.path.join(run_dir, f"{role}-{index}")
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where role replicas start within their run (the same for every replica started at once)."""
+
+    seed_offset: int = 0
+    """Shifts every seed: a resume or a replacement does not replay the env streams of the start."""
+    run_dir: str | None = None
+    """The run's directory (a role's ``path`` defaults to ``<run_dir>/<role>-<index>``)."""
+    env_steps: int = 0
+    """The run's env steps so far: schedules (random phase, epsilon) go on from there."""
+
+
 def role_context(
     graph: Graph, role: str, index: int, seed_offset: int = 0, run_dir: str | None = None, env_steps: int = 0
 ) -> RoleContext:
@@ -142,10 +154,8 @@ def role_context(
     )
 
 
-def _host_args(
-    graph: Graph, role: str, index: int, seed_offset: int, run_dir: str | None, env_steps: int = 0
-) -> tuple[tuple, dict]:
-    ctx = role_context(graph, role, index, seed_offset, run_dir, env_steps)
+def _host_args(graph: Graph, role: str, index: int, start: Start) -> tuple[tuple, dict]:
+    ctx = role_context(graph, role, index, start.seed_offset, start.run_dir, start.env_steps)
     args = (graph.spec.algorithm, role, ctx, graph.config)
     kwargs = {
         "wants_gpu": graph.role(role).gpus > 0,
@@ -156,15 +166,14 @@ def _host_args(
     return args, kwargs
 
 
-def start_local(
-    graph: Graph, seed_offset: int = 0, run_dir: str | None = None, env_steps: int = 0
-) -> dict[str, list[Handle]]:
-    """Every role replica as an in-process :class:`RoleHost` (``env_steps``: the run's so far)."""
+def start_local(graph: Graph, start: Start | None = None) -> dict[str, list[Handle]]:
+    """Every role replica as an in-process :class:`RoleHost`."""
+    start = start or Start()
     hosts: dict[str, list[Handle]] = {}
     for role in graph.active_roles:
         hosts[role] = []
         for i in range(graph.role(role).replicas):
-            args, kwargs = _host_args(graph, role, i, seed_offset, run_dir, env_steps)
+            args, kwargs = _host_args(graph, role, i, start)
             hosts[role].append(Handle(role, i, RoleHost(*args, **kwargs)))
     _log_devices(hosts)
     return hosts
@@ -183,7 +192,7 @@ def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
     for role, states in roles.items():
         if algo.roles[role].many or not any(s is not None for s in states or []):
             continue
-        args, kwargs = _host_args(graph, role, 0, 0, None)
+        args, kwargs = _host_args(graph, role, 0, Start())
         try:
             host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
             host.load_state_dict(states[0])
@@ -194,20 +203,14 @@ def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
 
 
 def start_actors(
-    client: Any,
-    graph: Graph,
-    seed_offset: int = 0,
-    roles: list[str] | None = None,
-    run_dir: str | None = None,
-    env_steps: int = 0,
+    client: Any, graph: Graph, start: Start | None = None, roles: list[str] | None = None
 ) -> dict[str, list[Handle]]:
     """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
+    start = start or Start()
     workers = client.scheduler_info(n_workers=-1)["workers"]
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
     placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
-    futures = {
-        key: _submit(client, graph, *key, addr, seed_offset, run_dir, env_steps) for key, addr in placement.items()
-    }
+    futures = {key: _submit(client, graph, *key, addr, start) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
         actor = _started(client, fut, placement[(role, i)], f"{role}[{i}]")
@@ -234,18 +237,9 @@ def _started(client: Any, fut: Any, address: str, what: str) -> Any:
                 raise RuntimeError(f"{what}: actor not started on {address} in {ACTOR_START_TIMEOUT_S:g} s") from None
 
 
-def start_one(
-    client: Any,
-    graph: Graph,
-    role: str,
-    index: int,
-    address: str,
-    seed_offset: int,
-    run_dir: str | None,
-    env_steps: int = 0,
-) -> Handle:
+def start_one(client: Any, graph: Graph, role: str, index: int, address: str, start: Start) -> Handle:
     """One role replica as a Dask actor on ``address`` (a replacement for a failed one)."""
-    fut = _submit(client, graph, role, index, address, seed_offset, run_dir, env_steps)
+    fut = _submit(client, graph, role, index, address, start)
     try:
         return Handle(role, index, _started(client, fut, address, f"{role}[{index}]"), address, fut, host_id=fut.key)
     except BaseException:
@@ -253,17 +247,8 @@ def start_one(
         raise
 
 
-def _submit(
-    client: Any,
-    graph: Graph,
-    role: str,
-    index: int,
-    address: str,
-    seed_offset: int,
-    run_dir: str | None,
-    env_steps: int = 0,
-) -> Any:
-    args, kwargs = _host_args(graph, role, index, seed_offset, run_dir, env_steps)
+def _submit(client: Any, graph: Graph, role: str, index: int, address: str, start: Start) -> Any:
+    args, kwargs = _host_args(graph, role, index, start)
     key = f"host-{role}-{index}-{uuid.uuid4().hex}"  # also the host's id on its worker
     return client.submit(
         RoleHost, *args, **kwargs, host_id=key, actor=True, workers=[address], allow_other_workers=False, key=key
