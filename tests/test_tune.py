@@ -13,7 +13,16 @@ from dagrl.graph import load_graph, resolve_graph
 from dagrl.schema import read_yaml
 from dagrl.tune.measure import Measurements
 from dagrl.tune.model import Candidate, Costs, Shape, candidates, predict, rank
-from dagrl.tune.tuner import Result, Tuning, candidate_data, choose_vector, nearest, shape_of, with_vector
+from dagrl.tune.tuner import (
+    Result,
+    Tuning,
+    candidate_data,
+    choose_vector,
+    nearest,
+    shape_of,
+    vector_backends,
+    with_vector,
+)
 
 PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,
             policies=("single", "sync", "async"), step_bytes=40, round_hops=3)  # fmt: skip
@@ -133,6 +142,9 @@ def test_a_clearly_faster_vector_backend_is_chosen_and_written(tmp_path, graphs_
     assert choose_vector(wall, cpu, "envpool", by_cpu=True) == "envpool"  # within 10 %: the graph's own
     assert choose_vector({"sync": 1.0e-3, "envpool": 0.95e-3}, cpu, "sync", by_cpu=False) == "sync"
     assert choose_vector({"sync": 0.5e-3, "envpool": 1.0e-3}, cpu, "envpool", by_cpu=False) == "sync"
+    async_graph = load_graph(f"{graphs_dir}/ppo-cartpole.yaml", ["roles.sampler.vector=async"])
+    assert vector_backends(async_graph, "sampler") == ["async"]  # its CPU is in other processes: kept
+    assert vector_backends(load_graph(f"{graphs_dir}/ppo-cartpole.yaml"), "sampler") == ["sync", "envpool"]
     threads = with_vector({"roles": {"sampler": {"vector": "envpool", "vector_threads": 2}}}, "sampler", "sync")
     assert threads["roles"]["sampler"] == {"vector": "sync"}  # vector_threads is EnvPool's only
 

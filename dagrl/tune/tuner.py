@@ -118,11 +118,14 @@ free), and a process per env is rarely worth it for the cheap envs a sampler ste
 
 def vector_backends(graph: Graph, sampler: str) -> list[str]:
     """The backends worth measuring for ``graph``'s samplers: the graph's own first, then those of
-    :data:`VECTOR_CHOICES` that can run its env (EnvPool: installed, with the env's task and spaces)."""
+    :data:`VECTOR_CHOICES` that can run its env (EnvPool: installed, with the env's task and spaces).
+    A graph on ``async`` keeps it: the probes could not compare its CPU, spent in other processes."""
     from dagrl.graph import _check_envpool
 
     own = graph.role(sampler).vector
     out = [own]
+    if own not in VECTOR_CHOICES:
+        return out
     for backend in VECTOR_CHOICES:
         if backend in out:
             continue
