@@ -215,8 +215,11 @@ def probe_envs(shape: Shape) -> list[tuple[int, int]]:
     return sorted({(1, shape.round_steps), (most, shape.round_steps // most)})
 
 
-def measure(graph: Graph, data: dict[str, Any], client: Any, shape: Shape, seconds: float, bar: Any) -> Measurements:
-    """Every probe of :mod:`.measure`, on one worker of ``client``'s cluster (``seconds`` in all)."""
+def measure(
+    graph: Graph, data: dict[str, Any], client: Any, shape: Shape, seconds: float, bar: Any, backends: list[str]
+) -> Measurements:
+    """Every probe of :mod:`.measure`, on one worker of ``client``'s cluster (``seconds`` in all);
+    ``backends``: the vector env backends to compare first (:func:`vector_backends`)."""
     m = Measurements()
     bar.set_postfix_str("cluster: cores, task round trip, bandwidth")
     m.cluster = probe_cluster(client)
@@ -224,7 +227,6 @@ def measure(graph: Graph, data: dict[str, Any], client: Any, shape: Shape, secon
     worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
-    backends = vector_backends(graph, shape.sampler)
     vector = shape.vector
     if len(backends) > 1:
         envs = graph.role(shape.sampler).envs
@@ -346,8 +348,8 @@ def tune(
     from tqdm import tqdm
 
     shape = shape_of(graph)
-    backends = len(vector_backends(graph, shape.sampler))
-    probes = 2 + 2 * len(probe_envs(shape)) + (backends if backends > 1 else 0)
+    backends = [] if measurements else vector_backends(graph, shape.sampler)
+    probes = 2 + 2 * len(probe_envs(shape)) + (len(backends) if len(backends) > 1 else 0)
     steps = (0 if measurements else probes) + (n_verify + 2 if n_verify else 0)
     with tqdm(total=steps, desc="dagrl tune", disable=not progress, unit="probe", leave=False) as bar:
         if measurements is None:
@@ -355,7 +357,7 @@ def tune(
 
             local = LocalClusterSpec(workers=min(8, 2 * (os.cpu_count() or 1) + 1))  # samplers and a learner
             with connect(cluster or local, graph) as client:
-                measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar)
+                measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar, backends)
         shape = replace(shape, vector=measurements.vector.get("chosen", shape.vector))
         learners = learner_roles(graph)
         most = max_samplers or min(16, max(2, 4 * int(measurements.cluster.get("cores", 1))))
