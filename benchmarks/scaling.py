@@ -18,6 +18,9 @@ first metrics row after the warm-up and the last. Learner work is kept small and
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout.
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
+* **plain || k**: k such loops at once, one process each, no Dask: what the machine itself allows k
+  samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
+  is a policy's throughput over it: the framework's share of the loss, apart from the machine's.
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
   envs), same n_steps and one epoch, timed the same way.
 """
@@ -28,6 +31,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from _common import emit, table
 
@@ -109,6 +113,40 @@ def plain_loop(args: argparse.Namespace, cost: str) -> float:
     return done / (time.perf_counter() - t0)
 
 
+def _plain_process(args: argparse.Namespace, cost: str, index: int, start: Any, out: Any) -> None:
+    """One of :func:`plain_parallel`'s loops: built, then timed from the moment every loop is built."""
+    import torch
+
+    torch.set_num_threads(1)
+    env_kwargs = {"step_ms": args.step_ms, "cost": cost}
+    ctx = RoleContext("sampler", index, 1, seed=index, env_id=ENV, num_envs=args.envs, env_kwargs=env_kwargs)
+    state = ppo.sampler(ctx, ppo.Config(num_steps=NUM_STEPS))
+    weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
+    ppo.collect(state, weights)
+    start.wait()
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        done += ppo.collect(state, weights).env_steps
+    out.put(done / (time.perf_counter() - t0))
+
+
+def plain_parallel(k: int, args: argparse.Namespace, cost: str) -> float:
+    """Total env steps/s of ``k`` plain loops running at once in ``k`` processes (spawned: this
+    process runs a LocalCluster's threads, which a fork would copy mid-flight)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(k), ctx.Queue()
+    procs = [ctx.Process(target=_plain_process, args=(args, cost, i, start, out), daemon=True) for i in range(k)]
+    for proc in procs:
+        proc.start()
+    try:
+        return sum(out.get(timeout=args.seconds + 300) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+
+
 def sb3(k: int, args: argparse.Namespace, cost: str) -> float:
     import gymnasium as gym
     import torch
@@ -186,12 +224,15 @@ def main() -> None:
             base: dict[str, float] = {}
             for k in ks[cost]:
                 row = {"cost": cost, "samplers": k, "envs": k * args.envs, "plain x k": plain * k}
+                row["plain || k"] = plain if k == 1 else plain_parallel(k, args, cost)
+                print(f"[{cost}] plain || {k}: {row['plain || k']:,.0f} steps/s", flush=True)
                 for policy in args.policies:
                     r = dagrl(policy, k, args, cost, client, root)
                     base.setdefault(policy, r["steps_s"])
                     row[policy] = r["steps_s"]
                     row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
                     row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
+                    row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
                     cpu = r["driver_cpu_ms_per_1k_steps"]
                     print(
@@ -205,9 +246,9 @@ def main() -> None:
                     for policy in args.policies:
                         row[f"{policy}/sb3"] = row[policy] / row["sb3"]
                 rows.append(row)
-    cols = ["cost", "samplers", "envs", "plain x k"]
+    cols = ["cost", "samplers", "envs", "plain x k", "plain || k"]
     for policy in args.policies:
-        cols += [policy, f"{policy} eff", f"{policy} cpu"]
+        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
     print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler;")

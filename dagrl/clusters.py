@@ -55,6 +55,8 @@ class LocalClusterSpec:
     profile: bool = False
     """Dask's statistical profiler in each worker; it samples every thread's stack every 10 ms, which
     cost Python-heavy samplers ~15-20 % of their throughput here, so it is off unless asked for."""
+    quiet: bool = True
+    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`; ``false``: Dask's own."""
 
     def __post_init__(self) -> None:
         if self.workers != "auto" and self.workers < 1:
@@ -316,12 +318,30 @@ def untrimmed() -> Iterator[None]:
         yield
 
 
+QUIET_CONFIG = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "500ms",
+    "distributed.scheduler.work-stealing": False,
+}
+"""Dask's periodic callbacks on dagrl's local clusters (Dask's defaults: 20 ms, 500 ms, 100 ms, on).
+
+Every worker, every nanny and the scheduler run them, and the nannies and the scheduler share the
+driver's process. An idle LocalCluster of 9 workers used 0.26 cores of this 2-core machine with
+Dask's defaults and 0.05 with these (BENCHMARKS.md). The tick only measures event-loop stalls, the
+system monitor feeds the dashboard's CPU and memory plots, the memory monitor enforces the worker's
+memory limit (within half a second instead of a tenth), and work stealing moves tasks that may run
+elsewhere, which no dagrl task may: each is pinned to its role's worker.
+"""
+
+
 def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     """A LocalCluster of worker processes for ``n_actors`` role actors (one each with ``workers: auto``).
 
     Workers ignore a terminal's Ctrl-C (see ``dagrl.runtime.preload``), advertise ``GPU`` when
     this machine has CUDA devices, and start without Dask's ``MALLOC_TRIM_THRESHOLD_``
-    (:data:`WORKER_ENVIRON_NOTE`).
+    (:data:`WORKER_ENVIRON_NOTE`). With ``spec.quiet`` the scheduler, nannies and workers keep
+    house at the intervals of :data:`QUIET_CONFIG`.
     """
     import dask
     from distributed import LocalCluster
@@ -331,7 +351,8 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
-    with untrimmed(), dask.config.set({"distributed.worker.profile.enabled": spec.profile}):
+    config = {"distributed.worker.profile.enabled": spec.profile, **(QUIET_CONFIG if spec.quiet else {})}
+    with untrimmed(), dask.config.set(config):
         cluster = LocalCluster(
             n_workers=n_workers - gpus,
             threads_per_worker=spec.threads_per_worker,

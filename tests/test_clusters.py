@@ -119,6 +119,9 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
         trim = client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_")
         assert set(trim.values()) == {None}, trim
         assert set(client.run(os.environ.get, "OMP_NUM_THREADS").values()) == {"1"}
+        # Dask's housekeeping at dagrl's calmer intervals, GPU workers included (clusters.QUIET_CONFIG)
+        assert set(client.run(housekeeping).values()) == {("1s", "500ms", "2s")}
+        assert "stealing" not in client.run_on_scheduler(scheduler_extensions)
         policy = build_policy(graph, client)
         try:
             by_role = {(a["role"], a["index"]): a for a in policy.actors()}
@@ -136,6 +139,31 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
     for role in ("sampler", "replay"):
         assert by_role[(role, 0)]["address"] not in gpu
         assert "CUDA_VISIBLE_DEVICES" not in by_role[(role, 0)]["env"]
+
+
+def housekeeping() -> tuple[str, str, str]:
+    import dask
+
+    get = dask.config.get
+    return (
+        get("distributed.admin.tick.interval"),
+        get("distributed.worker.memory.monitor-interval"),
+        get("distributed.admin.system-monitor.interval"),
+    )
+
+
+def scheduler_extensions(dask_scheduler) -> list[str]:
+    return list(dask_scheduler.extensions)
+
+
+def test_quiet_false_keeps_dasks_own_housekeeping():
+    from distributed import Client
+
+    from dagrl.clusters import local_cluster
+
+    with local_cluster(LocalClusterSpec(quiet=False, dashboard_address=":0"), 1) as cluster, Client(cluster) as client:
+        assert set(client.run(housekeeping).values()) == {("20ms", "100ms", "500ms")}
+        assert "stealing" in client.run_on_scheduler(scheduler_extensions)
 
 
 def test_a_run_on_a_cluster_with_dasks_trim_threshold_says_how_to_start_it(tmp_path):
