@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -156,7 +157,8 @@ def test_a_clearly_faster_vector_backend_is_chosen_and_written(tmp_path, graphs_
     assert main([*args, "--quiet"]) == 0
     assert load_graph(out).role("sampler").vector == "envpool"
     text = out.read_text()
-    assert "sync 0.150 ms (0.150 ms CPU), envpool 0.050 ms (0.090 ms CPU);" in text and "chose envpool by cpu" in text
+    assert "sync 0.150 ms (0.150 ms CPU), envpool 0.050 ms (0.090 ms CPU);" in text
+    assert "the probes ran on envpool (chosen by cpu time)" in text
     assert all("envpool" in line for line in text.splitlines() if line.startswith("#  ") and "steps" in line)
 
 
@@ -205,3 +207,58 @@ def test_async_graph_with_samplers_the_rate_limiter_idles_is_warned(graphs_dir, 
     with caplog.at_level("WARNING", logger="dagrl"):
         load_graph(f"{graphs_dir}/ppo-cartpole.yaml", ["roles.sampler.replicas=4"])
     assert "collects at once" not in caplog.text
+
+
+def two_backends() -> dict:
+    """Probes on ``sync``; a costly env that EnvPool steps dearer alone but far cheaper per added env."""
+
+    def env(vector: str, envs: int, step_s: float, cpu: float = 1.0) -> dict:
+        return {"envs": envs, "steps": 1000, "step_s": step_s, "cpu_s": cpu * step_s, "cpu_share": cpu,
+                "vector": vector}  # fmt: skip
+
+    probe = {"iterations": 10, "env_steps": 2560, "wall_s": 1.0}
+    sync = [env("sync", 1, 1e-4), env("sync", 16, 16e-4)]
+    pool = [env("envpool", 1, 2e-4, 1.0), env("envpool", 16, 3.5e-4, 1.5)]
+    return Measurements(
+        fragments=[  # a collect: acting (1.5e-4 s at 1 env, 2.5e-4 at 16) plus the env on `sync`
+            {**probe, "envs": 1, "length": 32, "busy": {"sampler": {"round_s": 0.01, "step_s": 2.5e-4},
+                                                        "learner": {"round_s": 0.004}}},
+            {**probe, "envs": 16, "length": 32, "busy": {"sampler": {"round_s": 0.02, "step_s": 18.5e-4},
+                                                         "learner": {"round_s": 0.06}}},
+        ],
+        env=sync,
+        cluster={"cores": 2, "hosts": 1, "workers": 3, "gpus": 0, "hop_s": 0.012, "task_cpu_s": 0.012,
+                 "peer_bytes_s": 8e8},
+        vector={"envs": 8, "step_s": {"sync": 8e-4, "envpool": 2.8e-4}, "cpu_s": {"sync": 8e-4, "envpool": 4.2e-4},
+                "by": "wall", "chosen": "sync", "probes": {"sync": sync, "envpool": pool}},
+    ).to_dict()  # fmt: skip
+
+
+def test_a_candidate_on_another_backend_has_its_env_time_swapped_in(tmp_path, graphs_dir):
+    m = Measurements.from_dict(two_backends())
+    sync, pool = m.costs("sampler", ["learner"]), m.costs("sampler", ["learner"], "envpool")
+    assert m.costs("sampler", ["learner"], "sync") == sync  # the probes' own backend: as measured
+    step = {n: (c.step_fixed_s + n * c.step_per_env_s) for c in (pool,) for n in (1, 16)}
+    assert step[1] == pytest.approx(2.5e-4 - 1e-4 + 2e-4)  # acting as probed, EnvPool's env
+    assert step[16] == pytest.approx(18.5e-4 - 16e-4 + 3.5e-4)
+    assert pool.env_cpu == 1.5 and sync.env_cpu == 1.0  # EnvPool's threads: more than a core while stepping
+    shape = replace(PPO, vector="sync", vectors=("sync", "envpool"))
+    ranked = dict(rank(shape, {"sync": sync, "envpool": pool}, max_samplers=4))
+    assert {c.vector for c in ranked} == {"sync", "envpool"}
+    for c, p in ranked.items():  # the same setting on each backend: EnvPool's collects pay off with envs
+        if c.vector == "sync":
+            other = ranked[replace(c, vector="envpool")].collect_s
+            assert other < p.collect_s if c.envs >= 4 else other > p.collect_s, c
+    best = {v: max(p.steps_s for c, p in ranked.items() if c.vector == v) for v in ("sync", "envpool")}
+    assert best["envpool"] > 1.1 * best["sync"]
+    # equally near the graph as written and within 10 %: its own backend; clearly faster: the other
+    hand, same = Candidate("sync", 2, 8, 32, 2), Candidate("sync", 2, 8, 32, 2, "envpool")
+    assert nearest([(same, 105.0), (hand, 100.0)], hand) == hand
+    assert nearest([(same, 120.0), (hand, 100.0)], hand) == same
+    # from saved measurements: the probes ran on sync, the tuned graph steps EnvPool
+    saved, out = tmp_path / "m.json", tmp_path / "t.yaml"
+    saved.write_text(json.dumps(two_backends()))
+    args = ["tune", f"{graphs_dir}/ppo-cartpole.yaml", "--from", str(saved), "--verify", "0", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    tuned = load_graph(out)
+    assert tuned.role("sampler").vector == "envpool" and tuned.role("sampler").envs >= 4

@@ -6,8 +6,9 @@
   round, with the graph's own networks, batch sizes and devices.
 * **Envs** (:func:`probe_env`): a vector env stepped with random actions, its wall and CPU time: how
   much of a step takes a core (a simulator that waits on something else does not). Each vector env
-  backend the graph could use is stepped this way first, at the graph's envs per sampler; every
-  other probe then uses the backend chosen from these (:func:`dagrl.tune.tuner.choose_vector`).
+  backend the graph could use is stepped this way, at the envs counts of the fragment probes; every
+  other probe then uses the backend chosen from these (:func:`dagrl.tune.tuner.choose_vector`), and
+  a candidate on another backend has its env time swapped for that backend's (:meth:`Measurements.costs`).
 * **Load** (:func:`probe_loaded`): the env stepped on every worker but one at once while the other
   runs the graph's iteration: how much slower a step gets when samplers share the machine with each
   other and a learner (on a few cores, a sleeping simulator mostly waits for a core to wake it on).
@@ -52,9 +53,10 @@ class Measurements:
     loaded: dict[str, Any] = field(default_factory=dict)
     """:func:`probe_loaded`'s result: env steps while other samplers and a learner share the machine."""
     vector: dict[str, Any] = field(default_factory=dict)
-    """The vector env backends stepped alone (``envs``; ``step_s`` and ``cpu_s`` per vector step, by
-    backend), whether the choice went by CPU (``by``) and the one chosen (``chosen``); empty when the
-    graph's own was the only one to try."""
+    """The vector env backends stepped alone: each one's :func:`probe_env` results at the fragment
+    probes' envs counts (``probes``), its ``step_s`` and ``cpu_s`` per vector step at the graph's
+    ``envs`` (on the line through them), whether the choice of the backend every other probe ran on
+    went by CPU (``by``) and that backend (``chosen``); empty when the graph's own was the only one."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,27 +70,32 @@ class Measurements:
             vector=data.get("vector", {}),
         )
 
-    def costs(self, sampler: str, learners: list[str]) -> Costs:
+    def costs(self, sampler: str, learners: list[str], vector: str | None = None) -> Costs:
         """The model's view: a line through the fragment probes' seconds per vector step against envs;
-        ``learners`` are the roles ``split-learner`` runs at once."""
+        ``learners`` are the roles ``split-learner`` runs at once.
+
+        ``vector``: for samplers on that backend instead of the one the probes ran on. Their collect
+        is the probed one with the env's seconds swapped for that backend's (both as lines through
+        the env probes at the same envs counts); acting, the learner and the cluster stay as measured."""
         points = sorted((p["envs"], p["busy"][sampler]["step_s"]) for p in self.fragments)
-        if len(points) == 1 or points[0][0] == points[-1][0]:
-            fixed, per_env = 0.0, points[-1][1] / points[-1][0]
-        else:
-            (n0, s0), (n1, s1) = points[0], points[-1]
-            per_env = max(0.0, (s1 - s0) / (n1 - n0))
-            fixed = max(0.0, s0 - per_env * n0)
+        fixed, per_env = line(points)
+        env_points = sorted(self.env, key=lambda e: e["envs"])
+        probes = self.vector.get("probes", {})
+        theirs = env_points
+        if vector in probes and vector != self.vector.get("chosen") and env_points:
+            theirs = sorted(probes[vector], key=lambda e: e["envs"])
+            (mine_0, mine_1), (their_0, their_1) = env_line(env_points), env_line(theirs)
+            fixed, per_env = max(0.0, fixed + their_0 - mine_0), max(0.0, per_env + their_1 - mine_1)
         full = max(self.fragments, key=lambda p: p["envs"])  # the probe with the graph's own batch
         roles = {r: v["round_s"] for r, v in full["busy"].items() if r != sampler}
         overlap = sum(s for r, s in roles.items() if r not in learners) + max(
             (roles.get(r, 0.0) for r in learners), default=0.0
         )
-        env_points = sorted(self.env, key=lambda e: e["envs"])
-        biggest = env_points[-1] if env_points else None
         slowdown, at = 1.0, 1
-        if self.loaded and env_points:
+        if self.loaded and env_points:  # measured on the probed backend
             alone = env_step_s(env_points, self.loaded["envs"])
             slowdown, at = max(1.0, self.loaded["step_s"] / alone), self.loaded["samplers"]
+        biggest = theirs[-1] if theirs else None
         env_share = 0.0
         if biggest is not None:
             step_s = fixed + per_env * biggest["envs"]
@@ -110,9 +117,24 @@ class Measurements:
         )
 
 
-def env_step_s(points: list[dict[str, Any]], envs: int) -> float:
+def line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(a, b)`` of seconds ``a + b * envs`` through the first and last ``(envs, seconds)`` points
+    (through the origin for one point), neither below zero."""
+    if len(points) == 1 or points[0][0] == points[-1][0]:
+        return 0.0, points[-1][1] / points[-1][0]
+    (n0, s0), (n1, s1) = points[0], points[-1]
+    per_env = max(0.0, (s1 - s0) / (n1 - n0))
+    return max(0.0, s0 - per_env * n0), per_env
+
+
+def env_line(points: list[dict[str, Any]], key: str = "step_s") -> tuple[float, float]:
+    """:func:`line` through env probes, sorted by envs (``key``: ``step_s`` or ``cpu_s``)."""
+    return line([(p["envs"], p[key]) for p in points])
+
+
+def env_step_s(points: list[dict[str, Any]], envs: int, key: str = "step_s") -> float:
     """Seconds per vector step of ``envs`` envs alone, on the line through the env probes."""
-    (n0, s0), (n1, s1) = (points[0]["envs"], points[0]["step_s"]), (points[-1]["envs"], points[-1]["step_s"])
+    (n0, s0), (n1, s1) = (points[0]["envs"], points[0][key]), (points[-1]["envs"], points[-1][key])
     if n1 == n0:
         return s1 * envs / n1
     return s0 + (s1 - s0) * (envs - n0) / (n1 - n0)
@@ -204,7 +226,8 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
     (``sync`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
 
     The CPU counted is this thread's for ``sync``, and the whole process's for ``envpool``, whose C++
-    threads step the envs (the probe is the only task on its worker meanwhile)."""
+    threads step the envs (the probe is the only task on its worker meanwhile); with several threads
+    stepping, the share can pass 1."""
     import gymnasium as gym
 
     from dagrl.graph import EnvSpec, _probe_env
@@ -234,7 +257,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         "steps": steps,
         "step_s": wall / steps,
         "cpu_s": cpu / steps,
-        "cpu_share": min(1.0, cpu / wall),
+        "cpu_share": cpu / wall if vector == "envpool" else min(1.0, cpu / wall),
         "vector": vector,
     }
 

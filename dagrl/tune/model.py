@@ -11,8 +11,10 @@ update (PPO's batch, an off-policy algorithm's steps between learner rounds, so 
 ratio) and every hyperparameter but the off-policy rollout length stay as written, and an ``async``
 candidate's weights lag stays within the graph's own (1 for a graph that is not ``async``). Candidates differ
 in the policy, the number of samplers, envs per sampler and, where the policy decouples them, how
-many collects feed one update (``rollouts_per_update``, ``update_ratio``). All of them use one vector
-env backend (:attr:`Shape.vector`), chosen before the probes this model reads.
+many collects feed one update (``rollouts_per_update``, ``update_ratio``), and the vector env backend
+among those measured (:attr:`Shape.vectors`): the probes run on one (:attr:`Shape.vector`), and a
+candidate on another has its env's seconds swapped for that backend's
+(:meth:`~dagrl.tune.measure.Measurements.costs`).
 
 The model
 ---------
@@ -42,6 +44,7 @@ and scales every distributed candidate.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 __all__ = ["Candidate", "Prediction", "Shape", "candidates", "predict", "rank"]
@@ -82,8 +85,10 @@ class Shape:
     samplers' (``update``; a replay's ``add`` and ``sample``), and one for the driver's round trip (under
     ``sync``, which runs ahead of the driver, for ``publish`` after ``update`` instead)."""
     vector: str = "sync"
-    """The samplers' vector env backend (``roles.<sampler>.vector``): the graph's, until the tuner
-    has measured the backends and chosen one (:func:`dagrl.tune.tuner.choose_vector`)."""
+    """The samplers' vector env backend (``roles.<sampler>.vector``) the probes ran on: the graph's,
+    until the tuner has measured the backends and chosen one (:func:`dagrl.tune.tuner.choose_vector`)."""
+    vectors: tuple[str, ...] = ()
+    """The backends candidates may use (each measured); empty: :attr:`vector` alone."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
             out += [
                 Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts if k <= 2 * total // n
             ]
-        return [replace(c, vector=shape.vector) for c in out if lag(c) <= shape.max_lag + 1e-9]
+        return on_backends([c for c in out if lag(c) <= shape.max_lag + 1e-9], shape)
     per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
     for policy in shape.policies:
         for e in per_collect:
@@ -169,7 +174,12 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
                         out.append(Candidate("sync", collects, n, e // n, collects))
                 elif policy in ("apex", "split-learner"):
                     out += [Candidate(policy, k, n, e // n, collects) for k in counts]
-    return [replace(c, vector=shape.vector) for c in out]
+    return on_backends(out, shape)
+
+
+def on_backends(out: list[Candidate], shape: Shape) -> list[Candidate]:
+    """Each candidate once per vector env backend of ``shape``."""
+    return [replace(c, vector=v) for v in (shape.vectors or (shape.vector,)) for c in out]
 
 
 @dataclass(frozen=True)
@@ -241,10 +251,19 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
     return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
 
 
-def rank(shape: Shape, costs: Costs, max_samplers: int) -> list[tuple[Candidate, Prediction]]:
-    """Candidates, fastest predicted first; ties go to fewer samplers, then fewer envs (cheaper)."""
-    scored = [(c, predict(c, shape, costs)) for c in candidates(shape, max_samplers)]
+def rank(shape: Shape, costs: Costs | Mapping[str, Costs], max_samplers: int) -> list[tuple[Candidate, Prediction]]:
+    """Candidates, fastest predicted first; ties go to fewer samplers, then fewer envs (cheaper).
+    ``costs``: one for every candidate, or one per vector env backend."""
+
+    def of(c: Candidate) -> Costs:
+        return costs if isinstance(costs, Costs) else costs[c.vector]
+
+    scored = [(c, predict(c, shape, of(c))) for c in candidates(shape, max_samplers)]
     scored = [(c, p) for c, p in scored if math.isfinite(p.steps_s) and p.steps_s > 0]
     order = {p: i for i, p in enumerate(ONPOLICY + OFFPOLICY)}
-    scored.sort(key=lambda cp: (-round(cp[1].steps_s, 6), cp[0].samplers, cp[0].envs, order[cp[0].policy]))
+    scored.sort(
+        key=lambda cp: (
+            -round(cp[1].steps_s, 6), cp[0].samplers, cp[0].envs, order[cp[0].policy], cp[0].vector != shape.vector
+        )
+    )  # fmt: skip
     return scored

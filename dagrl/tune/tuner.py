@@ -23,7 +23,15 @@ import yaml
 from dagrl import distribution
 from dagrl.graph import Graph, resolve_graph
 from dagrl.schema import ConfigError
-from dagrl.tune.measure import Measurements, learn_at_once, probe_cluster, probe_env, probe_fragments, probe_loaded
+from dagrl.tune.measure import (
+    Measurements,
+    env_step_s,
+    learn_at_once,
+    probe_cluster,
+    probe_env,
+    probe_fragments,
+    probe_loaded,
+)
 from dagrl.tune.model import MAX_ENVS, OFFPOLICY, ONPOLICY, Candidate, Prediction, Shape, divisors, lag, predict, rank
 
 log = logging.getLogger("dagrl")
@@ -54,7 +62,10 @@ def nearest(options: list[tuple[Candidate, float]], hand: Candidate | None) -> C
     of the fastest; the faster of equally near ones (the fastest outright without ``hand``)."""
     best = max(rate for _, rate in options)
     close = [(c, rate) for c, rate in options if rate >= (1 - MARGIN) * best]
-    return min(close, key=lambda cr: (round(distance(cr[0], hand), 9) if hand else 0.0, -cr[1]))[0]
+    if hand is None:
+        return min(close, key=lambda cr: -cr[1])[0]
+    # equally near: the graph's own vector env backend first (another must be clearly faster), then speed
+    return min(close, key=lambda cr: (round(distance(cr[0], hand), 9), cr[0].vector != hand.vector, -cr[1]))[0]
 
 
 def _runs(policy: str, algorithm: Any) -> bool:
@@ -227,25 +238,27 @@ def measure(
     worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
-    vector = shape.vector
-    if len(backends) > 1:
-        envs = graph.role(shape.sampler).envs
-        step_s, cpu_s = {}, {}
-        for backend in backends:
-            bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs, {backend} vector env")
-            args = (graph.spec.env.id, graph.spec.env.kwargs, envs, min(2.0, each / 4), backend)
-            got = client.submit(probe_env, *args, pure=False, workers=worker).result()
-            step_s[backend], cpu_s[backend] = got["step_s"], got["cpu_s"]
+    env_id, kwargs = graph.spec.env.id, graph.spec.env.kwargs
+    probes: dict[str, list[dict[str, Any]]] = {}
+    for backend in backends if len(backends) > 1 else [shape.vector]:
+        probes[backend] = []
+        for envs, _ in points:
+            bar.set_postfix_str(f"{env_id}: {envs} envs, {backend} vector env")
+            args = (env_id, kwargs, envs, min(2.0, each / 4), backend)
+            probes[backend].append(client.submit(probe_env, *args, pure=False, workers=worker).result())
             bar.update(1)
+    vector = shape.vector
+    if len(probes) > 1:
+        envs = graph.role(shape.sampler).envs  # the backends compared where the graph runs
+        step_s = {b: env_step_s(p, envs) for b, p in probes.items()}
+        cpu_s = {b: env_step_s(p, envs, "cpu_s") for b, p in probes.items()}
         by_cpu = graph.n_actors >= int(m.cluster.get("cores", 1))
         vector = choose_vector(step_s, cpu_s, shape.vector, by_cpu)
-        m.vector = {"envs": envs, "step_s": step_s, "cpu_s": cpu_s, "by": "cpu" if by_cpu else "wall", "chosen": vector}
+        by = "cpu" if by_cpu else "wall"
+        m.vector = {"envs": envs, "step_s": step_s, "cpu_s": cpu_s, "by": by, "chosen": vector, "probes": probes}
         data = with_vector(data, shape.sampler, vector)
+    m.env = probes[vector]
     for envs, length in points:
-        bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs")
-        m.env.append(client.submit(probe_env, graph.spec.env.id, graph.spec.env.kwargs, envs, min(2.0, each / 4),
-                                   vector, pure=False, workers=worker).result())  # fmt: skip
-        bar.update(1)
         bar.set_postfix_str(f"fragments: 1 sampler x {envs} envs x {length} steps")
         probe = (data, graph.path, shape.sampler, envs, (shape.length_key, length), each)
         m.fragments.append(client.submit(probe_fragments, *probe, pure=False, workers=worker).result())
@@ -349,7 +362,7 @@ def tune(
 
     shape = shape_of(graph)
     backends = [] if measurements else vector_backends(graph, shape.sampler)
-    probes = 2 + 2 * len(probe_envs(shape)) + (len(backends) if len(backends) > 1 else 0)
+    probes = 2 + len(probe_envs(shape)) * (1 + max(1, len(backends)))
     steps = (0 if measurements else probes) + (n_verify + 2 if n_verify else 0)
     with tqdm(total=steps, desc="dagrl tune", disable=not progress, unit="probe", leave=False) as bar:
         if measurements is None:
@@ -358,8 +371,13 @@ def tune(
             local = LocalClusterSpec(workers=min(8, 2 * (os.cpu_count() or 1) + 1))  # samplers and a learner
             with connect(cluster or local, graph) as client:
                 measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar, backends)
-        shape = replace(shape, vector=measurements.vector.get("chosen", shape.vector))
+        chosen = measurements.vector.get("chosen", shape.vector)
+        shape = replace(shape, vector=chosen, vectors=tuple(measurements.vector.get("probes", ())) or (chosen,))
         learners = learner_roles(graph)
+
+        def costs() -> dict[str, Any]:  # per backend; read again once calibrated
+            return {v: measurements.costs(shape.sampler, learners, v) for v in shape.vectors}
+
         most = max_samplers or min(16, max(2, 4 * int(measurements.cluster.get("cores", 1))))
         if _fixed_workers(cluster):  # runs share the workers there are: the other roles need theirs
             others = graph.n_actors - graph.role(shape.sampler).replicas
@@ -369,26 +387,26 @@ def tune(
         done: dict[Candidate, float | None] = {}
         if n_verify and not measurements.calibration:
             bar.set_postfix_str("calibrating on a short distributed run")
-            raw = rank(shape, measurements.costs(shape.sampler, learners), most)
+            raw = rank(shape, costs(), most)
             # the graph as written on the chosen backend: the probes measured that one
             mine = replace(hand, vector=shape.vector)
             probe = mine if hand.policy in MODELLED[1:] else next((c for c, _ in raw if c.policy != "single"), None)
             if probe is not None:
                 done[probe] = verify(candidate_data(data, shape, probe), graph.path, cluster, slot)
-                predicted = predict(probe, shape, measurements.costs(shape.sampler, learners)).steps_s
+                predicted = predict(probe, shape, costs()[probe.vector]).steps_s
                 if done[probe]:
                     measurements.calibration = {
                         "candidate": probe.describe(), "predicted": predicted, "achieved": done[probe]
                     }  # fmt: skip
             bar.update(1)
-        ranked = rank(shape, measurements.costs(shape.sampler, learners), most)
+        ranked = rank(shape, costs(), most)
         if not ranked:
             raise ConfigError(graph.path, "roles", f"no setting keeps {shape.round_steps} env steps per update")
         tuning = Tuning(shape, measurements, ranked, hand=hand)
         if n_verify:
             predicted = dict(ranked)
-            if hand not in predicted and hand.policy in MODELLED and hand.vector == shape.vector:
-                predicted[hand] = predict(hand, shape, measurements.costs(shape.sampler, learners))
+            if hand not in predicted and hand.policy in MODELLED and hand.vector in shape.vectors:
+                predicted[hand] = predict(hand, shape, costs()[hand.vector])
             groups: dict[tuple[str, int], list[tuple[Candidate, float]]] = {}  # by (policy, samplers), best first
             for c, p in ranked:
                 groups.setdefault((c.policy, c.samplers), []).append((c, p.steps_s))
@@ -443,7 +461,8 @@ def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | 
         v = m.vector
         steps = ", ".join(f"{b} {1e3 * t:.3f} ms ({1e3 * v['cpu_s'][b]:.3f} ms CPU)" for b, t in v["step_s"].items())
         lines.append(f"Vector env backends, {v['envs']} envs stepped alone, per vector step: {steps};")
-        lines.append(f"  chose {v['chosen']} by {v['by']} time.")
+        lines.append(f"  the probes ran on {v['chosen']} (chosen by {v['by']} time); candidates on the others")
+        lines.append("  have their env's seconds swapped for that backend's.")
     cal = m.calibration
     if cal:
         lines += [
