@@ -226,7 +226,8 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
     (``sync`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
 
     The CPU counted is this thread's for ``sync``, and the whole process's for ``envpool``, whose C++
-    threads step the envs (the probe is the only task on its worker meanwhile); with several threads
+    threads step the envs (the probe is the only task on its worker meanwhile), less what the process
+    spent at the same rate while idle just before (a worker's event loop); with several threads
     stepping, the share can pass 1."""
     import gymnasium as gym
 
@@ -238,9 +239,10 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
 
         vec = EnvPoolVector(env_id, envs, seed=0, **kwargs)
         clock = time.process_time
+        idle = idle_cpu_rate()
     else:
         vec = gym.make_vec(env_id.rpartition(":")[2], num_envs=envs, vectorization_mode=vector, **kwargs)
-        clock = time.thread_time
+        clock, idle = time.thread_time, 0.0
     try:
         vec.reset(seed=0)
         vec.action_space.seed(0)
@@ -250,6 +252,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
             vec.step(actions[steps % len(actions)])
             steps += 1
         wall, cpu = time.perf_counter() - t0, clock() - c0
+        cpu = max(0.0, cpu - idle * wall)
     finally:
         vec.close()
     return {
@@ -260,6 +263,13 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         "cpu_share": cpu / wall if vector == "envpool" else min(1.0, cpu / wall),
         "vector": vector,
     }
+
+
+def idle_cpu_rate(seconds: float = 0.25) -> float:
+    """CPU seconds per second this process spends while this thread sleeps (its other threads)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    time.sleep(seconds)
+    return (time.process_time() - c0) / (time.perf_counter() - t0)
 
 
 def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float, vector: str = "sync") -> dict[str, Any]:
