@@ -1,7 +1,7 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
     dagrl bench learning [--preset mujoco|cartpole] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
-                         [--out benchmarks/results/learning] [--cluster]
+                         [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
 Each graph runs for its budget of env steps once per seed (``single`` graphs in this process;
 distributed ones on an embedded LocalCluster with ``--cluster``). Per run: the final return (mean of
@@ -9,6 +9,9 @@ the last 10 training episodes), the last evaluation return (greedy policy, the g
 env steps/s and wall time. Beside each: the published reference for the same algorithm and env,
 at the same budget where a source gives one, else the nearest budget the sources give (said in
 the table). Numbers are carried from the cited pages; no code is.
+
+``--jobs N`` runs N of the ``single`` runs at once, each in a process of its own with one torch
+thread (its output in ``OUT/<graph>-s<seed>.log``), then writes the table as one run would.
 
 Resumable: every run lives in ``OUT/<graph>-s<seed>``; a finished run (``summary.json``) is read
 back, an interrupted one continues from its last checkpoint. Writes ``OUT/results.json``, a
@@ -105,6 +108,32 @@ def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any) -> 
             if r.get("charts/episode_return_mean") is not None
         ],
     }
+
+
+def run_parallel(specs: list[tuple[str, int]], seeds: list[int], out: Path, jobs: int) -> None:
+    """Run every unfinished (graph, seed) in a process of its own, ``jobs`` at once, one torch thread
+    each; :func:`run_one` then reads them back."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    todo = [(name, budget, seed) for name, budget in specs for seed in seeds]
+    todo = [t for t in todo if not (out / f"{t[0]}-s{t[2]}" / "summary.json").exists()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    running: list[tuple[subprocess.Popen, str]] = []
+    while todo or running:
+        while todo and len(running) < jobs:
+            name, budget, seed = todo.pop(0)
+            log = out / f"{name}-s{seed}.log"
+            cmd = [sys.executable, __file__, "--graphs", f"{name}:{budget}", "--seeds", str(seed), "--out", str(out)]
+            print(f"started {name} seed {seed} ({log})", flush=True)
+            with open(log, "a") as f:
+                running.append((subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env), f"{name} s{seed}"))
+        time.sleep(1.0)
+        for proc, label in [r for r in running if r[0].poll() is not None]:
+            running.remove((proc, label))
+            print(f"{label}: {'done' if proc.returncode == 0 else f'exit {proc.returncode}'}", flush=True)
 
 
 def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -208,13 +237,18 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learning"))
     ap.add_argument("--cluster", action="store_true", help="run distributed graphs on an embedded LocalCluster")
+    ap.add_argument("--jobs", type=int, default=1, help="single runs at once, a process each (not with --cluster)")
     args = ap.parse_args()
+    if args.jobs > 1 and args.cluster:
+        ap.error("--jobs runs single graphs in processes of their own; --cluster runs one at a time")
     logging.basicConfig(level=logging.WARNING)
     specs = []
     for item in args.graphs or PRESETS[args.preset]:
         name, _, steps = item.partition(":")
         specs.append((name, int(steps or 100_000)))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.jobs > 1:
+        run_parallel(specs, args.seeds, args.out, args.jobs)
     client = None
     if args.cluster:
         from distributed import Client, LocalCluster

@@ -1,0 +1,23 @@
+"""`dagrl bench learning --jobs`: runs in processes of their own, read back into one table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_parallel_runs_each_reach_their_budget_and_land_in_one_table(tmp_path):
+    out = tmp_path / "learning"
+    cmd = [sys.executable, "-m", "dagrl", "bench", "learning", "--graphs", "ppo-cartpole-single:1000",
+           "--seeds", "1", "2", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert sorted(r["seed"] for r in runs) == [1, 2]
+    assert all(r["env_steps"] >= 1000 for r in runs)
+    assert runs[0]["final_return"] != runs[1]["final_return"]  # two seeds, two runs
+    for seed in (1, 2):  # each ran in its own process, its output in its own log
+        assert "env steps" in (out / f"ppo-cartpole-single-s{seed}.log").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # finished runs are read back
+    assert again.returncode == 0 and "started" not in again.stdout
