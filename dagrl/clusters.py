@@ -191,6 +191,9 @@ class SlurmSpec:
     """Loopback on the driver's node unless you name another address; reach it with an ssh tunnel."""
     start_timeout_s: float = 600.0
     """How long to wait for every worker job to start before giving up (jobs queued behind others)."""
+    quiet: bool = True
+    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, in the scheduler and
+    every worker job; ``false``: Dask's own."""
 
     def __post_init__(self) -> None:
         if not self.pools:

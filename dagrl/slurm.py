@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -26,9 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 from dask_jobqueue.slurm import SLURMJob
 
-from dagrl.clusters import PoolSpec, SlurmError, SlurmSpec
+from dagrl.clusters import QUIET_CONFIG, PoolSpec, SlurmError, SlurmSpec
 from dagrl.runtime.rundir import RunDir
 from dagrl.schema import ConfigError
 
@@ -94,6 +96,14 @@ UNSET_TRIM = "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON=\"{'MALLOC_TRIM_
 pre-spawn variable whose config value is None is not set, and this value merges into Dask's defaults."""
 
 
+def config_exports(config: dict[str, Any]) -> list[str]:
+    """Shell lines that give a job's Dask processes ``config`` (Dask reads ``DASK_A__B_C`` as ``a.b-c``)."""
+    return [
+        f"export DASK_{key.upper().replace('.', '__').replace('-', '_')}={shlex.quote(str(value))}"
+        for key, value in config.items()
+    ]
+
+
 def worker_job_options(
     spec: SlurmSpec, pool_name: str, worker: str, run: str, run_dir: Path, security: Any
 ) -> dict[str, Any]:
@@ -114,7 +124,12 @@ def worker_job_options(
         walltime=pool.walltime or spec.walltime,
         job_name=job_name(run, worker),
         job_extra_directives=directives,
-        job_script_prologue=[*spec.prologue, "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False", UNSET_TRIM],
+        job_script_prologue=[
+            *spec.prologue,
+            "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
+            UNSET_TRIM,
+            *config_exports(QUIET_CONFIG if spec.quiet else {}),
+        ],
         worker_extra_args=[
             "--resources",
             ",".join(f"{k}={v:g}" for k, v in sorted(resources.items())),
@@ -257,18 +272,19 @@ def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator
 
     register()  # the RL page, before the scheduler's dashboard starts
     first = spec.pools[next(iter(spec.pools))]
-    slurm = SLURMCluster(
-        n_workers=0,
-        cores=first.cores,
-        memory=first.memory,
-        processes=1,
-        interface=spec.interface,
-        security=security,
-        protocol="tls://" if spec.tls else "tcp://",
-        scheduler_options={"dashboard_address": spec.dashboard_address},
-        log_directory=str(log_directory(spec, run_dir)),
-        python=spec.python or sys.executable,
-    )
+    with dask.config.set(QUIET_CONFIG if spec.quiet else {}):  # the scheduler's periodic callbacks
+        slurm = SLURMCluster(
+            n_workers=0,
+            cores=first.cores,
+            memory=first.memory,
+            processes=1,
+            interface=spec.interface,
+            security=security,
+            protocol="tls://" if spec.tls else "tcp://",
+            scheduler_options={"dashboard_address": spec.dashboard_address},
+            log_directory=str(log_directory(spec, run_dir)),
+            python=spec.python or sys.executable,
+        )
     try:
         for w, pool in jobs:
             options = worker_job_options(spec, pool, w, run, run_dir, security)

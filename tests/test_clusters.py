@@ -92,6 +92,9 @@ def test_dry_run_needs_no_slurm_and_writes_nothing(tmp_path):
     assert out.stdout.count("#SBATCH --gres=gpu:1") == 2  # critic and actor jobs
     assert out.stdout.count("(worker job)") == 5 and out.stdout.count("(driver job)") == 1
     assert "#SBATCH -p cpu" in out.stdout and "conda activate dagrl" in out.stdout
+    # every worker job keeps Dask's housekeeping quiet, as local workers do (clusters.QUIET_CONFIG)
+    assert out.stdout.count("export DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL=1s") == 5
+    assert out.stdout.count("export DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING=False") == 5
     assert not runs.exists()
 
 
