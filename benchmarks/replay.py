@@ -13,6 +13,8 @@ Each row holds obs, action, reward, next_obs, terminated, truncated. Setups, sid
 * dagrl, 90 % spilled: a budget of 10 % of the data (a quarter of it cold-chunk cache), the
   rest in zarr (blosc-zstd); sampled with the default working-set rotation (0.25 cold chunks
   replaced per call) and with a 5x slower one (0.05), which trades batch variety for speed.
+* prioritized draws (PER, each batch's priorities updated after it): all in RAM, and 90 % spilled
+  with the prioritized store's default (small) chunks beside the uniform store's chunk size.
 
 Adds come in batches of 256 rows and are timed on a second pass over the data (the buffer full and
 wrapping around, as it is for most of a run); sampling draws batches of 256 uniformly.
@@ -179,6 +181,34 @@ def measure(name: str, data: dict[str, np.ndarray], seconds: float, root: Path) 
     return out
 
 
+def measure_prioritized(data: dict[str, np.ndarray], seconds: float, root: Path, uniform_chunk_rows: int) -> dict:
+    """Prioritized (PER) draws, with a priority update after each like a learner's: all in RAM, and 90 %
+    spilled with the prioritized store's default chunks vs the uniform store's (``uniform_chunk_rows``)."""
+    n = len(data["reward"])
+    schema = schema_of(data)
+    rng = np.random.default_rng(0)
+
+    def draws(store: ReplayStore) -> float:
+        def one() -> None:
+            got = store.sample(BATCH)
+            store.update_priorities(got.indices, rng.random(BATCH))
+
+        return timed_samples(one, seconds)
+
+    ram = ReplayStore(schema, n, 2 * n * schema.row_bytes + (64 << 20), prioritized=True)
+    ram.add(data)
+    out: dict = {"dagrl, all in RAM": {"add": float("nan"), "sample": draws(ram)}}
+    ram = None
+    for label, chunk_rows in (("default chunks", None), ("uniform's chunks", uniform_chunk_rows)):
+        path = root / f"prioritized-{chunk_rows}"
+        store = ReplayStore(schema, n, n * schema.row_bytes // 10, path, prioritized=True, chunk_rows=chunk_rows)
+        setup = f"dagrl, 90 % spilled, {label} ({store.chunk_rows} rows)"
+        out[setup] = {"add": timed_adds(store.add, data), "sample": draws(store)}
+        store.close()
+        shutil.rmtree(path)
+    return out
+
+
 def measure_at_scale(data: dict[str, np.ndarray], rows: int, budget: int, seconds: float, root: Path) -> dict:
     """``rows`` rows cycling through ``data``, into a store with ``budget`` bytes of RAM; sampled uniformly."""
     n = len(data["reward"])
@@ -229,9 +259,13 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="dagrl-bench-replay-"))
     results = {}
     try:
-        results["vector"] = measure("vector", vector_rows(args.vector_rows), args.seconds, root)
+        vectors = vector_rows(args.vector_rows)
+        results["vector"] = measure("vector", vectors, args.seconds, root)
         images = image_rows(args.image_rows)
         results["image"] = measure("image", images, args.seconds, root)
+        for kind, data in (("vector", vectors), ("image", images)):
+            chunk_rows = results[kind]["chunk_rows"]
+            results[kind]["prioritized"] = measure_prioritized(data, args.seconds, root, chunk_rows)
         if args.image_scale_rows:
             from dask.utils import parse_bytes
 
@@ -277,6 +311,14 @@ def main() -> None:
             f"{r['cold_fraction']:.0%} spilled: {spill / ram:.2f} x all-in-RAM (target >= 0.5); "
             f"on disk {r['disk_bytes_per_row']:,.0f} B/row, {r['compression']:.1f} x smaller than raw"
         )
+        per = r["prioritized"]
+        ram = per["dagrl, all in RAM"]["sample"]
+        rows = [
+            {"setup": s, "add rows/s": v["add"], "sample rows/s": v["sample"], "vs all-in-RAM": v["sample"] / ram}
+            for s, v in per.items()
+        ]
+        print(f"prioritized draws, {kind} rows (each batch's priorities updated):")
+        print(table(rows, ["setup", "add rows/s", "sample rows/s", "vs all-in-RAM"]))
     emit("replay", results)
 
 

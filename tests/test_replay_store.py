@@ -47,18 +47,25 @@ def assert_holds(store: ReplayStore, reference: dict[str, np.ndarray], first_ind
 
 
 @pytest.mark.parametrize("codec", ["blosc-zstd", "zstd", "none"])
-def test_cold_chunks_read_from_their_files_equal_what_zarr_reads(tmp_path, codec):
-    """The cold path decodes chunk files itself (numcodecs), skipping zarr's array API: same bytes."""
+@pytest.mark.parametrize("writer", ["files", "zarr"])
+def test_chunk_files_hold_exactly_what_zarr_reads_and_writes(tmp_path, codec, writer):
+    """The store reads and writes its chunk files itself (numcodecs), skipping zarr's array API: zarr
+    reads back what the store wrote, the store reads what zarr wrote, and both are the rows added."""
     store = ReplayStore(SCHEMA, 40_000, 2**20, tmp_path / "r", chunk_rows=512, codec=codec)
-    fill(store, 30_000)
-    assert store.decode is not None
+    files = store.files
+    assert files is not None
+    if writer == "zarr":
+        store.files = None
+    added = fill(store, 30_000)
     cold = range(store.head // 512, store._hot_start() // 512)
     assert len(cold) > 40
-    direct = [store._load_chunk(c) for c in cold]
-    store.decode = None  # through zarr
-    for c, mine in zip(cold, direct, strict=True):
-        for k, v in store._load_chunk(c).items():
-            np.testing.assert_array_equal(mine[k], v, err_msg=f"chunk {c} {k}")
+    store.files = None
+    through_zarr = [store._load_chunk(c) for c in cold]
+    store.files = files
+    for c, zarrs in zip(cold, through_zarr, strict=True):
+        for k, mine in store._load_chunk(c).items():
+            np.testing.assert_array_equal(mine, zarrs[k], err_msg=f"chunk {c} {k}")
+            np.testing.assert_array_equal(mine, added[k][c * 512 : (c + 1) * 512], err_msg=f"chunk {c} {k}")
 
 
 def test_ten_times_the_memory_budget_comes_back_bit_exact(tmp_path):
@@ -308,3 +315,22 @@ def test_a_store_of_image_rows_keeps_large_blocks_on_the_heap():
 
     assert mapped("84x84x4") == 0
     assert mapped("4") == 1
+
+
+def test_prioritized_stores_get_small_chunks_and_a_reopened_store_keeps_its_own(tmp_path):
+    """Priority draws read a whole cold chunk per row, so their default chunks are small; a store
+    reopened where the default has changed keeps the chunk size it was written with."""
+    image = Schema({"obs": ("uint8", (84, 84, 4)), "next_obs": ("uint8", (84, 84, 4)), "reward": ("float32", ())})
+    assert ReplayStore(image, 1000, 64 << 20, tmp_path / "u").chunk_rows == 16
+    assert ReplayStore(image, 1000, 64 << 20, tmp_path / "p", prioritized=True).chunk_rows == 2
+    vectors = ReplayStore(SCHEMA, 10_000, 2**20, tmp_path / "v", prioritized=True)
+    assert vectors.chunk_rows >= 16 and vectors.chunk_bytes <= 64 << 10
+
+    store = ReplayStore(SCHEMA, 5000, 100_000, tmp_path / "s", chunk_rows=32, prioritized=True)
+    added = fill(store, 3000)
+    store.flush()
+    again = ReplayStore(SCHEMA, 5000, 100_000, tmp_path / "s", prioritized=True)
+    assert again.chunk_rows == 32
+    assert_holds(again, added)
+    got = again.sample(256)
+    np.testing.assert_array_equal(got.data["obs"][:, 0], got.indices)  # every row is the one drawn

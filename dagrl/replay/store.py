@@ -16,7 +16,10 @@ Sampling never reads cold rows one by one (a random row costs a whole chunk read
 sampling draws cold rows from a working set of whole chunks kept in a bounded cache, a few of which
 are replaced by random cold chunks at each call. Each row's chance per draw stays the same, hot or
 cold; rows within one batch come from a handful of cold chunks. Prioritized sampling (PER) draws
-exactly by priority and reads each distinct cold chunk it hits once, through the same cache.
+exactly by priority and reads each distinct cold chunk it hits once, through the same cache; its
+chunks are small (about 64 KiB), since nearly every cold row it draws costs a chunk read.
+
+Chunk files are read and written directly (:mod:`dagrl.replay.chunkfiles`), in zarr's own format.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dagrl.replay.chunkfiles import ChunkFiles, chunk_files
 from dagrl.replay.malloc import keep_freed_memory
 from dagrl.replay.schema import ReplayError, Schema
 from dagrl.replay.sumtree import PriorityTree
@@ -63,10 +67,10 @@ class Sample:
         return len(self.indices)
 
 
-def default_chunk_rows(row_bytes: int, target_bytes: int = 1 << 20) -> int:
-    """A power of two near ``target_bytes`` per chunk, between 16 and 4096 rows."""
+def default_chunk_rows(row_bytes: int, target_bytes: int = 1 << 20, least: int = 16) -> int:
+    """A power of two near ``target_bytes`` per chunk, between ``least`` and 4096 rows."""
     rows = max(1, target_bytes // max(row_bytes, 1))
-    return int(min(4096, max(16, 1 << (rows.bit_length() - 1))))
+    return int(min(4096, max(least, 1 << (rows.bit_length() - 1))))
 
 
 def _compressors(codec: str) -> Any:
@@ -78,26 +82,6 @@ def _compressors(codec: str) -> Any:
         return [ZstdCodec(level=3)]
     cname = codec.split("-", 1)[1]
     return [BloscCodec(cname=cname, clevel=3, shuffle="shuffle")]
-
-
-def _chunk_decoder(rows: Any, codec: str) -> Callable[[bytes], Any] | None:
-    """How to decode one chunk file of ``rows`` straight from disk, or None to read through zarr.
-
-    Reading a chunk through zarr's array API costs ~1 ms of per-call machinery whatever its size; the
-    file read and decoded with numcodecs (what zarr itself decodes with) costs ~0.03 ms for the same
-    bytes. Only for the layout this store writes: a local directory store, ``c/<i>/0`` keys.
-    """
-    import numcodecs
-    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-    from zarr.storage import LocalStore
-
-    if not isinstance(rows.store, LocalStore) or rows.metadata.chunk_key_encoding != DefaultChunkKeyEncoding("/"):
-        return None
-    if codec == "none":
-        return bytes
-    if codec == "zstd":
-        return numcodecs.Zstd().decode
-    return numcodecs.Blosc().decode
 
 
 class ReplayStore:
@@ -117,7 +101,8 @@ class ReplayStore:
     cache_bytes
         Part of the budget for cold chunks read back for sampling (default: a quarter).
     chunk_rows
-        Rows per chunk (default: about 1 MiB, at most a 16th of the cache, 16 to 4096 rows).
+        Rows per chunk (default: about 1 MiB, at most a 16th of the cache, 16 to 4096 rows; for a
+        prioritized store about 64 KiB and at least 2 rows; a store reopened at ``path`` keeps its own).
     codec
         ``blosc-zstd`` (default: good on float vectors and on images), ``blosc-lz4``, ``zstd`` or ``none``.
     prioritized
@@ -166,9 +151,7 @@ class ReplayStore:
         self.path = None if path is None else Path(path)
         self.memory_budget = int(memory_budget)
         self.cache_bytes = int(memory_budget // 4 if cache_bytes is None else cache_bytes)
-        # chunks of about 1 MiB, but small enough that the cache holds 16 (a varied working set)
-        target = max(1, min(1 << 20, self.cache_bytes // 16))
-        self.chunk_rows = int(chunk_rows or default_chunk_rows(schema.row_bytes, target))
+        self.chunk_rows = int(chunk_rows or self._stored_chunk_rows() or self._default_chunk_rows(prioritized))
         self.chunk_bytes = self.chunk_rows * schema.row_bytes
         self.hot_budget = self.memory_budget - self.cache_bytes
         if self.hot_budget < self.chunk_bytes:
@@ -192,6 +175,7 @@ class ReplayStore:
         self.ring = {k: np.zeros((self.ring_chunks * R, *f.shape), f.dtype) for k, f in schema.items()}
         self.cache = {k: np.zeros((self.cache_chunks * R, *f.shape), f.dtype) for k, f in schema.items()}
         self.cached: collections.OrderedDict[int, int] = collections.OrderedDict()  # chunk id -> cache slot, LRU
+        self.free_slots = list(range(self.cache_chunks - 1, -1, -1))  # cache slots holding no chunk
         self.cold_per_sample = min(cold_chunks_per_sample or self.cache_chunks, self.cache_chunks)
         self.cold_refresh = cold_refresh
         self.rng = np.random.default_rng(seed)
@@ -209,7 +193,7 @@ class ReplayStore:
         self.tree = PriorityTree(self.capacity) if prioritized else None
         self.max_priority = 1.0
         self.rows: Any = None  # the zarr array of packed rows
-        self.decode: Callable[[bytes], Any] | None = None  # a chunk file's bytes -> its packed rows
+        self.files: ChunkFiles | None = None  # the chunk files read and written directly (else through zarr)
         self.offsets = np.cumsum([0] + [f.row_bytes for f in schema.values()])
         self.prefetch = prefetch and self.path is not None and self.cache_chunks > 2
         self.ready: queue.Queue = queue.Queue(maxsize=2)
@@ -217,6 +201,24 @@ class ReplayStore:
         self.closing = threading.Event()
         if self.path is not None:
             self._open_storage()
+
+    def _stored_chunk_rows(self) -> int | None:
+        """The chunk size of a store reopened at its path, whatever today's default would be."""
+        meta = None if self.path is None else self.path / META
+        try:
+            return int(json.loads(meta.read_text())["chunk_rows"]) if meta is not None else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # no store there yet, or one _restore will refuse with the reason
+
+    def _default_chunk_rows(self, prioritized: bool) -> int:
+        if not prioritized:
+            # about 1 MiB, but small enough that the cache holds 16 (a varied working set to draw from)
+            return default_chunk_rows(self.schema.row_bytes, max(1, min(1 << 20, self.cache_bytes // 16)))
+        # A priority draw reads a whole cold chunk for nearly every cold row (priorities keep no working
+        # set), so its cost is a file read plus the chunk's decode: about 64 KiB. Pong rows, 90 % cold,
+        # per draw of 256 (BENCHMARKS.md): 16-row chunks 1.2k rows/s, 2 rows 4.8k, 1 row 6.3k; but one
+        # row a chunk halves the add rate again (6.4k, 3.8k, 2.1k rows/s), hence at least 2.
+        return default_chunk_rows(self.schema.row_bytes, 64 << 10, least=2)
 
     # -- sizes ------------------------------------------------------------------------------------
 
@@ -299,7 +301,7 @@ class ReplayStore:
             self.dirty.discard(self.hot_lo)
             self.hot_lo += 1
         for cid in [c for c in self.cached if (c + 1) * R <= head]:
-            del self.cached[cid]
+            self.free_slots.append(self.cached.pop(cid))
         self.working = [c for c in self.working if (c + 1) * R > head]
 
     def _spill_oldest(self) -> None:
@@ -336,7 +338,7 @@ class ReplayStore:
             fill_value=0,
             overwrite=True,
         )
-        self.decode = _chunk_decoder(self.rows, self.codec)
+        self.files = chunk_files(self.rows, self.codec)
         self._write_meta()
 
     def _meta(self) -> dict[str, Any]:
@@ -383,7 +385,10 @@ class ReplayStore:
             self._write_meta()  # the slot's previous chunk must be dropped on disk before we overwrite it
         rows = self._ring_rows(cid)
         try:
-            self.rows[slot * R : (slot + 1) * R] = self._pack(rows)
+            if self.files is not None:
+                self.files.write(slot, self._pack(rows))
+            else:
+                self.rows[slot * R : (slot + 1) * R] = self._pack(rows)
         except OSError as err:
             where = f"replay path {self.path}"
             if err.errno == errno.ENOSPC:
@@ -392,7 +397,8 @@ class ReplayStore:
                 ) from None
             raise ReplayError(f"{where}: writing chunk {cid} failed ({err})") from None
         self.dirty.discard(cid)
-        self.cached.pop(cid, None)
+        if cid in self.cached:
+            self.free_slots.append(self.cached.pop(cid))
         end = min(self.tail, (cid + 1) * R)
         if cid * R <= self.durable_tail:
             self.durable_tail = max(self.durable_tail, end)
@@ -436,7 +442,7 @@ class ReplayStore:
         self.max_priority = meta.get("max_priority", 1.0)
         self.samples_drawn = meta.get("samples_drawn", 0)
         self.rows = zarr.open_group(str(self.path), mode="a")["rows"]
-        self.decode = _chunk_decoder(self.rows, self.codec)
+        self.files = chunk_files(self.rows, self.codec)
         self.persisted_head = self.head
         self.hot_lo = self.tail // self.chunk_rows
         if self.tail % self.chunk_rows:  # keep filling the last chunk in RAM
@@ -452,7 +458,7 @@ class ReplayStore:
     # -- reading ----------------------------------------------------------------------------------
 
     def _pack(self, rows: slice) -> np.ndarray:
-        buf = np.empty((rows.stop - rows.start, self.schema.row_bytes), np.uint8)
+        buf = np.empty((rows.stop - rows.start, int(self.offsets[-1])), np.uint8)  # offsets[-1]: row bytes
         for name, lo, hi in zip(self.schema, self.offsets[:-1], self.offsets[1:], strict=True):
             buf[:, lo:hi] = self.ring[name][rows].reshape(len(buf), -1).view(np.uint8)
         return buf
@@ -465,15 +471,10 @@ class ReplayStore:
 
     def _load_chunk(self, cid: int) -> dict[str, np.ndarray]:
         R, slot = self.chunk_rows, cid % self.slots
-        if self.decode is not None:
-            try:
-                raw = (self.path / "rows" / "c" / str(slot) / "0").read_bytes()
-            except FileNotFoundError:
-                raw = None  # never written: zarr would give its fill value
-            if raw is not None:
-                buf = np.frombuffer(self.decode(raw), np.uint8)
-                if buf.size == self.chunk_bytes:
-                    return self._unpack(buf.reshape(R, -1))
+        if self.files is not None:
+            buf = self.files.read(slot)  # None: never written, zarr gives its fill value
+            if buf is not None and buf.size == self.chunk_bytes:
+                return self._unpack(buf.reshape(R, -1))
         return self._unpack(np.asarray(self.rows[slot * R : (slot + 1) * R]))
 
     def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
@@ -486,9 +487,8 @@ class ReplayStore:
         if slot is not None:
             self.cached.move_to_end(cid)
             return slot
-        if len(self.cached) < self.cache_chunks:
-            used = set(self.cached.values())
-            slot = next(i for i in range(self.cache_chunks) if i not in used)
+        if self.free_slots:
+            slot = self.free_slots.pop()
         else:
             _, slot = self.cached.popitem(last=False)
         R = self.chunk_rows
