@@ -1,7 +1,7 @@
 """How env-step throughput scales with samplers: dagrl's policies vs Stable-Baselines3.
 
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
-                        [--policies sync async async-report-tasks central-inference] [--seconds 8] [--skip-sb3]
+                        [--policies sync async async-threads async-subproc central-inference] [--seconds 8] [--skip-sb3]
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -12,7 +12,8 @@ first metrics row after the warm-up and the last. Learner work is kept small and
 
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
 * **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
-  of a sampler in its own subprocess, ``roles.sampler.vector: async``) and ``central-inference``
+  of a sampler in its own subprocess, ``roles.sampler.vector: async``), ``async-threads`` (each env
+  stepped in a thread of the sampler's process, ``vector: threads``) and ``central-inference``
   (as ``sync``, one inference actor acting for all samplers: one batched forward per env step);
   ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
@@ -50,8 +51,10 @@ SETUPS = {
     "async": "policy async, each sampler steps its envs in turn",
     "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
+    "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
 }
+VECTORS = {"subproc": "async", "threads": "threads"}  # a setup's suffix -> roles.sampler.vector
 
 
 class Window:
@@ -78,7 +81,7 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     options = f"{{name: async, max_staleness: 2, rollouts_per_update: {k}}}" if policy == "async" else policy
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
-        f"roles.sampler.vector={'async' if vector == 'subproc' else 'sync'}",
+        f"roles.sampler.vector={VECTORS.get(vector, 'sync')}",
         f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}", f"hyperparameters.num_steps={NUM_STEPS}",
         "hyperparameters.update_epochs=1", f"hyperparameters.minibatch_size={k * args.envs * NUM_STEPS}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",

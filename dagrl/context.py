@@ -134,7 +134,6 @@ class RoleContext:
         When an episode ends, ``step`` returns the first observation of the next one and puts the
         last observation of the finished one in ``info["final_obs"]``.
         """
-        import gymnasium as gym
 
         from dagrl.envs import route_mujoco_warnings
 
@@ -152,13 +151,9 @@ class RoleContext:
                 **self.env_kwargs,
             )
             return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
-        envs = gym.make_vec(
-            self.env_id,
-            num_envs=self.num_envs,
-            vectorization_mode=self.vector,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            **self.env_kwargs,
-        )
+        from dagrl.vector import make_vector
+
+        envs = make_vector(self.env_id, self.num_envs, self.vector, **self.env_kwargs)
         return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
 
 

@@ -42,8 +42,8 @@ class EnvSpec:
     """Keyword arguments for ``gymnasium.make``."""
 
 
-VECTOR_MODES = ("sync", "async", "envpool")
-MAX_ENVS = {"sync": 4096, "async": 256, "envpool": 4096}
+VECTOR_MODES = ("sync", "async", "threads", "envpool")
+MAX_ENVS = {"sync": 4096, "async": 256, "threads": 256, "envpool": 4096}
 """Most envs one sampler replica steps: ``async`` starts a process per env."""
 
 
@@ -63,7 +63,8 @@ class RoleSpec:
     vector: str = "sync"
     """How a sampler steps its ``envs``: ``sync`` one after another in its own process (gymnasium's
     SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that one sampler
-    uses several cores or overlaps envs that wait (remote or sleeping simulators), ``envpool`` in
+    uses several cores or overlaps envs that wait (remote or sleeping simulators), ``threads`` each
+    stepped in a thread of its own (overlaps envs that wait, with no process per env), ``envpool`` in
     EnvPool's C++ threads (:mod:`dagrl.vector`)."""
     vector_threads: int = 0
     """Threads EnvPool steps one replica's envs on (``vector: envpool`` only). 0: EnvPool's default, a

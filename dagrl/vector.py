@@ -1,4 +1,16 @@
-"""EnvPool as a sampler's vector env (``roles.sampler.vector: envpool``), with gymnasium's same-step autoreset.
+"""Vector env backends beyond gymnasium's own: EnvPool (``roles.sampler.vector: envpool``) and threads
+(``vector: threads``), both with gymnasium's same-step autoreset.
+
+Threads
+-------
+:class:`ThreadVectorEnv` is gymnasium's SyncVectorEnv with each env's step (and its autoreset) run
+in a thread of its own, so envs that wait overlap: remote or GPU-bound simulators, I/O, C extensions
+that release the GIL. An env whose step is Python holding the GIL gains nothing and pays ~0.02-0.05 ms
+a step for the hand-off. Its steps, observations and infos equal SyncVectorEnv's for the same seeds and
+actions (tested); unlike ``async``, no process per env, no pickling.
+
+EnvPool
+-------
 
 `EnvPool <https://envpool.readthedocs.io>`_ steps a batch of envs in C++ threads, so one sampler's
 envs can use several cores without a process per env, and Atari's preprocessing runs there too.
@@ -27,12 +39,15 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from copy import deepcopy
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvPoolVector", "envpool_task"]
+__all__ = ["EnvPoolVector", "ThreadVectorEnv", "envpool_task"]
 
 ATARI_OPTIONS = {  # dagrl.envs.make_atari's keyword -> EnvPool's Atari option
     "noop_max": "noop_max",
@@ -122,3 +137,76 @@ class EnvPoolVector(gym.vector.VectorEnv):
         if not self.closed:
             self.closed = True
             self.pool.close()
+
+
+class ThreadVectorEnv(gym.vector.SyncVectorEnv):
+    """SyncVectorEnv whose envs step (and reset) at once, each in a thread of its own; same-step autoreset.
+
+    Each env is only ever touched by one thread at a time; results are gathered in env order, so
+    everything returned is what SyncVectorEnv returns for the same seeds and actions.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], copy: bool = True):
+        super().__init__(env_fns, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.pool = ThreadPoolExecutor(max_workers=self.num_envs, thread_name_prefix="dagrl-env")
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
+        if options is not None and "reset_mask" in options:
+            return super().reset(seed=seed, options=options)  # a few envs: not worth the threads
+        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed
+        seeds = seeds if seeds is not None else [None] * self.num_envs
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        done = list(self.pool.map(lambda env, s: env.reset(seed=s, options=options), self.envs, seeds))
+        self._terminations = np.zeros(self.num_envs, np.bool_)
+        self._truncations = np.zeros(self.num_envs, np.bool_)
+        self._autoreset_envs = np.zeros(self.num_envs, np.bool_)
+        infos: dict[str, Any] = {}
+        for i, (obs, info) in enumerate(done):
+            self._env_obs[i] = obs
+            infos = self._add_info(infos, info, i)
+        self._observations = gym.vector.utils.concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        return (deepcopy(self._observations) if self.copy else self._observations), infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        acts = list(gym.vector.utils.iterate(self.action_space, actions))
+        done = list(self.pool.map(_step_and_autoreset, self.envs, acts))
+        infos: dict[str, Any] = {}
+        for i, (obs, reward, terminated, truncated, info, final) in enumerate(done):
+            self._env_obs[i], self._rewards[i] = obs, reward
+            self._terminations[i], self._truncations[i] = terminated, truncated
+            if final is not None:  # in SyncVectorEnv's order: the final step's info first, then the reset's
+                infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, i)
+            infos = self._add_info(infos, info, i)
+        self._observations = gym.vector.utils.concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        self._autoreset_envs = self._terminations | self._truncations
+        obs = deepcopy(self._observations) if self.copy else self._observations
+        return obs, self._rewards.copy(), self._terminations.copy(), self._truncations.copy(), infos
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.pool.shutdown(wait=True)
+        super().close_extras(**kwargs)
+
+
+def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
+    obs, reward, terminated, truncated, info = env.step(action)
+    final = None
+    if terminated or truncated:
+        final = (obs, info)
+        obs, info = env.reset()
+    return obs, reward, terminated, truncated, info, final
+
+
+def make_vector(env_id: str, num_envs: int, vector: str, **kwargs: Any) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_id`` on gymnasium's ``sync`` or ``async`` vector env, or on threads;
+    same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    if vector == "threads":
+        return ThreadVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)])
+    return gym.make_vec(
+        env_id, num_envs=num_envs, vectorization_mode=vector, vector_kwargs={"autoreset_mode": same_step}, **kwargs
+    )

@@ -229,7 +229,6 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
     threads step the envs (the probe is the only task on its worker meanwhile), less what the process
     spent at the same rate while idle just before (a worker's event loop); with several threads
     stepping, the share can pass 1."""
-    import gymnasium as gym
 
     from dagrl.graph import EnvSpec, _probe_env
 
@@ -241,8 +240,11 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         clock = time.process_time
         idle = idle_cpu_rate()
     else:
-        vec = gym.make_vec(env_id.rpartition(":")[2], num_envs=envs, vectorization_mode=vector, **kwargs)
-        clock, idle = time.thread_time, 0.0
+        from dagrl.vector import make_vector
+
+        vec = make_vector(env_id.rpartition(":")[2], envs, vector, **kwargs)
+        # threads: the envs step in threads of their own, so the whole process's CPU, less its idle rate
+        clock, idle = (time.process_time, idle_cpu_rate()) if vector == "threads" else (time.thread_time, 0.0)
     try:
         vec.reset(seed=0)
         vec.action_space.seed(0)
@@ -260,7 +262,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         "steps": steps,
         "step_s": wall / steps,
         "cpu_s": cpu / steps,
-        "cpu_share": cpu / wall if vector == "envpool" else min(1.0, cpu / wall),
+        "cpu_share": cpu / wall if vector in ("envpool", "threads") else min(1.0, cpu / wall),
         "vector": vector,
     }
 

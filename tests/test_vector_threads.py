@@ -1,0 +1,71 @@
+"""``vector: threads``: each env stepped in a thread of its own, equal to gymnasium's SyncVectorEnv."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from dagrl.vector import ThreadVectorEnv, make_vector
+from tests.helpers import train
+
+
+def test_threads_step_exactly_as_sync_does_across_episode_ends():
+    """Same seeds and actions: every observation, reward, end flag and final observation equal."""
+    sync = make_vector("CartPole-v1", 6, "sync")
+    threads = make_vector("CartPole-v1", 6, "threads")
+    assert isinstance(threads, ThreadVectorEnv)
+    a, _ = sync.reset(seed=7)
+    b, _ = threads.reset(seed=7)
+    np.testing.assert_array_equal(a, b)
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(400):
+        actions = rng.integers(0, 2, 6)
+        got_a, got_b = sync.step(actions), threads.step(actions)
+        for x, y in zip(got_a[:4], got_b[:4], strict=True):
+            np.testing.assert_array_equal(x, y)
+        info_a, info_b = got_a[4], got_b[4]
+        assert sorted(info_a) == sorted(info_b)
+        if "final_obs" in info_a:
+            np.testing.assert_array_equal(info_a["_final_obs"], info_b["_final_obs"])
+            for i in np.flatnonzero(info_a["_final_obs"]):
+                np.testing.assert_array_equal(info_a["final_obs"][i], info_b["final_obs"][i])
+                ended += 1
+    assert ended > 50
+    sync.close()
+    threads.close()
+
+
+class Waiting(gym.Wrapper):
+    """An env whose step waits (a remote simulator), recording how many of its kind step at once."""
+
+    lock = threading.Lock()
+    now = most = 0
+
+    def step(self, action):
+        with Waiting.lock:
+            Waiting.now += 1
+            Waiting.most = max(Waiting.most, Waiting.now)
+        time.sleep(0.02)
+        with Waiting.lock:
+            Waiting.now -= 1
+        return self.env.step(action)
+
+
+def test_envs_that_wait_do_so_at_the_same_time():
+    envs = ThreadVectorEnv([lambda: Waiting(gym.make("CartPole-v1")) for _ in range(4)])
+    envs.reset(seed=0)
+    for _ in range(5):
+        envs.step(np.zeros(4, np.int64))
+    envs.close()
+    assert Waiting.most == 4
+
+
+def test_a_graph_trains_on_thread_vector_samplers(tmp_path):
+    overrides = ["roles.sampler.vector=threads", "stop.iterations=3", "stop.mean_return=null"]
+    summary, rundir = train("graphs/ppo-cartpole-single.yaml", tmp_path, overrides)
+    assert summary["iterations"] == 3
+    assert rundir.read_metrics()[-1]["env_steps"] == summary["env_steps"] > 0
