@@ -145,7 +145,7 @@ def test_a_clearly_faster_vector_backend_is_chosen_and_written(tmp_path, graphs_
     assert choose_vector({"sync": 0.5e-3, "envpool": 1.0e-3}, cpu, "envpool", by_cpu=False) == "sync"
     async_graph = load_graph(f"{graphs_dir}/ppo-cartpole.yaml", ["roles.sampler.vector=async"])
     assert vector_backends(async_graph, "sampler") == ["async"]  # its CPU is in other processes: kept
-    assert vector_backends(load_graph(f"{graphs_dir}/ppo-cartpole.yaml"), "sampler") == ["sync", "envpool"]
+    assert vector_backends(load_graph(f"{graphs_dir}/ppo-cartpole.yaml"), "sampler") == ["sync", "threads", "envpool"]
     threads = with_vector({"roles": {"sampler": {"vector": "envpool", "vector_threads": 2}}}, "sampler", "sync")
     assert threads["roles"]["sampler"] == {"vector": "sync"}  # vector_threads is EnvPool's only
 
@@ -180,7 +180,7 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     m = json.loads(saved.read_text())
     assert m["cluster"]["workers"] == 3 and m["cluster"]["cores"] >= 1 and m["cluster"]["hop_s"] > 0
     assert sorted(p["envs"] for p in m["fragments"]) == [1, 8]
-    assert set(m["vector"]["step_s"]) == {"sync", "envpool"} and min(m["vector"]["step_s"].values()) > 0
+    assert set(m["vector"]["step_s"]) == {"sync", "threads", "envpool"} and min(m["vector"]["step_s"].values()) > 0
     assert min(m["vector"]["cpu_s"].values()) > 0 and m["vector"]["by"] in ("cpu", "wall")
     assert all(p["vector"] == m["vector"]["chosen"] for p in m["env"])  # the probes ran on the chosen one
     assert all(p["busy"]["sampler"]["step_s"] > 0 and p["busy"]["learner"]["round_s"] > 0 for p in m["fragments"])

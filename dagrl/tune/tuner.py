@@ -121,10 +121,12 @@ def shape_of(graph: Graph) -> Shape:
     )
 
 
-VECTOR_CHOICES = ("sync", "envpool")
+VECTOR_CHOICES = ("sync", "threads", "envpool")
 """Vector env backends the tuner measures and may choose. ``async`` is left to the user: its envs
 step in processes of their own, whose cores the cost model does not count (it would predict them
-free), and a process per env is rarely worth it for the cheap envs a sampler steps in bulk."""
+free), and a process per env is rarely worth it for the cheap envs a sampler steps in bulk.
+``threads`` pays where envs wait (their waits overlap) and costs a little where they compute under
+the GIL; its probes count the whole process's CPU, like EnvPool's."""
 
 
 def vector_backends(graph: Graph, sampler: str) -> list[str]:
