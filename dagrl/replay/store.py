@@ -215,9 +215,9 @@ class ReplayStore:
             # about 1 MiB, but small enough that the cache holds 16 (a varied working set to draw from)
             return default_chunk_rows(self.schema.row_bytes, max(1, min(1 << 20, self.cache_bytes // 16)))
         # A priority draw reads a whole cold chunk for nearly every cold row (priorities keep no working
-        # set), so its cost is a file read plus the chunk's decode: about 64 KiB. Pong rows, 90 % cold,
-        # per draw of 256 (BENCHMARKS.md): 16-row chunks 1.2k rows/s, 2 rows 4.8k, 1 row 6.3k; but one
-        # row a chunk halves the add rate again (6.4k, 3.8k, 2.1k rows/s), hence at least 2.
+        # set), so its cost is a file read plus the chunk's decode: about 64 KiB. Pong rows, 90 % cold
+        # (BENCHMARKS.md): 16-row chunks drew 2.4k rows/s, 2-row chunks 10.0k; 1-row chunks drew 1.3 x
+        # faster than 2-row ones but added rows at 0.56 x their rate, hence at least 2.
         return default_chunk_rows(self.schema.row_bytes, 64 << 10, least=2)
 
     # -- sizes ------------------------------------------------------------------------------------
