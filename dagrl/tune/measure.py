@@ -223,12 +223,12 @@ def busy(policy: Any) -> dict[str, dict[str, float]]:
 
 def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, vector: str = "sync") -> dict[str, Any]:
     """Step ``envs`` copies of an env with random actions for about ``seconds`` in a ``vector`` env
-    (``sync`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
+    (``sync``, ``threads`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
 
-    The CPU counted is this thread's for ``sync``, and the whole process's for ``envpool``, whose C++
-    threads step the envs (the probe is the only task on its worker meanwhile), less what the process
-    spent at the same rate while idle just before (a worker's event loop); with several threads
-    stepping, the share can pass 1."""
+    The CPU counted is this thread's for ``sync``, and the whole process's for ``threads`` and
+    ``envpool``, whose own threads step the envs (the probe is the only task on its worker meanwhile),
+    less what the process spent at the same rate while idle just before (a worker's event loop); with
+    several threads stepping, the share can pass 1."""
 
     from dagrl.graph import EnvSpec, _probe_env
 
@@ -237,14 +237,12 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         from dagrl.vector import EnvPoolVector
 
         vec = EnvPoolVector(env_id, envs, seed=0, **kwargs)
-        clock = time.process_time
-        idle = idle_cpu_rate()
     else:
         from dagrl.vector import make_vector
 
         vec = make_vector(env_id.rpartition(":")[2], envs, vector, **kwargs)
-        # threads: the envs step in threads of their own, so the whole process's CPU, less its idle rate
-        clock, idle = (time.process_time, idle_cpu_rate()) if vector == "threads" else (time.thread_time, 0.0)
+    threaded = vector in ("threads", "envpool")  # the envs step in threads of their own
+    clock, idle = (time.process_time, idle_cpu_rate()) if threaded else (time.thread_time, 0.0)
     try:
         vec.reset(seed=0)
         vec.action_space.seed(0)
@@ -262,7 +260,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
         "steps": steps,
         "step_s": wall / steps,
         "cpu_s": cpu / steps,
-        "cpu_share": cpu / wall if vector in ("envpool", "threads") else min(1.0, cpu / wall),
+        "cpu_share": cpu / wall if threaded else min(1.0, cpu / wall),
         "vector": vector,
     }
 
