@@ -7,6 +7,7 @@ one line naming the file, the key and the value, with exit code 2, before any cl
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import runpy
 import shutil
@@ -114,6 +115,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary["elapsed_s"],
         rundir.path,
     )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from dagrl.evaluation import evaluate_checkpoint, write_result
+
+    result = evaluate_checkpoint(args.run, args.episodes, args.seed, args.set, args.video)
+    run = Path(result.checkpoint).parent.parent
+    out = write_result(run, result)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print(result.line())
+    for video in result.videos:
+        print(f"  video: {video}")
+    print(f"  wrote {out}")
     return 0
 
 
@@ -250,6 +267,16 @@ def parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel every SLURM job of a submitted run")
     cancel.add_argument("run", metavar="RUN_DIR")
 
+    ev = sub.add_parser("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
+    ev.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
+    ev.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
+    ev.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's)")
+    ev.add_argument("--video", metavar="DIR", help="also record every episode as an MP4 here (needs dagrl[video])")
+    ev.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
+    )
+    ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
+
     graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
     graph.add_argument("graph")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -315,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "graph":
             return cmd_graph(args)
+        if args.command == "eval":
+            return cmd_eval(args)
         if args.command == "tune":
             args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
             return cmd_tune(args)

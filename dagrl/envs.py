@@ -100,14 +100,15 @@ class CostlyCartPole(CartPoleEnv):
 class BrightHalf(gym.Env):
     """Which half of the image is bright? A two-action image task with optimal return ``length``."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, size: int = 84, channels: int = 1, length: int = 16):
+    def __init__(self, size: int = 84, channels: int = 1, length: int = 16, render_mode: str | None = None):
         if size < 36:  # the Nature CNN's three convolutions need 36 pixels
             raise ValueError(f"size must be >= 36, got {size}")
         self.observation_space = gym.spaces.Box(0, 255, (channels, size, size), np.uint8)
         self.action_space = gym.spaces.Discrete(2)
         self.length, self.size = length, size
+        self.render_mode = render_mode
 
     def _show(self) -> np.ndarray:
         self.side = int(self.np_random.integers(2))
@@ -115,7 +116,14 @@ class BrightHalf(gym.Env):
         half = self.size // 2
         cols = slice(half, None) if self.side else slice(0, half)
         img[:, :, cols] += 100
+        self.img = img
         return img
+
+    def render(self) -> np.ndarray | None:
+        """The image the agent sees now (its first channel), as RGB, for ``render_mode="rgb_array"``."""
+        if self.render_mode != "rgb_array":
+            return None
+        return np.repeat(self.img[0][:, :, None], 3, axis=2)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
         super().reset(seed=seed)

@@ -8,7 +8,7 @@ deterministic action function (argmax, the Gaussian's mean, ...).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -24,6 +24,9 @@ class EpisodeRunner:
     seed: int
     episodes: int
     calls: int = 0
+    last_returns: list[float] = field(default_factory=list)
+    """The returns of the last call's episodes, in the order they ended (``dagrl eval`` lists them)."""
+    last_lengths: list[int] = field(default_factory=list)
 
     def run(self, act: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """``episodes`` whole episodes from fresh resets (new seeds each call); their mean and spread."""
@@ -31,7 +34,9 @@ class EpisodeRunner:
         self.calls += 1
         obs, _ = envs.reset(seed=[self.seed + 10_000 * self.calls + i for i in range(envs.num_envs)])
         space = envs.single_action_space
-        running, returns = np.zeros(envs.num_envs), []
+        running, steps = np.zeros(envs.num_envs), np.zeros(envs.num_envs, np.int64)
+        returns: list[float] = []
+        lengths: list[int] = []
         with torch.no_grad():
             while len(returns) < self.episodes:
                 action = act(torch.as_tensor(obs, dtype=torch.float32)).numpy()
@@ -39,8 +44,12 @@ class EpisodeRunner:
                     action = np.clip(action, space.low, space.high)
                 obs, reward, terminated, truncated, _ = envs.step(action)
                 running += reward
+                steps += 1
                 done = terminated | truncated
                 returns.extend(running[done].tolist())
+                lengths.extend(steps[done].tolist())
                 running[done] = 0.0
-        out = np.asarray(returns[: self.episodes])
+                steps[done] = 0
+        self.last_returns, self.last_lengths = returns[: self.episodes], lengths[: self.episodes]
+        out = np.asarray(self.last_returns)
         return {"eval/return_mean": float(out.mean()), "eval/return_std": float(out.std())}

@@ -1,0 +1,221 @@
+"""Evaluating a saved policy: ``dagrl eval RUN`` loads a checkpoint and plays whole episodes with it.
+
+The run's own resolved graph (``config.yaml``) names the algorithm, the env and the networks. Only
+the roles of the algorithm's ``@evaluation`` are built (the learner side that publishes the weights,
+and the evaluator), in this process and on the CPU whatever the run used; no cluster, no samplers,
+no replay. The episodes are played by the algorithm's own ``evaluate`` fragment (greedy actions),
+so the numbers mean what the run's ``eval/*`` metrics mean, over as many episodes as asked.
+
+With ``video``, the evaluator's first env is wrapped in gymnasium's ``RecordVideo``: one MP4 per
+episode (``moviepy`` must be installed, and the env must render ``rgb_array`` frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from dagrl.schema import ConfigError
+
+__all__ = ["EvalResult", "evaluate_checkpoint", "load_run"]
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """What ``dagrl eval`` reports; ``to_json`` is what it writes beside the checkpoint's run."""
+
+    checkpoint: str
+    iteration: int
+    env_steps: int
+    env_id: str
+    seed: int
+    returns: list[float]
+    lengths: list[int]
+    videos: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.returns) / len(self.returns)
+
+    @property
+    def std(self) -> float:
+        m = self.mean
+        return (sum((r - m) ** 2 for r in self.returns) / len(self.returns)) ** 0.5
+
+    def line(self) -> str:
+        return (
+            f"{self.env_id}: return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} episodes "
+            f"(min {min(self.returns):.1f}, max {max(self.returns):.1f}, mean length "
+            f"{sum(self.lengths) / len(self.lengths):.0f}); {Path(self.checkpoint).name}: iteration "
+            f"{self.iteration}, {self.env_steps:,} env steps"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "return_mean": self.mean, "return_std": self.std}
+
+
+def load_run(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The run directory and the checkpoint that ``path`` names: a run directory (its newest readable
+    checkpoint) or one checkpoint file inside ``<run>/checkpoints/``."""
+    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("dagrl eval", "RUN", f"{path} does not exist")
+    run = path if path.is_dir() else path.parent.parent
+    if not (run / "config.yaml").exists():
+        raise ConfigError("dagrl eval", "RUN", f"{run} is not a dagrl run directory (no config.yaml)")
+    try:
+        return run, load_checkpoint(path)
+    except (FileNotFoundError, CheckpointError) as err:
+        raise ConfigError("dagrl eval", "RUN", str(err)) from None
+
+
+def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str], video: bool) -> Any:
+    """The run's graph set up for evaluation in this process: policy ``single``, evaluation on,
+    ``episodes`` episodes on one evaluator replica, ``seed`` (default: the run's) and ``overrides``."""
+    from dagrl.graph import resolve_graph
+    from dagrl.schema import apply_overrides, read_yaml
+
+    if episodes < 1:
+        raise ConfigError("dagrl eval", "--episodes", f"must be >= 1, got {episodes}")
+    data = read_yaml(run / "config.yaml")
+    data["policy"] = "single"
+    data["evaluate"] = {"every": 1}
+    data.setdefault("hyperparameters", {})["eval_episodes"] = episodes
+    if seed is not None:
+        data["seed"] = seed
+    if video:
+        data.setdefault("env", {}).setdefault("kwargs", {})["render_mode"] = "rgb_array"
+    data = apply_overrides(data, overrides)
+    where = f"{run / 'config.yaml'}"
+    graph = resolve_graph(data, where)
+    if graph.algorithm.eval_graph is None:
+        raise ConfigError(where, "algorithm", f"{graph.spec.algorithm}: has no @evaluation to run")
+    for role in graph.algorithm.eval_only_roles:  # one evaluator; with a video, one env: a file per episode
+        data.setdefault("roles", {}).setdefault(role, {})["replicas"] = 1
+        if video:
+            data["roles"][role].update(envs=1, vector="sync")
+    graph = resolve_graph(data, where)
+    return graph
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    episodes: int = 10,
+    seed: int | None = None,
+    overrides: list[str] | None = None,
+    video: str | Path | None = None,
+) -> EvalResult:
+    """Play ``episodes`` greedy episodes with the checkpoint ``path`` names (see :func:`load_run`).
+
+    Examples
+    --------
+    >>> from dagrl.graph import load_graph
+    >>> from dagrl.training import train
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2", "runs_dir=/tmp/dagrl-doctest"])
+    >>> run = train(g)["run_dir"]
+    >>> result = evaluate_checkpoint(run, episodes=3)
+    >>> len(result.returns), result.iteration
+    (3, 2)
+    """
+    if video is not None:
+        try:
+            import moviepy  # noqa: F401  (gymnasium's RecordVideo writes with it)
+        except ImportError:
+            raise ConfigError("dagrl eval", "--video", "needs moviepy: pip install 'dagrl[video]'") from None
+    from dagrl.evaluator import EpisodeRunner
+
+    run, ckpt = load_run(path)
+    graph = eval_graph(run, episodes, seed, list(overrides or []), video is not None)
+    hosts = _hosts(graph, run, ckpt)
+    evaluator = hosts[graph.algorithm.eval_graph.output.role][0].target.state
+    if not isinstance(evaluator, EpisodeRunner):
+        raise ConfigError(
+            "dagrl eval", "", f"algorithm {graph.spec.algorithm}: its evaluator state is not a dagrl EpisodeRunner"
+        )
+    prefix = Path(ckpt["path"]).stem
+    if video is not None:
+        _record(evaluator, Path(video), prefix)
+    from dagrl.context import EnvError
+    from dagrl.runtime.executor import Executor
+
+    eval_nodes = graph.algorithm.eval_graph
+    executor = Executor()
+    try:
+        calls = executor.run_nodes(eval_nodes.nodes, hosts, graph.algorithm.roles)
+        executor.wait(calls[eval_nodes.output.id])
+    except EnvError as err:  # most often an env that cannot render frames for --video
+        raise ConfigError("dagrl eval", "--video" if video else "env", str(err)) from None
+    finally:
+        if video is not None:
+            _drop_unfinished(evaluator)
+        evaluator.envs.close()
+    returns, lengths = evaluator.last_returns, evaluator.last_lengths
+    # one env records, every episode: the i-th episode played is RecordVideo's episode i
+    names = [Path(video) / f"{prefix}-episode-{i}.mp4" for i in range(len(returns))] if video else []
+    counters = ckpt.get("counters", {})
+    return EvalResult(
+        checkpoint=ckpt["path"],
+        iteration=int(counters.get("iteration", 0)),
+        env_steps=int(counters.get("env_steps", 0)),
+        env_id=graph.spec.env.id,
+        seed=graph.spec.seed,
+        returns=[float(r) for r in returns],
+        lengths=[int(n) for n in lengths],
+        videos=[str(p) for p in names if p.exists()],
+    )
+
+
+def _hosts(graph: Any, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]]:
+    """In-process hosts of the evaluation's roles, on the CPU, loaded with the checkpoint's states."""
+    from dagrl.runtime.host import RoleHost
+    from dagrl.runtime.hosts import Handle, Start, _host_args
+
+    roles = {n.role for n in graph.algorithm.eval_graph.nodes}
+    counters = ckpt.get("counters", {})
+    start = Start(seed_offset=0, run_dir=str(run), env_steps=int(counters.get("env_steps", 0)))
+    hosts: dict[str, list[Any]] = {}
+    for role in sorted(roles):
+        hosts[role] = []
+        states = ckpt.get("roles", {}).get(role) or []
+        for i in range(graph.role(role).replicas):
+            args, kwargs = _host_args(graph, role, i, start)
+            host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
+            if i < len(states) and states[i] is not None:
+                try:
+                    host.load_state_dict(states[i])
+                except Exception as err:  # a --set that changed a network's shape
+                    detail = " ".join(line.strip() for line in str(err).splitlines()[:2])
+                    raise ConfigError(ckpt["path"], role, f"checkpoint does not load: {detail[:300]}") from None
+            hosts[role].append(Handle(role, i, host))
+    return hosts
+
+
+def _record(runner: Any, folder: Path, prefix: str) -> None:
+    """Wrap the first env of ``runner``'s vector env in ``RecordVideo``: every episode, whole, its last
+    frame included (the vector env resets that env right after its last step, which ends the file)."""
+    import gymnasium as gym
+
+    envs = runner.envs
+    inner = getattr(envs, "_envs", envs)
+    subs = getattr(inner, "envs", None)
+    if not isinstance(subs, list) or not subs:
+        raise ConfigError("dagrl eval", "--video", "records envs of the sync and threads vector backends only")
+    subs[0] = gym.wrappers.RecordVideo(subs[0], str(folder), episode_trigger=lambda _: True, name_prefix=prefix)
+
+
+def _drop_unfinished(runner: Any) -> None:
+    """Forget the frames of the episode the evaluation did not play to its end (no partial MP4)."""
+    first = getattr(runner.envs, "_envs", runner.envs).envs[0]
+    first.recorded_frames, first.recording = [], False
+
+
+def write_result(run: Path, result: EvalResult) -> Path:
+    """``<run>/eval/<checkpoint>-seed<seed>.json``."""
+    out = run / "eval" / f"{Path(result.checkpoint).stem}-seed{result.seed}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result.to_json(), indent=2))
+    return out
