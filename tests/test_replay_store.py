@@ -334,3 +334,43 @@ def test_prioritized_stores_get_small_chunks_and_a_reopened_store_keeps_its_own(
     assert_holds(again, added)
     got = again.sample(256)
     np.testing.assert_array_equal(got.data["obs"][:, 0], got.indices)  # every row is the one drawn
+
+
+KILLED_MID_WRITE = """
+import os, signal, sys
+import numpy as np
+from dagrl.replay import ReplayStore
+from dagrl.replay import chunkfiles
+from tests.test_replay_store import SCHEMA, rows
+
+store = ReplayStore(SCHEMA, 20_000, 2**18, sys.argv[1], chunk_rows=256)
+store.add(rows(0, 5_000))
+store.flush()  # acknowledged: every row on disk
+print(store.durable_tail, flush=True)
+chunkfiles.os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # die between write and rename
+store.add(rows(5_000, 5_000))
+store.flush()
+"""
+
+
+def test_a_writer_killed_mid_chunk_write_loses_no_acknowledged_row_and_leaves_no_file(tmp_path):
+    """SIGKILL between a chunk file's write and its rename: the old chunk stays, the next writer to
+    open the store removes the unfinished file, and every row flushed before reads back."""
+    path = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(path)], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    durable = int(proc.stdout.split()[0])
+    assert durable == 5_000
+    partial = path / "rows" / ".partial"
+    assert len(os.listdir(partial)) == 1  # the unfinished chunk file
+
+    store = ReplayStore(SCHEMA, 20_000, 2**18, path, chunk_rows=256)
+    assert os.listdir(partial) == []
+    assert store.tail >= durable
+    got = store.read(np.arange(0, durable))
+    for k, v in rows(0, durable).items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    import zarr
+
+    on_disk = zarr.open_group(str(path), mode="r")["rows"][: durable // 256 * 256]  # zarr reads it all
+    assert on_disk.shape == (durable // 256 * 256, SCHEMA.row_bytes)

@@ -21,12 +21,29 @@ import numpy as np
 
 
 class ChunkFiles:
-    """Chunk ``slot`` of a ``(slots x chunk_rows, row_bytes)`` uint8 array: one file, one codec."""
+    """Chunk ``slot`` of a ``(slots x chunk_rows, row_bytes)`` uint8 array: one file, one codec.
+
+    A chunk is written to ``<array>/.partial/<slot>.<pid>`` and renamed over its file, so a writer
+    killed mid-write leaves the old chunk intact and its unfinished file in that one directory, which
+    the next writer to open the store empties (:meth:`sweep`).
+    """
 
     def __init__(self, root: Path, codec: Any):
         self.root = str(root / "c")
+        self.partial = str(root / ".partial")
         self.codec = codec  # a numcodecs codec, or None: raw bytes
         self.made: set[int] = set()  # slots whose directory exists
+        os.makedirs(self.partial, exist_ok=True)
+
+    def sweep(self) -> int:
+        """Remove the unfinished chunk files of writers that died mid-write; how many there were.
+        Only for the store's one writer, when it opens the store (no write of its own in flight)."""
+        gone = 0
+        for entry in os.scandir(self.partial):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                gone += 1
+        return gone
 
     def path(self, slot: int) -> str:
         return f"{self.root}/{slot}/0"
@@ -48,7 +65,7 @@ class ChunkFiles:
         if slot not in self.made:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self.made.add(slot)
-        tmp = f"{path}.{os.getpid()}.partial"
+        tmp = f"{self.partial}/{slot}.{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
                 f.write(data)

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import queue
@@ -43,6 +44,8 @@ from dagrl.replay.chunkfiles import ChunkFiles, chunk_files
 from dagrl.replay.malloc import keep_freed_memory
 from dagrl.replay.schema import ReplayError, Schema
 from dagrl.replay.sumtree import PriorityTree
+
+log = logging.getLogger("dagrl")
 
 META = "meta.json"
 PRIORITIES = "priorities.npy"
@@ -443,6 +446,8 @@ class ReplayStore:
         self.samples_drawn = meta.get("samples_drawn", 0)
         self.rows = zarr.open_group(str(self.path), mode="a")["rows"]
         self.files = chunk_files(self.rows, self.codec)
+        if self.files is not None and (left := self.files.sweep()):
+            log.info("replay path %s: removed %d unfinished chunk file(s) of a writer that died", self.path, left)
         self.persisted_head = self.head
         self.hot_lo = self.tail // self.chunk_rows
         if self.tail % self.chunk_rows:  # keep filling the last chunk in RAM
