@@ -160,7 +160,9 @@ class Streaming(Policy):
             for a in stream.inputs
         ]
         fresh = previous is not None and previous.version == version != seen
-        call = ex.submit(handles[i], stream.name, args, after=[previous.call] if fresh else [], announce=True)
+        call = ex.submit(
+            handles[i], stream.name, args, after=[previous.call] if fresh else [], announce=True, stamp=False
+        )  # stamped by _stream when it has waited for them, as are the inserts and the report
         inserts = []
         for node in self.shape.insert:
             shards = self.hosts[node.role]
@@ -171,9 +173,9 @@ class Streaming(Policy):
                 for a in node.inputs
             ]  # fmt: skip
             after = [c for n, _, c in previous.inserts if n is node] if previous is not None else []
-            inserts.append((node, k, ex.submit(shards[k], node.name, node_args, after=after)))
+            inserts.append((node, k, ex.submit(shards[k], node.name, node_args, after=after, stamp=False)))
         watch = [c for cs in current.values() for c in cs]
-        return _Pending(version, call, ex.report(call), inserts, watch)
+        return _Pending(version, call, ex.report(call, stamp=False), inserts, watch)
 
     def _stream(self, i: int) -> None:
         """Keep ``in_flight`` stream calls (and their inserts) queued on sampler ``i``; record arrivals."""
@@ -197,6 +199,9 @@ class Streaming(Policy):
                     p = pending[0]
                     ins = [c for _, _, c in p.inserts]
                     values = self.executor.wait([p.report, *ins], [*p.watch, p.call, *ins])
+                    done = time.perf_counter()  # when the driver learnt they finished (Call.done_at)
+                    for c in (p.call, p.report, *ins):
+                        c.done_at = done
                     pending.popleft()
                     seen = p.version
                     with self.cond:

@@ -323,6 +323,7 @@ class Executor:
         task: Any = None,
         reports: tuple[int, ...] = (),
         announce: bool = False,
+        stamp: bool = True,
     ) -> Call:
         """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
 
@@ -334,6 +335,9 @@ class Executor:
         only the driver reads).
         ``announce``: the task logs its output's :class:`Report` as an event, which :meth:`report`
         then returns without a task of its own (remote only; for an output other tasks consume).
+        ``stamp``: set :attr:`Call.done_at` when the task finishes, through a Dask done-callback (a
+        coroutine on the client's loop and a hop through its callback thread, per call); ``False``
+        for a caller that waits for the call itself and stamps it then (a stream).
         """
         args = [_values(a) for a in args]
         after = [c.future for c in after]
@@ -361,10 +365,11 @@ class Executor:
             priority=-next(self._order),  # first submitted, first run (module docstring)
         )
         call = Call(handle, fragment, future, time.perf_counter(), announced=announce, inputs=[*args, *after])
-        future.add_done_callback(call._stamp)
+        if stamp:
+            future.add_done_callback(call._stamp)
         return call
 
-    def report(self, call: Call) -> Call:
+    def report(self, call: Call, stamp: bool = True) -> Call:
         """A small :class:`Report` of ``call``'s output, computed where the output lives: the event
         an announced call's task logged, else a task of its own on the output's worker."""
         if not self.remote:
@@ -378,7 +383,8 @@ class Executor:
         else:
             future = self._report_task(call.handle, call.future)
         out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
-        future.add_done_callback(out._stamp)
+        if stamp:
+            future.add_done_callback(out._stamp)
         return out
 
     def _report_task(self, handle: Any, future: Any) -> Any:
