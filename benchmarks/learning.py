@@ -10,6 +10,10 @@ env steps/s and wall time. Beside each: the published reference for the same alg
 at the same budget where a source gives one, else the nearest budget the sources give (said in
 the table). Numbers are carried from the cited pages; no code is.
 
+``--final-eval N`` (default 10) then plays N greedy episodes with each run's final checkpoint
+(``dagrl eval``; kept in ``OUT/<graph>-s<seed>/eval/``): the evaluation return at exactly the budget,
+over more episodes than the graph's periodic evaluations, as the references report it.
+
 ``--jobs N`` runs N of the ``single`` runs at once, each in a process of its own with one torch
 thread (its output in ``OUT/<graph>-s<seed>.log``), then writes the table as one run would.
 
@@ -70,7 +74,24 @@ def reference(algorithm: str, env_id: str, budget: int) -> dict[str, Any] | None
     return min(found, key=lambda r: (abs(r["steps"] - budget), r["steps"]), default=None)
 
 
-def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any) -> dict[str, Any]:
+def final_eval(path: Path, episodes: int) -> list[float] | None:
+    """The returns of ``episodes`` greedy episodes with the run's final checkpoint (read back if done)."""
+    from dagrl.evaluation import evaluate_checkpoint, write_result
+
+    if episodes < 1:
+        return None
+    last = RunDir(path).list_checkpoints()[-1]
+    kept = sorted((path / "eval").glob(f"{last.stem}-seed*.json"))
+    for saved in kept:
+        returns = json.loads(saved.read_text())["returns"]
+        if len(returns) == episodes:
+            return returns
+    result = evaluate_checkpoint(last, episodes=episodes)
+    write_result(path, result)
+    return result.returns
+
+
+def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any, episodes: int = 0) -> dict[str, Any]:
     path = out / f"{graph_name}-s{seed}"
     rundir = RunDir(path)
     overrides = [f"seed={seed}", f"stop.env_steps={budget}", "stop.mean_return=null", f"stop.window={WINDOW}"]
@@ -89,6 +110,7 @@ def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any) -> 
     rows = rundir.read_metrics()
     evals = [r for r in rows if "eval/return_mean" in r]
     last_eval = summary.get("eval") or (evals[-1] if evals else {})
+    final = final_eval(path, episodes)
     return {
         "graph": graph_name,
         "algorithm": graph.spec.algorithm,
@@ -100,6 +122,8 @@ def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any) -> 
         "final_return": summary["mean_return"],
         "eval_return": last_eval.get("eval/return_mean"),
         "eval_at": next((r["env_steps"] for r in reversed(rows) if "eval/return_mean" in r), None),
+        "final_eval": None if final is None else statistics.mean(final),
+        "final_eval_episodes": 0 if final is None else len(final),
         "wall_s": summary["elapsed_s"],
         "steps_per_s": summary["env_steps"] / summary["elapsed_s"],
         "curve": [
@@ -110,7 +134,7 @@ def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any) -> 
     }
 
 
-def run_parallel(specs: list[tuple[str, int]], seeds: list[int], out: Path, jobs: int) -> None:
+def run_parallel(specs: list[tuple[str, int]], seeds: list[int], out: Path, jobs: int, episodes: int) -> None:
     """Run every unfinished (graph, seed) in a process of its own, ``jobs`` at once, one torch thread
     each; :func:`run_one` then reads them back."""
     import os
@@ -127,6 +151,7 @@ def run_parallel(specs: list[tuple[str, int]], seeds: list[int], out: Path, jobs
             name, budget, seed = todo.pop(0)
             log = out / f"{name}-s{seed}.log"
             cmd = [sys.executable, __file__, "--graphs", f"{name}:{budget}", "--seeds", str(seed), "--out", str(out)]
+            cmd += ["--final-eval", str(episodes)]
             print(f"started {name} seed {seed} ({log})", flush=True)
             with open(log, "a") as f:
                 running.append((subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env), f"{name} s{seed}"))
@@ -143,6 +168,7 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first = mine[0]
         finals = [r["final_return"] for r in mine if r["final_return"] is not None]
         evals = [r["eval_return"] for r in mine if r["eval_return"] is not None]
+        finals_eval = [r["final_eval"] for r in mine if r.get("final_eval") is not None]
         ref = reference(first["algorithm"], first["env"], first["budget"])
         row = {
             "graph": name,
@@ -151,6 +177,7 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "seeds": len(mine),
             "final_return": _mean_pm(finals),
             "eval_return": _mean_pm(evals) + (f" @ {first['eval_at'] / 1000:.0f}k" if evals else ""),
+            "final_eval": _mean_pm(finals_eval) + (f" ({first['final_eval_episodes']} ep)" if finals_eval else ""),
             "steps/s": statistics.mean(r["steps_per_s"] for r in mine),
             "wall_s": statistics.mean(r["wall_s"] for r in mine),
             "published": "none carried"
@@ -238,6 +265,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learning"))
     ap.add_argument("--cluster", action="store_true", help="run distributed graphs on an embedded LocalCluster")
     ap.add_argument("--jobs", type=int, default=1, help="single runs at once, a process each (not with --cluster)")
+    ap.add_argument(
+        "--final-eval", type=int, default=10, metavar="N", help="greedy episodes with each final checkpoint (0: none)"
+    )
     args = ap.parse_args()
     if args.jobs > 1 and args.cluster:
         ap.error("--jobs runs single graphs in processes of their own; --cluster runs one at a time")
@@ -248,7 +278,7 @@ def main() -> None:
         specs.append((name, int(steps or 100_000)))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.jobs > 1:
-        run_parallel(specs, args.seeds, args.out, args.jobs)
+        run_parallel(specs, args.seeds, args.out, args.jobs, args.final_eval)
     client = None
     if args.cluster:
         from distributed import Client, LocalCluster
@@ -259,9 +289,9 @@ def main() -> None:
     for name, budget in specs:
         for seed in args.seeds:
             print(f"[{len(runs) + 1}/{total}] {name} seed {seed}, {budget:,} env steps", flush=True)
-            runs.append(run_one(name, budget, seed, args.out, client))
+            runs.append(run_one(name, budget, seed, args.out, client, args.final_eval))
     rows = aggregate(runs)
-    columns = ["graph", "steps", "seeds", "final_return", "eval_return", "published", "steps/s", "wall_s"]
+    columns = ["graph", "steps", "seeds", "final_return", "eval_return", "final_eval", "published", "steps/s", "wall_s"]
     print(table(rows, columns))
     (args.out / "results.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
     md = ["| " + " | ".join(columns + ["source"]) + " |", "|" + "---|" * (len(columns) + 1)]
