@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from dagrl.graph import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.inference import Batcher
+from dagrl.runtime.inference import Batcher, BatchServer, InferenceClient, InferenceUnavailable
 from dagrl.schema import ConfigError
 from tests.helpers import train
 
@@ -29,14 +29,26 @@ class Doubling:
 
 
 def _ask(batcher, requests, gaps_s=()):
-    async def main():
-        async def one(i, obs):
-            await asyncio.sleep(gaps_s[i] if i < len(gaps_s) else 0.0)
-            return await batcher.act(obs)
+    """Each request from a client thread of its own, through a real socket server; their answers."""
+    server = BatchServer(batcher)
+    answers = [None] * len(requests)
 
-        return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    def one(i, obs):
+        time.sleep(gaps_s[i] if i < len(gaps_s) else 0.0)
+        client = InferenceClient(f"sampler[{i}]", timeout_s=10.0)
+        client.attach(server.endpoint)
+        try:
+            answers[i] = client(obs)
+        except Exception as err:
+            answers[i] = err
 
-    return asyncio.run(main())
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    server.close()
+    return answers
 
 
 def test_one_forward_answers_every_sampler_with_its_own_rows():
@@ -57,10 +69,10 @@ def test_a_missing_sampler_delays_the_batch_by_max_wait_only():
     net = Doubling()
     batcher = Batcher(net, threading.RLock(), expected=3, max_wait_s=0.05)
     requests = [np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32)]
-    answers = _ask(batcher, requests)  # the third sampler never asks
+    answers = _ask(batcher, requests, gaps_s=[0.0, 0.01])  # the third sampler never asks
     assert [b.shape for b in net.batches] == [(4, 2)]
     np.testing.assert_array_equal(answers[0][0], 2 * np.ones((2, 2)))
-    assert batcher.stats()["inference/queue_ms"] >= 40  # they waited for it, then went on
+    assert batcher.stats()["inference/queue_ms"] >= 30  # they waited for it, then went on
 
 
 def test_a_failing_forward_fails_every_request_of_its_batch():
@@ -68,8 +80,20 @@ def test_a_failing_forward_fails_every_request_of_its_batch():
         raise ValueError("bad weights")
 
     batcher = Batcher(broken, threading.RLock(), expected=2, max_wait_s=1.0)
-    with pytest.raises(ValueError, match="bad weights"):
-        _ask(batcher, [np.ones((1, 2)), np.ones((1, 2))])
+    answers = _ask(batcher, [np.ones((1, 2)), np.ones((1, 2))])
+    assert all(isinstance(a, ValueError) and "bad weights" in str(a) for a in answers)
+
+
+def test_a_sampler_whose_inference_role_is_gone_gets_one_clear_error():
+    server = BatchServer(Batcher(Doubling(), threading.RLock(), expected=1, max_wait_s=0.0))
+    client = InferenceClient("sampler[0]", timeout_s=5.0)
+    client.attach(server.endpoint)
+    assert client(np.ones((1, 2), np.float32))[0].shape == (1, 2)
+    server.close()  # as when the inference worker dies: the connection and the socket close
+    with pytest.raises(InferenceUnavailable, match=r"sampler\[0\] could not reach the inference role"):
+        client(np.ones((1, 2), np.float32))
+    with pytest.raises(InferenceUnavailable, match="no inference role attached"):
+        InferenceClient("sampler[1]")(np.ones((1, 2), np.float32))
 
 
 def test_inference_is_started_only_under_central_inference():

@@ -6,8 +6,8 @@ The iteration runs as under ``sync`` (one Dask graph; rollouts worker to worker)
   weights that fragment receives (fetched from the learner's worker peer to peer); the samplers'
   tasks wait for it, so every action of the iteration comes from that version;
 * each sampler acts through :meth:`dagrl.context.RoleContext.acting`, which here is a client of the
-  inference role: one actor call per env step, answered from one forward pass over all samplers'
-  observations (:class:`dagrl.runtime.inference.Batcher`).
+  inference role: one request per env step on a socket of the inference worker's host, answered
+  from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`).
 
 A sampler that cannot reach the inference role fails its fragment; if the inference host does not
 answer a heartbeat either, the failure is the inference role's: it is replaced in place (its state is
@@ -40,6 +40,8 @@ class CentralInference(Lockstep):
         super().__init__(graph, hosts, executor)
         algo = graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
+        self.endpoint: tuple[str, int] | None = None
+        """The inference role's socket (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
         self.attached: dict[Any, Any] = {}
         """Sampler handle -> the inference handle it acts through (handles, not ids: a replaced
         handle's id may be reused by its replacement)."""
@@ -51,14 +53,14 @@ class CentralInference(Lockstep):
 
     def _serve(self) -> None:
         expected = len(self.hosts[self.actors_role])
-        self.server.serve(expected, self.options.max_wait_ms).result()
+        self.endpoint = tuple(self.server.serve(expected, self.options.max_wait_ms).result())
 
     def _attach(self) -> None:
         """Point every sampler (a replacement, or all after the inference role was replaced) at it."""
         server = self.server
         samplers = self.hosts[self.actors_role]
         todo = [h for h in samplers if self.attached.get(h) is not server]
-        for fut in [h.attach_inference(server.address, server.host_id) for h in todo]:  # all at once
+        for fut in [h.attach_inference(self.endpoint) for h in todo]:  # all at once
             fut.result()
         self.attached = dict.fromkeys(samplers, server)  # replaced samplers' handles are dropped
 

@@ -115,6 +115,17 @@ def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:
         host.state.load(*[shm.unwrap(w) for w in weights])
 
 
+def _address_host() -> str:
+    """This worker's host as other workers reach it (its Dask address's host), else the loopback."""
+    try:
+        from distributed import get_worker
+        from distributed.comm import get_address_host
+
+        return get_address_host(get_worker().address)
+    except ValueError:  # not in a worker
+        return "127.0.0.1"
+
+
 _REPORTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "MALLOC_TRIM_THRESHOLD_")
 """Where a role really runs, as its own process sees it (``actors.json``, ``dagrl status``)."""
 
@@ -157,6 +168,7 @@ class RoleHost:
         self.shared_memory = shared_memory
         self.state = algo.roles[role].factory(ctx, config)
         self.batcher: Any = None
+        self.server: Any = None  # the inference role's BatchServer
         self.calls = 0
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
@@ -203,22 +215,24 @@ class RoleHost:
 
     # -- central inference (policy ``central-inference``) --------------------------------------------
 
-    def serve(self, expected: int, max_wait_ms: float) -> None:
-        """Answer ``act`` requests in batches of ``expected`` (or after ``max_wait_ms``): the inference role."""
-        from dagrl.runtime.inference import Batcher
+    def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int]:
+        """Answer sampler requests in batches of ``expected`` (or after ``max_wait_ms``) on a socket of
+        this worker's host: the inference role. Returns the socket's address, for the samplers."""
+        from dagrl.runtime.inference import Batcher, BatchServer
 
+        if self.server is not None:
+            self.server.close()
         self.batcher = Batcher(self.state, self.lock, expected, max_wait_ms / 1e3)
-
-    async def act(self, obs: Any) -> Any:
-        """Actions for one sampler's observations, from a batched forward (an ``async`` actor method)."""
-        return await self.batcher.act(obs)
+        self.server = BatchServer(self.batcher, _address_host())
+        weakref.finalize(self, self.server.close)  # the actor released: its thread and sockets go too
+        return self.server.endpoint
 
     def inference_stats(self) -> dict[str, float]:
         return self.batcher.stats() if self.batcher is not None else {}
 
-    def attach_inference(self, address: str, key: str) -> None:
-        """A sampler: act through the inference role's host (actor ``key`` on worker ``address``) from now on."""
-        self.ctx.inference.attach(address, key)
+    def attach_inference(self, endpoint: tuple[str, int]) -> None:
+        """A sampler: act through the inference role's socket at ``endpoint`` from now on."""
+        self.ctx.inference.attach(endpoint)
 
     def acting_stats(self) -> tuple[int, float]:
         """A sampler: inference calls made and seconds waited since last asked."""

@@ -85,8 +85,8 @@ class Handle:
     def inference_stats(self) -> Any:
         return self._invoke("inference_stats")
 
-    def attach_inference(self, address: str, key: str) -> Any:
-        return self._invoke("attach_inference", address, key)
+    def attach_inference(self, endpoint: tuple[str, int]) -> Any:
+        return self._invoke("attach_inference", endpoint)
 
     def acting_stats(self) -> Any:
         return self._invoke("acting_stats")
