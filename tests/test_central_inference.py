@@ -10,7 +10,15 @@ import pytest
 
 from dagrl.graph import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.inference import Batcher, BatchServer, InferenceClient, InferenceUnavailable
+from dagrl.runtime.inference import (
+    Batcher,
+    BatchServer,
+    InferenceClient,
+    InferenceError,
+    InferenceUnavailable,
+    decode,
+    encode,
+)
 from dagrl.schema import ConfigError
 from tests.helpers import train
 
@@ -81,7 +89,27 @@ def test_a_failing_forward_fails_every_request_of_its_batch():
 
     batcher = Batcher(broken, threading.RLock(), expected=2, max_wait_s=1.0)
     answers = _ask(batcher, [np.ones((1, 2)), np.ones((1, 2))])
-    assert all(isinstance(a, ValueError) and "bad weights" in str(a) for a in answers)
+    assert all(isinstance(a, InferenceError) and "raised ValueError: bad weights" in str(a) for a in answers)
+
+
+def test_frames_carry_arrays_as_data_and_strangers_are_dropped():
+    arrays = (np.arange(6, dtype=np.int64).reshape(2, 3), np.zeros((0, 4), np.float32), np.float32(2.5) * np.ones(3))
+    body = encode(arrays)[4:]
+    for got, want in zip(decode(body), arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert decode(encode(ValueError("no"))[4:]) == "ValueError: no"
+
+    server = BatchServer(Batcher(Doubling(), threading.RLock(), expected=1, max_wait_s=0.0))
+    host, port, token = server.endpoint
+    stranger = InferenceClient("stranger", timeout_s=5.0)
+    stranger.attach((host, port, "00" * 16))  # the wrong token: the server hangs up
+    with pytest.raises(InferenceUnavailable, match="stranger could not reach"):
+        stranger(np.ones((1, 2), np.float32))
+    sampler = InferenceClient("sampler[0]", timeout_s=5.0)
+    sampler.attach(server.endpoint)
+    np.testing.assert_array_equal(sampler(np.ones((1, 2), np.float32))[0], 2 * np.ones((1, 2)))
+    server.close()
 
 
 def test_a_sampler_whose_inference_role_is_gone_gets_one_clear_error():

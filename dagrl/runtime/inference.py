@@ -14,9 +14,10 @@ Three parts:
 Why not an actor call per step: through Dask (the sampler's thread handing the call to its worker's
 event loop, Dask's messages both ways, the inference worker's loop) a step's round trip took 3.2 ms
 median on a 2-core machine, against ~0.1 ms for a small network's own forward (BENCHMARKS.md);
-a plain socket carries the same request in tens of microseconds. The frames are a 4-byte length
-and a pickle (protocol 5) of the observations, or of the answer (a tuple of arrays, or the
-exception the forward raised).
+a plain socket carries the same request in tens of microseconds. A frame is a 4-byte length, then
+arrays as dtype, shape and raw bytes (:func:`encode`; never a pickle), or an error's text. A
+connection first sends the server's random token (:data:`TOKEN_BYTES`), which only the policy hands
+out: anyone else who reaches the port is dropped.
 
 Numbers the policy reports each iteration (``inference/*`` metrics): rows per forward, requests per
 forward, time a request waits in the queue, forward time, the share of wall time spent in forwards
@@ -26,7 +27,8 @@ forward, time a request waits in the queue, forward time, the share of wall time
 from __future__ import annotations
 
 import contextlib
-import pickle
+import hmac
+import secrets
 import selectors
 import socket
 import struct
@@ -37,18 +39,52 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchServer", "Batcher", "InferenceClient", "InferenceUnavailable"]
+__all__ = ["BatchServer", "Batcher", "InferenceClient", "InferenceError", "InferenceUnavailable"]
 
 HEADER = struct.Struct("!I")
+TOKEN_BYTES = 16
+Endpoint = tuple[str, int, str]
+"""Host, port and the hex token a connection opens with."""
 
 
 class InferenceUnavailable(RuntimeError):
     """A sampler could not reach the inference role (its worker died, or it did not answer in time)."""
 
 
-def _frame(obj: Any) -> bytes:
-    payload = pickle.dumps(obj, protocol=5)
-    return HEADER.pack(len(payload)) + payload
+def encode(answer: tuple[np.ndarray, ...] | BaseException) -> bytes:
+    """One frame: arrays as dtype, shape and raw bytes (never a pickle: a frame from anyone who
+    reaches the socket is only ever data), or an error's text."""
+    if isinstance(answer, BaseException):
+        body = b"\x01" + f"{type(answer).__name__}: {answer}".encode()
+    else:
+        parts = [b"\x00", struct.pack("!B", len(answer))]
+        for a in answer:
+            a = np.ascontiguousarray(a)
+            dtype = a.dtype.str.encode()
+            parts += [struct.pack("!BB", len(dtype), a.ndim), dtype, struct.pack(f"!{a.ndim}Q", *a.shape), a.data]
+        body = b"".join(parts)
+    return HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> tuple[np.ndarray, ...] | str:
+    """The arrays of a frame (copies), or the text of an error frame."""
+    if body[:1] == b"\x01":
+        return body[1:].decode(errors="replace")
+    (arrays,) = struct.unpack_from("!B", body, 1)
+    at, out = 2, []
+    for _ in range(arrays):
+        n, ndim = struct.unpack_from("!BB", body, at)
+        dtype = np.dtype(body[at + 2 : at + 2 + n].decode())
+        if dtype.hasobject:
+            raise ValueError("object arrays are not accepted")
+        at += 2 + n
+        shape = struct.unpack_from(f"!{ndim}Q", body, at)
+        at += 8 * ndim
+        items = int(np.prod(shape, dtype=np.int64))
+        out.append(np.frombuffer(body, dtype, count=items, offset=at).reshape(shape).copy())
+        size = items * dtype.itemsize
+        at += size
+    return tuple(out)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -62,27 +98,33 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+class InferenceError(RuntimeError):
+    """The inference role's forward raised; the message is its exception's type and text."""
+
+
 class InferenceClient:
     """A sampler's connection to the inference role; ``attach`` points it at the role's socket (again
     after a replacement: the next step connects there)."""
 
     def __init__(self, owner: str, timeout_s: float = 60.0):
         self.owner, self.timeout_s = owner, timeout_s
-        self.endpoint: tuple[str, int] | None = None
+        self.endpoint: Endpoint | None = None
         self._sock: socket.socket | None = None
-        self._connected_to: tuple[str, int] | None = None
+        self._connected_to: Endpoint | None = None
         self._calls, self._wait_s = 0, 0.0
 
-    def attach(self, endpoint: tuple[str, int]) -> None:
-        self.endpoint = (str(endpoint[0]), int(endpoint[1]))
+    def attach(self, endpoint: Endpoint) -> None:
+        self.endpoint = (str(endpoint[0]), int(endpoint[1]), str(endpoint[2]))
 
     def _connection(self) -> socket.socket:
         if self.endpoint is None:
             raise InferenceUnavailable(f"{self.owner}: no inference role attached (policy central-inference)")
         if self._sock is None or self._connected_to != self.endpoint:
             self._close()
-            sock = socket.create_connection(self.endpoint, timeout=self.timeout_s)
+            host, port, token = self.endpoint
+            sock = socket.create_connection((host, port), timeout=self.timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(bytes.fromhex(token))
             self._sock, self._connected_to = sock, self.endpoint
         return self._sock
 
@@ -96,16 +138,17 @@ class InferenceClient:
         t0 = time.perf_counter()
         try:
             sock = self._connection()
-            sock.sendall(_frame(np.ascontiguousarray(obs)))
+            sock.sendall(encode((obs,)))
             (n,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
-            reply = pickle.loads(_recv_exactly(sock, n))
-        except (OSError, EOFError) as err:  # refused, reset, closed, timed out
+            reply = decode(_recv_exactly(sock, n))
+        except OSError as err:  # refused, reset, closed, timed out
             self._close()
+            where = None if self.endpoint is None else self.endpoint[:2]
             raise InferenceUnavailable(
-                f"{self.owner} could not reach the inference role at {self.endpoint}: {type(err).__name__}: {err}"
+                f"{self.owner} could not reach the inference role at {where}: {type(err).__name__}: {err}"
             ) from None
-        if isinstance(reply, BaseException):
-            raise reply
+        if isinstance(reply, str):
+            raise InferenceError(f"the inference role's forward raised {reply}")
         self._calls += 1
         self._wait_s += time.perf_counter() - t0
         return reply
@@ -207,9 +250,11 @@ class BatchServer:
 
     def __init__(self, batcher: Batcher, host: str = "127.0.0.1"):
         self.batcher = batcher
+        self.token = secrets.token_bytes(TOKEN_BYTES)
         self.listener = socket.create_server((host, 0))
         self.listener.setblocking(False)
-        self.endpoint = (host, self.listener.getsockname()[1])
+        self.endpoint: Endpoint = (host, self.listener.getsockname()[1], self.token.hex())
+        self.opened: set[socket.socket] = set()  # connections that sent the token
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.buffers: dict[socket.socket, bytearray] = {}
@@ -252,18 +297,30 @@ class BatchServer:
             return
         buf = self.buffers[conn]
         buf += data
+        if conn not in self.opened:
+            if len(buf) < TOKEN_BYTES:
+                return
+            if not hmac.compare_digest(bytes(buf[:TOKEN_BYTES]), self.token):
+                self._drop(conn)  # not one of this run's samplers
+                return
+            del buf[:TOKEN_BYTES]
+            self.opened.add(conn)
         while len(buf) >= HEADER.size:
             (n,) = HEADER.unpack_from(buf)
             if len(buf) < HEADER.size + n:
                 break
-            obs = pickle.loads(bytes(buf[HEADER.size : HEADER.size + n]))
+            try:
+                (obs,) = decode(bytes(buf[HEADER.size : HEADER.size + n]))
+            except (ValueError, TypeError, struct.error):
+                self._drop(conn)  # not a frame a sampler sends
+                return
             del buf[: HEADER.size + n]
             self.batcher.add(obs, self._replier(conn))
 
     def _replier(self, conn: socket.socket) -> Reply:
         def reply(answer: Any) -> None:
             with contextlib.suppress(OSError):  # the sampler went away meanwhile
-                conn.sendall(_frame(answer))
+                conn.sendall(encode(answer))
 
         return reply
 
@@ -271,6 +328,7 @@ class BatchServer:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(conn)
         self.buffers.pop(conn, None)
+        self.opened.discard(conn)
         with contextlib.suppress(OSError):
             conn.close()
 
