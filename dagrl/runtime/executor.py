@@ -450,15 +450,18 @@ class Executor:
         from distributed import wait
 
         watched = list(dict.fromkeys([*watch, *calls]))  # submission order, for blame
-        futures = list(dict.fromkeys(_dask_future(c.future) for c in calls))
         poll = self.supervisor.spec.poll_s if self.supervisor is not None else 1.0
-        while True:
-            try:
-                wait(futures, timeout=poll)
-                break
-            except TimeoutError:
-                self._check(watched)
-        self._raise_errors(watched)
+        # Announced reports need no trip through the client's event loop (distributed.wait): their
+        # event wakes this thread (Announcements), and their result() sees an erred or cancelled call.
+        if not all(isinstance(c.future, Announced) for c in calls):
+            futures = list(dict.fromkeys(_dask_future(c.future) for c in calls))
+            while True:
+                try:
+                    wait(futures, timeout=poll)
+                    break
+                except TimeoutError:
+                    self._check(watched)
+            self._raise_errors(watched)
         values = []
         for call in calls:  # not client.gather: a value lost with its worker is never handed over, and
             while True:  # Dask can only recompute it on that (pinned) worker, so gather would wait forever
