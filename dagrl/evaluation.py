@@ -76,6 +76,7 @@ def load_run(path: str | Path) -> tuple[Path, dict[str, Any]]:
 def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str], video: bool) -> Any:
     """The run's graph set up for evaluation in this process: policy ``single``, evaluation on,
     ``episodes`` episodes on one evaluator replica, ``seed`` (default: the run's) and ``overrides``."""
+    from dagrl.fragment import load_algorithm
     from dagrl.graph import resolve_graph
     from dagrl.schema import apply_overrides, read_yaml
 
@@ -89,6 +90,13 @@ def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str],
         data["seed"] = seed
     if video:
         data.setdefault("env", {}).setdefault("kwargs", {})["render_mode"] = "rgb_array"
+    try:
+        roles = load_algorithm(str(data.get("algorithm"))).roles
+    except (ModuleNotFoundError, TypeError):
+        roles = {}  # resolve_graph says what is wrong with it
+    for role, spec in data.get("roles", {}).items():  # data-parallel learners: identical, one will do
+        if role in roles and not roles[role].many and isinstance(spec, dict):
+            spec["replicas"] = 1
     data = apply_overrides(data, overrides)
     where = f"{run / 'config.yaml'}"
     graph = resolve_graph(data, where)

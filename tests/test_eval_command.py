@@ -47,6 +47,24 @@ def test_eval_reproduces_the_runs_own_evaluation_of_the_same_weights(tmp_path, g
     assert untrained["iteration"] == 0 and untrained["env_steps"] == 0 and len(untrained["returns"]) == 3
 
 
+def test_a_data_parallel_run_is_evaluated_with_one_learner(tmp_path, graphs_dir, capsys):
+    """dp-learners keep identical replicas: the evaluation builds one (``single`` refuses two)."""
+    import yaml
+
+    runs = tmp_path / "runs"
+    args = ["stop.iterations=2", "stop.mean_return=null", f"runs_dir={runs}"]
+    assert main(["run", f"{graphs_dir}/ppo-cartpole-single.yaml", "--quiet", *[f"--set={a}" for a in args]]) == 0
+    run = one_run(runs)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "3", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["policy"], config["roles"]["learner"]["replicas"] = {"name": "dp-learners"}, 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["eval", str(run), "--episodes", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["returns"] == alone["returns"]
+
+
 def test_eval_of_a_checkpoint_written_on_a_cluster(client, tmp_path, graphs_dir):
     """SAC with the critic and actor on their own roles, trained on the LocalCluster; evaluated here."""
     from dagrl.evaluation import evaluate_checkpoint
