@@ -91,22 +91,22 @@ def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str],
     if video:
         data.setdefault("env", {}).setdefault("kwargs", {})["render_mode"] = "rgb_array"
     try:
-        roles = load_algorithm(str(data.get("algorithm"))).roles
+        algo = load_algorithm(str(data.get("algorithm")))
+        single, eval_only = {r for r, d in algo.roles.items() if not d.many}, algo.eval_only_roles
     except (ModuleNotFoundError, TypeError):
-        roles = {}  # resolve_graph says what is wrong with it
-    for role, spec in data.get("roles", {}).items():  # data-parallel learners: identical, one will do
-        if role in roles and not roles[role].many and isinstance(spec, dict):
+        single, eval_only = set(), set()  # resolve_graph says what is wrong with the algorithm
+    roles = data.setdefault("roles", {})
+    for role in single | eval_only:  # one learner (data-parallel replicas are identical), one evaluator
+        spec = roles.setdefault(role, {})
+        if isinstance(spec, dict):
             spec["replicas"] = 1
+            if video and role in eval_only:  # one env: a file per episode
+                spec.update(envs=1, vector="sync")
     data = apply_overrides(data, overrides)
     where = f"{run / 'config.yaml'}"
     graph = resolve_graph(data, where)
     if graph.algorithm.eval_graph is None:
         raise ConfigError(where, "algorithm", f"{graph.spec.algorithm}: has no @evaluation to run")
-    for role in graph.algorithm.eval_only_roles:  # one evaluator; with a video, one env: a file per episode
-        data.setdefault("roles", {}).setdefault(role, {})["replicas"] = 1
-        if video:
-            data["roles"][role].update(envs=1, vector="sync")
-    graph = resolve_graph(data, where)
     return graph
 
 
