@@ -145,8 +145,7 @@ def evaluate_checkpoint(
             "dagrl eval", "", f"algorithm {graph.spec.algorithm}: its evaluator state is not a dagrl EpisodeRunner"
         )
     prefix = Path(ckpt["path"]).stem
-    if video is not None:
-        _record(evaluator, Path(video), prefix)
+    recorder = _record(evaluator, Path(video), prefix) if video is not None else None
     from dagrl.context import EnvError
     from dagrl.runtime.executor import Executor
 
@@ -158,8 +157,8 @@ def evaluate_checkpoint(
     except EnvError as err:  # most often an env that cannot render frames for --video
         raise ConfigError("dagrl eval", "--video" if video else "env", str(err)) from None
     finally:
-        if video is not None:
-            _drop_unfinished(evaluator)
+        if recorder is not None:  # the episode left unfinished: no partial MP4
+            recorder.recorded_frames, recorder.recording = [], False
         evaluator.envs.close()
     returns, lengths = evaluator.last_returns, evaluator.last_lengths
     # one env records, every episode: the i-th episode played is RecordVideo's episode i
@@ -179,30 +178,25 @@ def evaluate_checkpoint(
 
 def _hosts(graph: Any, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]]:
     """In-process hosts of the evaluation's roles, on the CPU, loaded with the checkpoint's states."""
-    from dagrl.runtime.host import RoleHost
-    from dagrl.runtime.hosts import Handle, Start, _host_args
+    from dagrl.runtime.hosts import Handle, Start, cpu_host
 
-    roles = {n.role for n in graph.algorithm.eval_graph.nodes}
     counters = ckpt.get("counters", {})
     start = Start(seed_offset=0, run_dir=str(run), env_steps=int(counters.get("env_steps", 0)))
     hosts: dict[str, list[Any]] = {}
-    for role in sorted(roles):
-        hosts[role] = []
+    for role in sorted({n.role for n in graph.algorithm.eval_graph.nodes}):
         states = ckpt.get("roles", {}).get(role) or []
+        hosts[role] = []
         for i in range(graph.role(role).replicas):
-            args, kwargs = _host_args(graph, role, i, start)
-            host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
-            if i < len(states) and states[i] is not None:
-                try:
-                    host.load_state_dict(states[i])
-                except Exception as err:  # a --set that changed a network's shape
-                    detail = " ".join(line.strip() for line in str(err).splitlines()[:2])
-                    raise ConfigError(ckpt["path"], role, f"checkpoint does not load: {detail[:300]}") from None
+            try:
+                host = cpu_host(graph, role, i, start, states[i] if i < len(states) else None)
+            except ValueError as err:  # a --set that changed a network's shape
+                detail = str(err).removeprefix(f"role {role}: ")
+                raise ConfigError(ckpt["path"], role, f"checkpoint does not load: {detail}") from None
             hosts[role].append(Handle(role, i, host))
     return hosts
 
 
-def _record(runner: Any, folder: Path, prefix: str) -> None:
+def _record(runner: Any, folder: Path, prefix: str) -> Any:
     """Wrap the first env of ``runner``'s vector env in ``RecordVideo``: every episode, whole, its last
     frame included (the vector env resets that env right after its last step, which ends the file)."""
     import gymnasium as gym
@@ -213,12 +207,7 @@ def _record(runner: Any, folder: Path, prefix: str) -> None:
     if not isinstance(subs, list) or not subs:
         raise ConfigError("dagrl eval", "--video", "records envs of the sync and threads vector backends only")
     subs[0] = gym.wrappers.RecordVideo(subs[0], str(folder), episode_trigger=lambda _: True, name_prefix=prefix)
-
-
-def _drop_unfinished(runner: Any) -> None:
-    """Forget the frames of the episode the evaluation did not play to its end (no partial MP4)."""
-    first = getattr(runner.envs, "_envs", runner.envs).envs[0]
-    first.recorded_frames, first.recording = [], False
+    return subs[0]
 
 
 def write_result(run: Path, result: EvalResult) -> Path:

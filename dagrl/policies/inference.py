@@ -40,8 +40,8 @@ class CentralInference(Lockstep):
         super().__init__(graph, hosts, executor)
         algo = graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
-        self.endpoint: tuple[str, int] | None = None
-        """The inference role's socket (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
+        self.endpoint: tuple[str, int, str] | None = None
+        """The inference role's socket: host, port, token (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
         self.attached: dict[Any, Any] = {}
         """Sampler handle -> the inference handle it acts through (handles, not ids: a replaced
         handle's id may be reused by its replacement)."""

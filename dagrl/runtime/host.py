@@ -215,9 +215,9 @@ class RoleHost:
 
     # -- central inference (policy ``central-inference``) --------------------------------------------
 
-    def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int]:
+    def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int, str]:
         """Answer sampler requests in batches of ``expected`` (or after ``max_wait_ms``) on a socket of
-        this worker's host: the inference role. Returns the socket's address, for the samplers."""
+        this worker's host: the inference role. Returns what samplers connect with (host, port, token)."""
         from dagrl.runtime.inference import Batcher, BatchServer
 
         if self.server is not None:
@@ -230,7 +230,7 @@ class RoleHost:
     def inference_stats(self) -> dict[str, float]:
         return self.batcher.stats() if self.batcher is not None else {}
 
-    def attach_inference(self, endpoint: tuple[str, int]) -> None:
+    def attach_inference(self, endpoint: tuple[str, int, str]) -> None:
         """A sampler: act through the inference role's socket at ``endpoint`` from now on."""
         self.ctx.inference.attach(endpoint)
 

@@ -85,7 +85,7 @@ class Handle:
     def inference_stats(self) -> Any:
         return self._invoke("inference_stats")
 
-    def attach_inference(self, endpoint: tuple[str, int]) -> Any:
+    def attach_inference(self, endpoint: tuple[str, int, str]) -> Any:
         return self._invoke("attach_inference", endpoint)
 
     def acting_stats(self) -> Any:
@@ -192,14 +192,21 @@ def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
     for role, states in roles.items():
         if algo.roles[role].many or not any(s is not None for s in states or []):
             continue
-        args, kwargs = _host_args(graph, role, 0, Start())
-        try:
-            host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
-            host.load_state_dict(states[0])
-        except Exception as err:  # a shape or key mismatch, in the algorithm's own terms
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            detail = " ".join(lines[:2])
-            raise ValueError(f"role {role}: {detail[:300] or type(err).__name__}") from None
+        cpu_host(graph, role, 0, Start(), states[0])
+
+
+def cpu_host(graph: Graph, role: str, index: int, start: Start, state: Any) -> RoleHost:
+    """Replica ``index`` of ``role`` in this process on the CPU, loaded with ``state`` (if not None);
+    a state that does not load raises ``ValueError`` naming the role, in the algorithm's own terms."""
+    args, kwargs = _host_args(graph, role, index, start)
+    host = RoleHost(*args, **{**kwargs, "wants_gpu": False})
+    try:
+        host.load_state_dict(state)
+    except Exception as err:  # a shape or key mismatch
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = " ".join(lines[:2])
+        raise ValueError(f"role {role}: {detail[:300] or type(err).__name__}") from None
+    return host
 
 
 def start_actors(
