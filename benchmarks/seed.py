@@ -1,0 +1,113 @@
+"""Central inference where it should pay: PPO on Atari with the Nature CNN, side by side with samplers
+that run their own copy of the network.
+
+    dagrl bench seed [--samplers 14] [--envs 8] [--game Pong] [--seconds 60] [--warmup 25]
+                     [--policies sync async central-inference] [--inference-device cuda]
+
+``graphs/ppo-atari.yaml`` (CleanRL's Atari PPO hyperparameters) with ``samplers`` x ``envs`` envs, each
+setup a real training run on one LocalCluster started once, timed over ``seconds`` after a warm-up:
+env steps/s between the first metrics row after the warm-up and the last.
+
+* ``sync`` and ``async``: every sampler acts with its own CPU copy of the CNN (one torch thread);
+* ``central-inference``: samplers only step their emulators; one ``inference`` role answers every env
+  step of all samplers with one batched forward (SEED RL), on ``--inference-device``.
+
+Where this machine has CUDA the learner is on the GPU in every setup (and the inference role beside
+it under ``central-inference``, each asking for half of the GPU worker). The inference role's own
+numbers (rows per forward, forward and queue time, the samplers' round trip) come from the last
+metrics row of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+from _common import emit, table
+from scaling import Window
+
+from dagrl.clusters import LocalClusterSpec, cuda_count, local_cluster
+from dagrl.graph import load_graph
+from dagrl.training import train
+
+GRAPH = "graphs/ppo-atari.yaml"
+POLICIES = {
+    "sync": "sync",
+    "async": "{name: async, max_staleness: 1}",
+    "central-inference": "{name: central-inference, max_wait_ms: 5}",
+}
+INFERENCE_KEYS = ("batch_rows", "batch_requests", "forward_ms", "queue_ms", "latency_ms", "utilisation")
+
+
+def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str) -> dict:
+    sets = [
+        f"policy={POLICIES[policy]}", f"env.kwargs.game={args.game}",
+        f"roles.sampler.replicas={args.samplers}", f"roles.sampler.envs={args.envs}",
+        "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=1000000000",
+        "checkpoint.every=0", f"runs_dir={root}",
+    ]  # fmt: skip
+    if gpu:
+        sets.append("roles.learner.resources.GPU=0.5")
+    if policy == "central-inference":
+        sets.append("roles.inference.replicas=1")
+        if args.inference_device == "cuda":
+            sets.append("roles.inference.resources.GPU=0.5")
+    graph = load_graph(GRAPH, sets)
+    window, last = Window(args.warmup), {}
+    cpu = time.process_time()
+    summary = train(graph, client, listeners=[window.on_row, lambda row, *_: last.update(row)])
+    cpu = time.process_time() - cpu
+    out = {
+        "steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"],
+        "driver_cpu_ms_per_1k_steps": 1e6 * cpu / max(1, summary["env_steps"]),
+        "sample_s": last.get("perf/sample_time_s"), "update_s": last.get("perf/update_time_s"),
+    }  # fmt: skip
+    out.update({f"inference {k}": last[f"inference/{k}"] for k in INFERENCE_KEYS if f"inference/{k}" in last})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samplers", type=int, default=14)
+    p.add_argument("--envs", type=int, default=8, help="envs per sampler")
+    p.add_argument("--game", default="Pong")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    p.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run (after the warm-up)")
+    p.add_argument("--warmup", type=float, default=25.0)
+    p.add_argument("--inference-device", choices=["cpu", "cuda"], default=None, help="default: cuda where present")
+    args = p.parse_args()
+    from distributed import Client
+
+    gpu = cuda_count() > 0
+    args.inference_device = args.inference_device or ("cuda" if gpu else "cpu")
+    if args.inference_device == "cuda" and not gpu:
+        p.error("--inference-device cuda: this machine has no CUDA device")
+    root = tempfile.mkdtemp(prefix="dagrl-bench-seed-")
+    n_workers = args.samplers + 1 + ("central-inference" in args.policies and not gpu)
+    t0 = time.perf_counter()
+    with (
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), n_workers) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        print(f"LocalCluster of {len(cluster.worker_spec)} workers: {time.perf_counter() - t0:.1f} s", flush=True)
+        rows = []
+        for policy in args.policies:
+            r = run(policy, args, gpu, client, root)
+            rows.append({"policy": policy, **r})
+            print(f"{policy}: {r['steps_s']:,.0f} env steps/s ({r['iterations']} iterations)", flush=True)
+    base = {r["policy"]: r["steps_s"] for r in rows}
+    for r in rows:
+        for other in ("sync", "async"):
+            if other in base and r["policy"] != other:
+                r[f"/ {other}"] = r["steps_s"] / base[other]
+    cols = ["policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "driver_cpu_ms_per_1k_steps"]
+    cols += [f"inference {k}" for k in INFERENCE_KEYS]
+    print(f"\nPPO {args.game}, {args.samplers} samplers x {args.envs} envs, learner on {'cuda' if gpu else 'cpu'},")
+    print(f"inference role (central-inference) on {args.inference_device}; env steps/s over {args.seconds:g} s")
+    print(table(rows, [c for c in cols if any(c in r for r in rows)]))
+    emit("seed", {"args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
