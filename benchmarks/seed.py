@@ -2,15 +2,18 @@
 that run their own copy of the network.
 
     dagrl bench seed [--samplers 14] [--envs 8] [--game Pong] [--seconds 60] [--warmup 25]
-                     [--policies sync async central-inference] [--inference-device cuda]
+                     [--policies sync async central-inference] [--max-wait-ms 1] [--inference-device cuda]
 
 ``graphs/ppo-atari.yaml`` (CleanRL's Atari PPO hyperparameters) with ``samplers`` x ``envs`` envs, each
 setup a real training run on one LocalCluster started once, timed over ``seconds`` after a warm-up:
 env steps/s between the first metrics row after the warm-up and the last.
 
 * ``sync`` and ``async``: every sampler acts with its own CPU copy of the CNN (one torch thread);
+  ``async`` updates once per ``samplers`` rollouts (the same samples per update as the others), with
+  rollouts at most one weight version old;
 * ``central-inference``: samplers only step their emulators; one ``inference`` role answers every env
-  step of all samplers with one batched forward (SEED RL), on ``--inference-device``.
+  step of all samplers with one batched forward (SEED RL), on ``--inference-device``; a forward
+  starts when every sampler has asked or ``--max-wait-ms`` after the first request (one run per value).
 
 Where this machine has CUDA the learner is on the GPU in every setup (and the inference role beside
 it under ``central-inference``, each asking for half of the GPU worker). The inference role's own
@@ -34,15 +37,16 @@ from dagrl.training import train
 GRAPH = "graphs/ppo-atari.yaml"
 POLICIES = {
     "sync": "sync",
-    "async": "{name: async, max_staleness: 1}",
-    "central-inference": "{name: central-inference, max_wait_ms: 5}",
+    "async": "{{name: async, max_staleness: 1, rollouts_per_update: {samplers}}}",
+    "central-inference": "{{name: central-inference, max_wait_ms: {max_wait_ms}}}",
 }
 INFERENCE_KEYS = ("batch_rows", "batch_requests", "forward_ms", "queue_ms", "latency_ms", "utilisation")
 
 
-def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str) -> dict:
+def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str, max_wait_ms: float = 1.0) -> dict:
+    options = POLICIES[policy].format(samplers=args.samplers, max_wait_ms=max_wait_ms)
     sets = [
-        f"policy={POLICIES[policy]}", f"env.kwargs.game={args.game}",
+        f"policy={options}", f"env.kwargs.game={args.game}",
         f"roles.sampler.replicas={args.samplers}", f"roles.sampler.envs={args.envs}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=1000000000",
         "checkpoint.every=0", f"runs_dir={root}",
@@ -75,6 +79,10 @@ def main() -> None:
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run (after the warm-up)")
     p.add_argument("--warmup", type=float, default=25.0)
+    p.add_argument(
+        "--max-wait-ms", type=float, nargs="+", default=[1.0],
+        help="central-inference: how long the first request of an env step waits for the others (one run each)",
+    )  # fmt: skip
     p.add_argument("--inference-device", choices=["cpu", "cuda"], default=None, help="default: cuda where present")
     args = p.parse_args()
     from distributed import Client
@@ -93,9 +101,11 @@ def main() -> None:
         print(f"LocalCluster of {len(cluster.worker_spec)} workers: {time.perf_counter() - t0:.1f} s", flush=True)
         rows = []
         for policy in args.policies:
-            r = run(policy, args, gpu, client, root)
-            rows.append({"policy": policy, **r})
-            print(f"{policy}: {r['steps_s']:,.0f} env steps/s ({r['iterations']} iterations)", flush=True)
+            for wait in args.max_wait_ms if policy == "central-inference" else [None]:
+                r = run(policy, args, gpu, client, root, wait)
+                name = policy if wait is None else f"{policy} (wait {wait:g} ms)"
+                rows.append({"policy": name, **r})
+                print(f"{name}: {r['steps_s']:,.0f} env steps/s ({r['iterations']} iterations)", flush=True)
     base = {r["policy"]: r["steps_s"] for r in rows}
     for r in rows:
         for other in ("sync", "async"):
