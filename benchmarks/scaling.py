@@ -1,7 +1,8 @@
 """How env-step throughput scales with samplers: dagrl's policies vs Stable-Baselines3.
 
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
-                        [--policies sync async async-threads async-subproc central-inference] [--seconds 8] [--skip-sb3]
+                        [--policies sync async async-threads async-subproc central-inference central-async]
+                        [--seconds 8] [--skip-sb3]
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -14,7 +15,8 @@ first metrics row after the warm-up and the last. Learner work is kept small and
 * **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
   of a sampler in its own subprocess, ``roles.sampler.vector: async``), ``async-threads`` (each env
   stepped in a thread of the sampler's process, ``vector: threads``) and ``central-inference``
-  (as ``sync``, one inference actor acting for all samplers: one batched forward per env step);
+  (as ``sync``, one inference actor acting for all samplers: one batched forward per env step),
+  ``central-async`` (the same, the samplers streaming as under ``async``);
   ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout.
@@ -53,6 +55,7 @@ SETUPS = {
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
+    "central-async": "as central-inference, the samplers streaming as under async (asynchronous: true)",
 }
 VECTORS = {"subproc": "async", "threads": "threads"}  # a setup's suffix -> roles.sampler.vector
 
@@ -76,9 +79,13 @@ class Window:
 
 
 def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
-    policy, _, vector = setup.partition("-") if setup != "central-inference" else (setup, "", "")
+    policy, _, vector = setup.partition("-") if not setup.startswith("central") else (setup, "", "")
     Executor.report_events = vector != "report-tasks"
-    options = f"{{name: async, max_staleness: 2, rollouts_per_update: {k}}}" if policy == "async" else policy
+    stream = f"max_staleness: 2, rollouts_per_update: {k}"
+    options = {
+        "async": f"{{name: async, {stream}}}",
+        "central-async": f"{{name: central-inference, asynchronous: true, {stream}}}",
+    }.get(policy, policy)
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
         f"roles.sampler.vector={VECTORS.get(vector, 'sync')}",
@@ -214,7 +221,8 @@ def main() -> None:
     ks = {c: sorted(k for k in args.samplers if c == "sleep" or k <= (args.busy_max or cores)) for c in args.cost}
     root = tempfile.mkdtemp(prefix="dagrl-bench-scaling-")
     rows, runs = [], []
-    n_workers = max(args.samplers) + 1 + ("central-inference" in args.policies)  # + the inference actor
+    central = any(p.startswith("central") for p in args.policies)
+    n_workers = max(args.samplers) + 1 + central  # + the inference actor
     t0 = time.perf_counter()
     with (
         local_cluster(LocalClusterSpec(dashboard_address=":0"), n_workers) as cluster,

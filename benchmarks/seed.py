@@ -2,7 +2,7 @@
 that run their own copy of the network.
 
     dagrl bench seed [--samplers 14] [--envs 8] [--game Pong] [--seconds 60] [--warmup 25]
-                     [--policies sync async central-inference] [--max-wait-ms 1] [--inference-device cuda]
+                     [--policies sync async central-inference central-async] [--max-wait-ms 1] [--inference-device cuda]
 
 ``graphs/ppo-atari.yaml`` (CleanRL's Atari PPO hyperparameters) with ``samplers`` x ``envs`` envs, each
 setup a real training run on one LocalCluster started once, timed over ``seconds`` after a warm-up:
@@ -13,7 +13,8 @@ env steps/s between the first metrics row after the warm-up and the last.
   rollouts at most one weight version old;
 * ``central-inference``: samplers only step their emulators; one ``inference`` role answers every env
   step of all samplers with one batched forward (SEED RL), on ``--inference-device``; a forward
-  starts when every sampler has asked or ``--max-wait-ms`` after the first request (one run per value).
+  starts when every sampler has asked or ``--max-wait-ms`` after the first request (one run per value);
+* ``central-async``: the same, the samplers streaming as under ``async`` (``asynchronous: true``).
 
 Where this machine has CUDA the learner is on the GPU in every setup (and the inference role beside
 it under ``central-inference``, each asking for half of the GPU worker). The inference role's own
@@ -39,6 +40,8 @@ POLICIES = {
     "sync": "sync",
     "async": "{{name: async, max_staleness: 1, rollouts_per_update: {samplers}}}",
     "central-inference": "{{name: central-inference, max_wait_ms: {max_wait_ms}}}",
+    "central-async": "{{name: central-inference, asynchronous: true, max_staleness: 1, "
+    "rollouts_per_update: {samplers}, max_wait_ms: {max_wait_ms}}}",
 }
 INFERENCE_KEYS = ("batch_rows", "batch_requests", "forward_ms", "queue_ms", "latency_ms", "utilisation")
 
@@ -53,7 +56,7 @@ def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str, max
     ]  # fmt: skip
     if gpu:
         sets.append("roles.learner.resources.GPU=0.5")
-    if policy == "central-inference":
+    if policy.startswith("central"):
         sets.append("roles.inference.replicas=1")
         if args.inference_device == "cuda":
             sets.append("roles.inference.resources.GPU=0.5")
@@ -92,7 +95,7 @@ def main() -> None:
     if args.inference_device == "cuda" and not gpu:
         p.error("--inference-device cuda: this machine has no CUDA device")
     root = tempfile.mkdtemp(prefix="dagrl-bench-seed-")
-    n_workers = args.samplers + 1 + ("central-inference" in args.policies and not gpu)
+    n_workers = args.samplers + 1 + (any(p.startswith("central") for p in args.policies) and not gpu)
     t0 = time.perf_counter()
     with (
         local_cluster(LocalClusterSpec(dashboard_address=":0"), n_workers) as cluster,
@@ -101,7 +104,7 @@ def main() -> None:
         print(f"LocalCluster of {len(cluster.worker_spec)} workers: {time.perf_counter() - t0:.1f} s", flush=True)
         rows = []
         for policy in args.policies:
-            for wait in args.max_wait_ms if policy == "central-inference" else [None]:
+            for wait in args.max_wait_ms if policy.startswith("central") else [None]:
                 r = run(policy, args, gpu, client, root, wait)
                 name = policy if wait is None else f"{policy} (wait {wait:g} ms)"
                 rows.append({"policy": name, **r})

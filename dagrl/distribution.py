@@ -119,10 +119,32 @@ class CentralInferenceOptions:
     drift apart within an iteration, so a long window mostly holds back those that have asked: PPO
     Pong with 14 samplers and a GPU inference role ran 1.04 x ``sync`` with 5 ms and 1.28 x with
     0.25 ms (BENCHMARKS.md); on the CartPole MLP, 1 ms and 5 ms were within 6 %."""
+    asynchronous: bool = False
+    """``true``: the samplers stream as under ``async`` (SEED RL's shape): the learner updates on
+    every ``rollouts_per_update`` rollouts while they go on collecting, and the inference role takes
+    each new weights version as it is published, between two env steps. ``false``: lockstep, as ``sync``."""
+    max_staleness: int | None = None
+    """With ``asynchronous``: as ``async``'s (default 4)."""
+    rollouts_per_update: int | None = None
+    """With ``asynchronous``: as ``async``'s (default 1)."""
+    in_flight: int | None = None
+    """With ``asynchronous``: as ``async``'s (default 2)."""
 
     def __post_init__(self) -> None:
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self._given() and not self.asynchronous:
+            raise ValueError(f"{', '.join(self._given())} only apply with asynchronous: true")
+        self.streaming  # noqa: B018  (async's checks of the given values)
+
+    def _given(self) -> dict[str, int]:
+        keys = ("max_staleness", "rollouts_per_update", "in_flight")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+    @property
+    def streaming(self) -> AsyncOptions:
+        """The options of the stream under ``asynchronous``, ``async``'s defaults filled in."""
+        return AsyncOptions(**self._given())
 
 
 POLICY_OPTIONS: dict[str, type] = {
@@ -184,8 +206,8 @@ def warmup_steps(config: Any) -> int:
     return max(0, int(getattr(config, "learning_starts", 0) or 0))
 
 
-def check(policy: str, algorithm: Algorithm) -> None:
-    """Raise ``TypeError`` (one line) if ``policy`` cannot run ``algorithm``'s iteration."""
+def check(policy: str, algorithm: Algorithm, options: Any = None) -> None:
+    """Raise ``TypeError`` (one line) if ``policy`` (with ``options``) cannot run ``algorithm``'s iteration."""
     if policy in ("single", "sync", "dp-learners"):
         return
     if policy == "central-inference":
@@ -196,6 +218,8 @@ def check(policy: str, algorithm: Algorithm) -> None:
                 f"this algorithm has roles {', '.join(algorithm.roles)}"
             )
         stream_shape(algorithm)  # samplers, fed by single-instance roles (the weights)
+        if getattr(options, "asynchronous", False):
+            check("async", algorithm)
         return
     if policy == "async":
         streamed = [n.name for n in algorithm.graph.nodes if algorithm.roles[n.role].many]

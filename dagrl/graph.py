@@ -301,7 +301,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     except (ModuleNotFoundError, TypeError) as err:
         raise ConfigError(where, "algorithm", f"{spec.algorithm!r}: {err}") from None
     try:
-        distribution.check(spec.policy, algo)
+        distribution.check(spec.policy, algo, options)
     except TypeError as err:
         raise ConfigError(where, "policy", f"{spec.policy}: {err}") from None
     for name in spec.roles:

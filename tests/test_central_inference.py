@@ -10,6 +10,7 @@ import pytest
 
 from dagrl.graph import load_graph
 from dagrl.policies import build_policy
+from dagrl.policies.inference import StreamingCentralInference
 from dagrl.runtime.inference import (
     Batcher,
     BatchServer,
@@ -23,6 +24,7 @@ from dagrl.schema import ConfigError
 from tests.helpers import train
 
 SEED = "graphs/ppo-cartpole-seed.yaml"
+ASYNC = "policy={name: central-inference, asynchronous: true, max_staleness: 1, rollouts_per_update: 2}"
 
 
 class Doubling:
@@ -135,6 +137,32 @@ def test_an_algorithm_without_an_inference_role_is_refused_before_anything_start
     assert "policy" in str(err.value)
 
 
+def test_stream_options_are_refused_without_asynchronous():
+    with pytest.raises(ConfigError, match="max_staleness only apply with asynchronous: true") as err:
+        load_graph(SEED, ["policy={name: central-inference, max_staleness: 2}"])
+    assert "policy" in str(err.value)
+    with pytest.raises(ConfigError, match="rollouts_per_update must be >= 1"):
+        load_graph(SEED, ["policy={name: central-inference, asynchronous: true, rollouts_per_update: 0}"])
+
+
+def test_asynchronous_samplers_stream_through_the_inference_role(client):
+    """Rollouts arrive as under ``async`` (never staler than max_staleness, two per update), every
+    action picked by the inference role, whose forwards batch rows of both samplers' envs."""
+    graph = load_graph(SEED, [ASYNC])
+    policy = build_policy(graph, client)
+    assert isinstance(policy, StreamingCentralInference)
+    try:
+        results = [policy.step() for _ in range(8)]
+    finally:
+        policy.close()
+    for r in results:
+        assert r.env_steps == 2 * 4 * 32  # two rollouts of one sampler's 4 envs x 32 steps
+        assert r.metrics["perf/staleness"] <= 1
+        assert r.metrics["inference/forwards"] > 0 and r.metrics["inference/batch_rows"] >= 4
+        assert r.metrics["inference/latency_ms"] > 0
+    assert len({round(r.metrics["losses/value"], 6) for r in results}) > 1  # the learner did learn
+
+
 def test_every_action_comes_from_the_weights_the_learner_published(client):
     """One gradient step per iteration on the whole batch: the ratio of the learner's policy to the
     behaviour log-probs the inference role recorded is exactly 1 before the step, so approx_kl is ~0
@@ -167,3 +195,16 @@ def test_central_inference_ppo_learns_cartpole(client, tmp_path):
     forwards = sum(r["inference/forwards"] for r in rows)
     assert forwards >= 32 * len(rows)  # every env step went through the inference role
     assert np.mean([r["inference/batch_requests"] for r in rows]) >= 1.5  # batched across samplers
+
+
+@pytest.mark.slow
+def test_seed_shaped_impala_learns_cartpole(client, tmp_path):
+    """IMPALA with asynchronous central inference (graphs/impala-cartpole-seed.yaml): it learns only
+    if the inference role takes the learner's new weights as they are published."""
+    summary, rundir = train("graphs/impala-cartpole-seed.yaml", tmp_path, client=client)
+    assert summary["stop_reason"] == "mean_return", summary
+    rows = rundir.read_metrics()
+    assert rows[-1]["charts/episode_return_mean"] >= 475
+    served = sum(r["inference/forwards"] * r["inference/batch_rows"] for r in rows)
+    assert served >= 0.95 * rows[-1]["env_steps"]  # every env step was acted on by the inference role
+    assert max(r["perf/staleness"] for r in rows) <= 8

@@ -258,8 +258,10 @@ def test_killed_evaluator_is_replaced_without_rolling_back(cluster, tmp_path):
     assert [r["iteration"] for r in rows if "eval/return_mean" in r] == [3, 6, 9, 12, 15]
 
 
-def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_path):
-    graph = load_graph("graphs/ppo-cartpole-seed.yaml", ["stop.iterations=12", "stop.mean_return=null"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["lockstep", "asynchronous"])
+def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_path, asynchronous):
+    options = ["policy.asynchronous=true", "policy.rollouts_per_update=2"] if asynchronous else []
+    graph = load_graph("graphs/ppo-cartpole-seed.yaml", ["stop.iterations=12", "stop.mean_return=null", *options])
     run = Run(graph, cluster, tmp_path)
     run.wait_iteration(4)
     run.kill("inference")
@@ -270,7 +272,9 @@ def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_pa
     assert not run.events("rollback")
     rows = run.rundir.read_metrics()
     assert [r["iteration"] for r in rows] == list(range(1, 13))
-    assert all(r["inference/forwards"] >= 32 for r in rows[-3:])  # the replacement acts for both samplers
+    # the replacement acts for both samplers (in lockstep: one forward per env step of the iteration)
+    assert all(r["inference/forwards"] >= (1 if asynchronous else 32) for r in rows[-3:])
+    assert all(r["inference/batch_rows"] >= 4 for r in rows[-3:])
 
 
 def test_killed_sampler_leaves_no_shared_memory_segment(cluster, tmp_path):

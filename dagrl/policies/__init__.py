@@ -3,7 +3,8 @@
 Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`): ``single`` and
 ``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``dp-learners`` too, with
 data-parallel learner replicas (:mod:`.dataparallel`), and ``central-inference``, with one batched
-``inference`` role acting for every sampler (:mod:`.inference`), ``async``, ``apex`` and
+``inference`` role acting for every sampler (:mod:`.inference`; streamed as ``async`` with
+``asynchronous: true``), ``async``, ``apex`` and
 ``split-learner`` stream the samplers and run rate-limited learner rounds (:mod:`.streaming`).
 Their names and options are data in :mod:`dagrl.distribution`.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.dataparallel import DataParallel
-from dagrl.policies.inference import CentralInference
+from dagrl.policies.inference import CentralInference, StreamingCentralInference
 from dagrl.policies.single import Single
 from dagrl.policies.streaming import Apex, Async, SplitLearner
 from dagrl.policies.sync import Sync
@@ -46,6 +47,8 @@ def build_policy(
     """
     begin = Start(seed_offset, None if run_dir is None else str(run_dir), env_steps)
     cls = POLICIES[graph.spec.policy]
+    if cls is CentralInference and graph.policy_options.asynchronous:
+        cls = StreamingCentralInference
     if not cls.distributed:
         return cls(graph, start_local(graph, begin))
     if client is None:

@@ -1,6 +1,7 @@
-"""``central-inference``: ``sync``, with every sampler's actions picked by one batched ``inference`` role.
+"""``central-inference``: every sampler's actions picked by one batched ``inference`` role.
 
-The iteration runs as under ``sync`` (one Dask graph; rollouts worker to worker). Two things change:
+Lockstep (the default) runs the iteration as ``sync`` does (one Dask graph; rollouts worker to
+worker). Two things change:
 
 * before the samplers' fragment runs, a ``load-inference`` task gives the inference role the
   weights that fragment receives (fetched from the learner's worker peer to peer); the samplers'
@@ -9,36 +10,50 @@ The iteration runs as under ``sync`` (one Dask graph; rollouts worker to worker)
   inference role: one request per env step on a socket of the inference worker's host, answered
   from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`).
 
+With ``asynchronous: true`` the samplers stream as under ``async`` (SEED RL's shape): the learner
+updates on arrived rollouts while the samplers go on, and each new weights version is loaded into the
+inference role as soon as it is published, without waiting for the samplers; an env step is acted on
+with whatever version the role holds then. A rollout's version (what ``max_staleness`` judges) is the
+newest one published when its collect was submitted; its actions may come from that version or a newer
+one, never an older one once the load has run. PPO's ratio uses the log-probabilities recorded with
+each action, so the correction holds step by step.
+
 A sampler that cannot reach the inference role fails its fragment; if the inference host does not
 answer a heartbeat either, the failure is the inference role's: it is replaced in place (its state is
-only a copy of the weights) and the iteration redone, the samplers kept. ``inference/*`` metrics
-(batch rows and requests, queue and forward time, utilisation, the samplers' round trip) join
-each iteration's row.
+only a copy of the weights) and the iteration redone (lockstep) or the samplers' streams resumed
+(asynchronous), the samplers kept. ``inference/*`` metrics (batch rows and requests, queue and
+forward time, utilisation, the samplers' round trip) join each iteration's row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 from dagrl.distribution import INFERENCE_ROLE
 from dagrl.fragment import Node
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
+from dagrl.policies.streaming import Async
 from dagrl.runtime.executor import Call
 from dagrl.runtime.host import load_acting
+from dagrl.runtime.inference import InferenceUnavailable
 from dagrl.runtime.supervisor import RoleFailure
 
 HEARTBEAT_S = 10.0
 """How long the inference host may take to answer a heartbeat before a sampler's failure is its."""
 
 
-class CentralInference(Lockstep):
-    name = "central-inference"
+class Acting:
+    """What both forms share: the inference role's socket, the samplers attached to it, its metrics."""
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
-        super().__init__(graph, hosts, executor)
-        algo = graph.algorithm
+    graph: Any
+    hosts: dict[str, list[Any]]
+    options: Any
+
+    def _setup_inference(self) -> None:
+        algo = self.graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
         self.endpoint: tuple[str, int, str] | None = None
         """The inference role's socket: host, port, token (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
@@ -64,6 +79,31 @@ class CentralInference(Lockstep):
             fut.result()
         self.attached = dict.fromkeys(samplers, server)  # replaced samplers' handles are dropped
 
+    def _server_answers(self) -> bool:
+        try:
+            self.server.target.heartbeat().result(timeout=HEARTBEAT_S)  # the actor itself: no retries
+            return True
+        except Exception:
+            return False
+
+    def _stats(self) -> dict[str, float]:
+        out = {}
+        with contextlib.suppress(Exception):  # metrics only: a host lost now fails the next iteration
+            out.update(self.server.inference_stats().result())
+            sampled = [h.acting_stats() for h in self.hosts[self.actors_role]]
+            calls, wait = map(sum, zip(*(f.result() for f in sampled), strict=True))
+            if calls:
+                out["inference/latency_ms"] = 1e3 * wait / calls
+        return out
+
+
+class CentralInference(Acting, Lockstep):
+    name = "central-inference"
+
+    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+        super().__init__(graph, hosts, executor)
+        self._setup_inference()
+
     def before(self, node: Node, calls: dict[int, list[Call]]) -> list[Call]:
         if node.role != self.actors_role:
             return []
@@ -85,19 +125,74 @@ class CentralInference(Lockstep):
         res.metrics.update(self._stats())
         return res
 
-    def _server_answers(self) -> bool:
-        try:
-            self.server.target.heartbeat().result(timeout=HEARTBEAT_S)  # the actor itself: no retries
-            return True
-        except Exception:
-            return False
 
-    def _stats(self) -> dict[str, float]:
-        out = {}
-        with contextlib.suppress(Exception):  # metrics only: a host lost now fails the next iteration
-            out.update(self.server.inference_stats().result())
-            sampled = [h.acting_stats() for h in self.hosts[self.actors_role]]
-            calls, wait = map(sum, zip(*(f.result() for f in sampled), strict=True))
-            if calls:
-                out["inference/latency_ms"] = 1e3 * wait / calls
-        return out
+class StreamingCentralInference(Acting, Async):
+    """``central-inference`` with ``asynchronous: true`` (module docstring)."""
+
+    name = "central-inference"
+
+    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+        super().__init__(graph, hosts, executor)
+        self._setup_inference()
+        self.loaded: Call | None = None
+        """The newest ``load`` of weights into the inference role (every stream call watches it)."""
+        self.attach_lock = threading.Lock()
+        """One sampler thread at a time judges a failure and re-attaches (several fail at once when
+        the inference role dies)."""
+
+    def configure(self) -> None:
+        o = self.options.streaming
+        self.batch = o.rollouts_per_update
+        self.ratio, self.max_lead = 1.0 / o.rollouts_per_update, o.rollouts_per_update
+        self.max_staleness, self.in_flight = o.max_staleness, o.in_flight
+
+    def start(self) -> None:
+        self._attach()
+        super().start()
+
+    def _refresh(self) -> None:
+        super()._refresh()
+        self._load(wait=self.loaded is None)  # the first version before any sampler acts
+
+    def _load(self, wait: bool) -> None:
+        """Give the inference role the weights of the newest version (``self.current``)."""
+        with self.cond:
+            current = self.current
+        weights = [current[a.id][0] for a in self.shape.stream.inputs if isinstance(a, Node)]
+        call = self.executor.submit(self.server, "load", weights, task=load_acting)
+        self.loaded = call
+        if wait:
+            self.executor.wait([call], [call, *weights])
+
+    def _submit_one(self, i: int, previous: Any, seen: int) -> Any:
+        pending = super()._submit_one(i, previous, seen)
+        if self.loaded is not None:
+            pending.watch.append(self.loaded)  # a load that failed: the inference role is lost
+        return pending
+
+    def _on_failure(self, failure: RoleFailure) -> None:
+        role = failure.handle.role
+        if role not in (self.actors_role, INFERENCE_ROLE):
+            return super()._on_failure(failure)
+        with self.attach_lock:
+            server = self.server
+            if role == INFERENCE_ROLE:
+                if failure.handle is server:  # else: already replaced by another sampler's thread
+                    self._replace_server(failure)
+            elif not isinstance(failure.cause, InferenceUnavailable):
+                super()._on_failure(failure)  # the sampler's own: replaced
+            elif self.attached.get(failure.handle) is server and not self._server_answers():
+                self._replace_server(RoleFailure(server, "lost", failure.cause))
+            else:  # it asked a server replaced since (by another sampler's thread), or lost its connection
+                self.attached.pop(failure.handle, None)
+            self._attach()
+
+    def _replace_server(self, failure: RoleFailure) -> None:
+        self.replace_in_place(failure)
+        self._serve()
+        self._load(wait=True)
+
+    def step(self, ahead: bool = False) -> StepResult:
+        res = super().step(ahead)
+        res.metrics.update(self._stats())
+        return res
