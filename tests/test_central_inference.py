@@ -156,7 +156,8 @@ def test_asynchronous_samplers_stream_through_the_inference_role(client):
     finally:
         policy.close()
     for r in results:
-        assert r.env_steps == 2 * 4 * 32  # two rollouts of one sampler's 4 envs x 32 steps
+        # two rollouts of one sampler's 4 envs x 32 steps, and any dropped as too stale (still counted)
+        assert r.env_steps >= 2 * 4 * 32 and r.env_steps % (4 * 32) == 0
         assert r.metrics["perf/staleness"] <= 1
         assert r.metrics["inference/forwards"] > 0 and r.metrics["inference/batch_rows"] >= 4
         assert r.metrics["inference/latency_ms"] > 0
