@@ -136,6 +136,9 @@ class StreamingCentralInference(Acting, Async):
         self._setup_inference()
         self.loaded: Call | None = None
         """The newest ``load`` of weights into the inference role (every stream call watches it)."""
+        self.excused: set[Any] = set()
+        """Samplers that acted through an inference role when it was replaced: their failure to reach
+        it, arriving after the replacement, is not theirs."""
         self.attach_lock = threading.Lock()
         """One sampler thread at a time judges a failure and re-attaches (several fail at once when
         the inference role dies)."""
@@ -181,13 +184,18 @@ class StreamingCentralInference(Acting, Async):
                     self._replace_server(failure)
             elif not isinstance(failure.cause, InferenceUnavailable):
                 super()._on_failure(failure)  # the sampler's own: replaced
-            elif self.attached.get(failure.handle) is server and not self._server_answers():
+            elif failure.handle in self.excused:
+                pass  # it asked an inference role that another sampler's thread has replaced since
+            elif not self._server_answers():
                 self._replace_server(RoleFailure(server, "lost", failure.cause))
-            else:  # it asked a server replaced since (by another sampler's thread), or lost its connection
-                self.attached.pop(failure.handle, None)
+            else:  # the role answers, this sampler cannot reach it: the sampler's (a crash loop stops it)
+                super()._on_failure(failure)
+            self.excused.discard(failure.handle)
             self._attach()
 
     def _replace_server(self, failure: RoleFailure) -> None:
+        old = self.server
+        self.excused = {h for h, s in self.attached.items() if s is old}
         self.replace_in_place(failure)
         self._serve()
         self._load(wait=True)
