@@ -143,11 +143,9 @@ class StreamingCentralInference(Acting, Async):
         """One sampler thread at a time judges a failure and re-attaches (several fail at once when
         the inference role dies)."""
 
-    def configure(self) -> None:
-        o = self.options.streaming
-        self.batch = o.rollouts_per_update
-        self.ratio, self.max_lead = 1.0 / o.rollouts_per_update, o.rollouts_per_update
-        self.max_staleness, self.in_flight = o.max_staleness, o.in_flight
+    @property
+    def stream_options(self) -> Any:
+        return self.options.streaming
 
     def start(self) -> None:
         self._attach()

@@ -383,8 +383,13 @@ class Async(Streaming):
 
     name = "async"
 
+    @property
+    def stream_options(self) -> Any:
+        """The :class:`~dagrl.distribution.AsyncOptions` this stream runs with."""
+        return self.options
+
     def configure(self) -> None:
-        o = self.options
+        o = self.stream_options
         self.batch = o.rollouts_per_update
         self.ratio, self.max_lead = 1.0 / o.rollouts_per_update, o.rollouts_per_update
         self.max_staleness, self.in_flight = o.max_staleness, o.in_flight
