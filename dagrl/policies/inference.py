@@ -51,6 +51,7 @@ class Acting:
     graph: Any
     hosts: dict[str, list[Any]]
     options: Any
+    executor: Any
 
     def _setup_inference(self) -> None:
         algo = self.graph.algorithm
@@ -78,6 +79,10 @@ class Acting:
         for fut in [h.attach_inference(self.endpoint) for h in todo]:  # all at once
             fut.result()
         self.attached = dict.fromkeys(samplers, server)  # replaced samplers' handles are dropped
+
+    def _submit_load(self, weights: list[Call]) -> Call:
+        """A task giving the inference role ``weights`` (fetched from the learner's worker peer to peer)."""
+        return self.executor.submit(self.server, "load", weights, task=load_acting)
 
     def _server_answers(self) -> bool:
         try:
@@ -108,7 +113,7 @@ class CentralInference(Acting, Lockstep):
         if node.role != self.actors_role:
             return []
         weights = [calls[a.id][0] for a in node.inputs if isinstance(a, Node)]  # single-instance: broadcast
-        return [self.executor.submit(self.server, "load", weights, task=load_acting)]
+        return [self._submit_load(weights)]
 
     def step(self, ahead: bool = False) -> StepResult:
         while True:
@@ -160,7 +165,7 @@ class StreamingCentralInference(Acting, Async):
         with self.cond:
             current = self.current
         weights = [current[a.id][0] for a in self.shape.stream.inputs if isinstance(a, Node)]
-        call = self.executor.submit(self.server, "load", weights, task=load_acting)
+        call = self._submit_load(weights)
         self.loaded = call
         if wait:
             self.executor.wait([call], [call, *weights])
