@@ -53,7 +53,8 @@ class Acting:
     options: Any
     executor: Any
 
-    def _setup_inference(self) -> None:
+    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+        super().__init__(graph, hosts, executor)  # the policy it is mixed into (cooperative)
         algo = self.graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
         self.endpoint: tuple[str, int, str] | None = None
@@ -105,10 +106,6 @@ class Acting:
 class CentralInference(Acting, Lockstep):
     name = "central-inference"
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
-        super().__init__(graph, hosts, executor)
-        self._setup_inference()
-
     def before(self, node: Node, calls: dict[int, list[Call]]) -> list[Call]:
         if node.role != self.actors_role:
             return []
@@ -138,7 +135,6 @@ class StreamingCentralInference(Acting, Async):
 
     def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
-        self._setup_inference()
         self.loaded: Call | None = None
         """The newest ``load`` of weights into the inference role (every stream call watches it)."""
         self.excused: set[Any] = set()
