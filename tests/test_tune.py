@@ -117,6 +117,25 @@ def test_a_calibration_run_scales_distributed_predictions_only():
         assert ratio == pytest.approx(1.0 if c.policy == "single" else 1.5), c
 
 
+def test_load_slowdown_follows_the_windows_measured():
+    """A collect's slowdown with k samplers: none for one, the measured windows, the line between them
+    and past the last along its last segment; a file of the one-window env probe still reads."""
+    c = costs(load=((2, 1.2), (4, 1.6), (8, 2.0)))
+    assert [c.slowdown(k) for k in (1, 2, 3, 4, 6, 8, 16)] == pytest.approx([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.8])
+    assert costs().slowdown(8) == 1.0 and costs(load=((2, 1.5),)).slowdown(5) == pytest.approx(3.0)
+    assert costs(load=((2, 1.0), (4, 0.9))).slowdown(16) == 1.0  # never faster than alone
+    eight = Candidate("async", 8, 1, 32, 8)  # 8 collects at once: each twice as long as alone
+    assert predict(eight, PPO, c).collect_s == pytest.approx(2.0 * predict(eight, PPO, costs()).collect_s)
+
+    alone = 5e-4 + (6e-4 - 5e-4) / 7 * (4 - 1)  # the fragment probes' line at the load probe's 4 envs
+    m = Measurements.from_dict({**synthetic(), "loaded": {"envs": 4, "points": [{"samplers": 2, "step_s": 2 * alone}]}})
+    ((k, slower),) = m.costs("sampler", ["learner"]).load
+    assert k == 2 and slower == pytest.approx(2.0)
+    old = {"samplers": 2, "envs": 8, "step_s": 3e-4, "cpu_share": 1.0}  # env steps alone vs 1.5e-4 unloaded
+    ((k, slower),) = Measurements.from_dict({**synthetic(), "loaded": old}).costs("sampler", []).load
+    assert k == 2 and slower == pytest.approx(2.0)
+
+
 def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir, capsys):
     saved = tmp_path / "m.json"
     saved.write_text(json.dumps(synthetic()))
@@ -184,6 +203,7 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     assert min(m["vector"]["cpu_s"].values()) > 0 and m["vector"]["by"] in ("cpu", "wall")
     assert all(p["vector"] == m["vector"]["chosen"] for p in m["env"])  # the probes ran on the chosen one
     assert all(p["busy"]["sampler"]["step_s"] > 0 and p["busy"]["learner"]["round_s"] > 0 for p in m["fragments"])
+    assert [p["samplers"] for p in m["loaded"]["points"]] == [2] and m["loaded"]["points"][0]["step_s"] > 0
     report = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in report[1:] if line[:1] == " " or line[:1].isdigit()]
     assert 1 <= len(rows) <= 2  # the best prediction, and the graph as written (the calibration run)

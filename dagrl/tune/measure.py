@@ -9,9 +9,11 @@
   backend the graph could use is stepped this way, at the envs counts of the fragment probes; every
   other probe then uses the backend chosen from these (:func:`dagrl.tune.tuner.choose_vector`), and
   a candidate on another backend has its env time swapped for that backend's (:meth:`Measurements.costs`).
-* **Load** (:func:`probe_loaded`): the env stepped on every worker but one at once while the other
-  runs the graph's iteration: how much slower a step gets when samplers share the machine with each
-  other and a learner (on a few cores, a sleeping simulator mostly waits for a core to wake it on).
+* **Load** (:func:`probe_loaded`): a sampler collecting with the graph's networks on as many
+  workers at once as candidates would run samplers (2, 4, 8, 16 and every worker but one), while
+  another worker runs the graph's iteration: how much slower a collect gets when samplers share the
+  machine with each other and a learner (on a few cores, a sleeping simulator mostly waits for a
+  core to wake it on; on many, batch-1 forwards and emulators share caches and memory bandwidth).
 * **The cluster** (:func:`probe_cluster`): cores per host, GPUs, the time a task takes to reach a
   worker and report back, and worker-to-worker bandwidth.
 
@@ -34,7 +36,7 @@ import numpy as np
 
 from dagrl.tune.model import Costs
 
-__all__ = ["Measurements", "probe_cluster", "probe_env", "probe_fragments"]
+__all__ = ["Measurements", "load_counts", "probe_cluster", "probe_env", "probe_fragments", "probe_loaded"]
 
 
 @dataclass
@@ -51,7 +53,8 @@ class Measurements:
     """The short real distributed run that calibrates the model: its candidate, predicted (before
     calibration) and achieved env steps/s."""
     loaded: dict[str, Any] = field(default_factory=dict)
-    """:func:`probe_loaded`'s result: env steps while other samplers and a learner share the machine."""
+    """:func:`probe_loaded`'s result: a collect's seconds per vector step while other samplers and a
+    learner share the machine, one point per number of samplers at once."""
     vector: dict[str, Any] = field(default_factory=dict)
     """The vector env backends stepped alone: each one's :func:`probe_env` results at the fragment
     probes' envs counts (``probes``), its ``step_s`` and ``cpu_s`` per vector step at the graph's
@@ -79,6 +82,7 @@ class Measurements:
         the env probes at the same envs counts); acting, the learner and the cluster stay as measured."""
         points = sorted((p["envs"], p["busy"][sampler]["step_s"]) for p in self.fragments)
         fixed, per_env = line(points)
+        fixed_probed, per_env_probed = fixed, per_env
         env_points = sorted(self.env, key=lambda e: e["envs"])
         probes = self.vector.get("probes", {})
         theirs = env_points
@@ -91,10 +95,7 @@ class Measurements:
         overlap = sum(s for r, s in roles.items() if r not in learners) + max(
             (roles.get(r, 0.0) for r in learners), default=0.0
         )
-        slowdown, at = 1.0, 1
-        if self.loaded and env_points:  # measured on the probed backend
-            alone = env_step_s(env_points, self.loaded["envs"])
-            slowdown, at = max(1.0, self.loaded["step_s"] / alone), self.loaded["samplers"]
+        load = self.load(fixed_probed, per_env_probed, env_points)
         biggest = theirs[-1] if theirs else None
         env_share = 0.0
         if biggest is not None:
@@ -112,9 +113,22 @@ class Measurements:
             cores=int(self.cluster.get("cores", os.cpu_count() or 1)),
             task_cpu_s=self.cluster.get("task_cpu_s", 0.0),
             calibration=self.calibration["achieved"] / self.calibration["predicted"] if self.calibration else 1.0,
-            load_slowdown=slowdown,
-            load_samplers=at,
+            load=load,
         )
+
+    def load(self, fixed: float, per_env: float, env_points: list[dict[str, Any]]) -> tuple[tuple[int, float], ...]:
+        """``(samplers, slowdown)`` of each load probe window: a collect's seconds per vector step
+        there over the same alone (the fragment probes' line, on the backend they ran on). A file
+        of an earlier version holds one window of env steps alone: compared with the env probes."""
+        if not self.loaded:
+            return ()
+        if "points" in self.loaded:
+            alone = fixed + per_env * self.loaded["envs"]
+            return tuple((p["samplers"], max(1.0, p["step_s"] / alone)) for p in self.loaded["points"] if alone > 0)
+        if not env_points:
+            return ()
+        alone = env_step_s(env_points, self.loaded["envs"])
+        return ((self.loaded["samplers"], max(1.0, self.loaded["step_s"] / alone)),)
 
 
 def line(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -272,23 +286,117 @@ def idle_cpu_rate(seconds: float = 0.25) -> float:
     return (time.process_time() - c0) / (time.perf_counter() - t0)
 
 
-def probe_loaded(client: Any, fragments: tuple, env: tuple, seconds: float, vector: str = "sync") -> dict[str, Any]:
-    """Env steps while the machine is as busy as a distributed run makes it: ``probe_env(*env)`` on
-    every worker but the first, at once, while the first runs ``probe_fragments(*fragments)`` (a
-    sampler and learner taking turns). Median seconds per vector step over those workers."""
+def load_counts(workers: int) -> list[int]:
+    """Samplers at once in the load probe's windows: 2, 4, 8, 16 and every worker but the learner's."""
+    most = workers - 1
+    return sorted({k for k in (2, 4, 8, 16) if k <= most} | ({most} if most >= 2 else set()))
+
+
+def probe_loaded(
+    client: Any, probe: tuple, counts: list[int], seconds: float, warm: bool, learner: str | None = None
+) -> dict[str, Any]:
+    """A sampler's collect while the machine is as busy as a distributed run makes it, for each of
+    ``counts`` samplers collecting at once beside a learner.
+
+    One task per worker (:func:`probe_share`): the learner's worker (``learner``, else the first) runs
+    the graph's iteration under ``single`` throughout (a sampler and learner taking turns), worker ``i``
+    of the others collects with the graph's networks from window ``i``'s sampler count on: windows of
+    ``seconds`` each, ``counts`` samplers in turn, all starting once every task has built its state.
+    ``probe``: ``(data, where, sampler, envs, (length_key, length))`` as for :func:`probe_fragments`.
+    Median seconds per vector step (the sampler's busy time, acting included) in each window."""
+    from distributed import Queue, Variable
+
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-    if len(workers) < 2:
+    if not counts or len(workers) < 2:
         return {}
-    load = client.submit(probe_fragments, *fragments, seconds, pure=False, workers=workers[:1])
-    steps = [client.submit(probe_env, *env, 0.8 * seconds, vector, pure=False, workers=[w]) for w in workers[1:]]
-    results = client.gather(steps)
-    load.result()
-    return {
-        "samplers": len(steps),
-        "envs": env[2],
-        "step_s": statistics.median(r["step_s"] for r in results),
-        "cpu_share": statistics.median(r["cpu_share"] for r in results),
-    }
+    first = learner if learner in workers else workers[0]
+    loaders = [w for w in workers if w != first][: max(counts)]
+    name = f"dagrl-tune-load-{time.time_ns()}"
+    ready, start = Queue(f"{name}-ready", client=client), Variable(f"{name}-start", client=client)
+    windows = [(i * seconds, (i + 1) * seconds) for i in range(len(counts))]
+    tasks = [client.submit(probe_share, *probe, name, windows, -1, warm, pure=False, workers=[first])]
+    for i, w in enumerate(loaders):  # the loader joins at the first window with more samplers than it
+        joins = next(j for j, k in enumerate(counts) if k > i)
+        tasks.append(client.submit(probe_share, *probe, name, windows, joins, warm, pure=False, workers=[w]))
+    try:
+        while ready.qsize() < len(tasks):  # (a timed-out get logs an error on the scheduler)
+            for t in tasks:
+                if t.status == "error":  # one that failed building its roles raises here
+                    t.result()
+            time.sleep(0.2)
+        start.set(time.time() + 0.5)
+        results = client.gather(tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        start.delete()
+    points = []
+    for j, k in enumerate(counts):
+        steps = [r[j] for r in results[1 : k + 1] if r[j] is not None]
+        if steps:
+            points.append({"samplers": k, "step_s": statistics.median(steps)})
+    return {"envs": probe[3], "points": points}
+
+
+def probe_share(
+    data: dict[str, Any],
+    where: str,
+    sampler: str,
+    envs: int,
+    length: tuple[str, int],
+    name: str,
+    windows: list[tuple[float, float]],
+    joins: int,
+    warm: bool,
+) -> list[float | None]:
+    """One worker's part of :func:`probe_loaded`: build the graph's roles under ``single``, say so on
+    the ``ready`` queue, wait for the common start, then from window ``joins`` on collect with the
+    sampler alone (``joins`` -1: run the whole iteration throughout, the learner's load). Seconds
+    per vector step of the collects whose middle fell in each window (``None`` outside its share).
+    ``warm``: learn first, so an off-policy sampler acts with its network, not at random."""
+    import torch
+    from distributed import Queue, Variable
+
+    from dagrl.graph import resolve_graph
+    from dagrl.policies import build_policy
+
+    probed = probe_data(data, sampler, envs, length)
+    if joins >= 0:  # a loader's learner never computes for long: keep it off the GPU
+        for spec in probed["roles"].values():
+            if isinstance(spec, dict) and isinstance(spec.get("resources"), dict):
+                spec["resources"].pop("GPU", None)
+    graph = resolve_graph(probed, where)
+    torch.set_num_threads(graph.spec.torch_threads)
+    steps = length[1]
+    with tempfile.TemporaryDirectory(prefix="dagrl-tune-") as tmp:
+        policy = build_policy(graph, None, run_dir=tmp)
+        try:
+            for _ in range(500 if warm or joins < 0 else 0):
+                if policy.step().metrics.get("perf/frames", 0) > 0:
+                    break
+            nodes, roles = graph.algorithm.graph.nodes, graph.algorithm.roles
+            last = max(i for i, n in enumerate(nodes) if n.role == sampler)
+            calls = policy.executor.run_nodes(nodes[: last + 1], policy.hosts, roles)
+            mine = [n for n in nodes if n.role == sampler]
+            Queue(f"{name}-ready").put(joins)
+            t0 = Variable(f"{name}-start").get(timeout=600)
+            begin, end = windows[max(joins, 0)][0], windows[-1][1]
+            time.sleep(max(0.0, t0 + begin - time.time()))
+            spent = [[0.0, 0] for _ in windows]
+            while (now := time.time()) < t0 + end:
+                before = sum(busy(policy)[sampler].values())
+                if joins < 0:
+                    policy.step()
+                else:
+                    policy.executor.run_nodes(mine, policy.hosts, roles, calls=dict(calls))
+                middle = (now + time.time()) / 2 - t0
+                j = next((j for j, (a, b) in enumerate(windows) if a <= middle < b), None)
+                if j is not None:
+                    spent[j][0] += sum(busy(policy)[sampler].values()) - before
+                    spent[j][1] += steps
+        finally:
+            policy.close()
+    return [s / n if n and j >= joins >= 0 else None for j, (s, n) in enumerate(spent)]
 
 
 def probe_cluster(client: Any, transfer_bytes: int = 64 * 2**20) -> dict[str, Any]:

@@ -21,7 +21,8 @@ The model
 A collect of ``envs`` envs for ``length`` steps takes ``length * (a + b * envs)`` seconds on an idle
 core (``a``, ``b`` fitted to the probes), of which the env's measured CPU share uses a core (a
 sleeping simulator does not). With ``k`` samplers collecting at once beside a learner it takes
-longer, by a factor linear in ``k`` from none for one sampler to the one measured under load. A
+longer, by a factor measured with 2, 4, 8... samplers collecting beside a learner (none for one
+sampler; between and past those, on the line through them). A
 learner round takes the measured ``L``. Moving a collect between workers costs one task hop plus its
 bytes at the measured peer bandwidth; a distributed learner round adds a task round trip per
 fragment after the samplers' and one more: the driver's, which submits each streaming round once
@@ -43,6 +44,7 @@ and scales every distributed candidate.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -208,16 +210,19 @@ class Costs:
     calibration: float = 1.0
     """Achieved over predicted env steps/s of one short real distributed run: what orchestration
     (the driver's dispatch, weights waits, the rate limiter's pauses) costs beyond the model."""
-    load_slowdown: float = 1.0
-    """How much slower a collect ran with ``load_samplers`` samplers and a learner on the machine."""
-    load_samplers: int = 1
+    load: tuple[tuple[int, float], ...] = ()
+    """``(samplers, slowdown)``: how much slower a collect ran with that many samplers collecting at
+    once beside a learner, one pair per load probe window, fewest samplers first."""
 
     def slowdown(self, samplers: int) -> float:
-        """A collect's slowdown with ``samplers`` collecting at once beside a learner: linear in the
-        samplers, from none for one to the measured one."""
-        if self.load_samplers < 2:
-            return self.load_slowdown
-        return max(1.0, 1.0 + (self.load_slowdown - 1.0) * (samplers - 1) / (self.load_samplers - 1))
+        """A collect's slowdown with ``samplers`` collecting at once beside a learner: on the line
+        through the measured windows (none for one sampler), past the last along its last segment."""
+        points = [(1, 1.0), *((k, s) for k, s in self.load if k > 1)]
+        if len(points) == 1:
+            return 1.0
+        segments = list(itertools.pairwise(points))
+        (k0, s0), (k1, s1) = next((seg for seg in segments if samplers <= seg[1][0]), segments[-1])
+        return max(1.0, s0 + (s1 - s0) * (samplers - k0) / (k1 - k0))
 
 
 def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:

@@ -27,6 +27,7 @@ from dagrl.tune.measure import (
     Measurements,
     env_step_s,
     learn_at_once,
+    load_counts,
     probe_cluster,
     probe_env,
     probe_fragments,
@@ -265,13 +266,23 @@ def measure(
         probe = (data, graph.path, shape.sampler, envs, (shape.length_key, length), each)
         m.fragments.append(client.submit(probe_fragments, *probe, pure=False, workers=worker).result())
         bar.update(1)
-    envs = graph.role(shape.sampler).envs
-    bar.set_postfix_str(f"{graph.spec.env.id}: {envs} envs on every worker beside a learner")
-    full = (data, graph.path, shape.sampler, points[-1][0], (shape.length_key, points[-1][1]))
-    env = (graph.spec.env.id, graph.spec.env.kwargs, envs)
-    m.loaded = probe_loaded(client, full, env, max(2.0, 0.2 * seconds), vector)
+    counts = load_counts(int(m.cluster.get("workers", 1)))
+    bar.set_postfix_str(f"collects beside a learner: {', '.join(map(str, counts))} samplers at once")
+    role = graph.role(shape.sampler)
+    probe = (data, graph.path, shape.sampler, role.envs, (shape.length_key, shape.length))
+    window = max(1.5, 0.2 * seconds / max(1, len(counts)))
+    m.loaded = probe_loaded(client, probe, counts, window, not shape.onpolicy, learner_worker(graph, client))
     bar.update(1)
     return m
+
+
+def learner_worker(graph: Graph, client: Any) -> str | None:
+    """A worker that has what the graph's learner asks for (a GPU), for the load probe's learner."""
+    gpu = max((graph.role(r).gpus for r in learner_roles(graph)), default=0.0)
+    if not gpu:
+        return None
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return next((a for a, w in sorted(workers.items()) if w.get("resources", {}).get("GPU", 0) >= gpu), None)
 
 
 @dataclass
@@ -370,8 +381,7 @@ def tune(
         if measurements is None:
             from dagrl.clusters import LocalClusterSpec, connect
 
-            local = LocalClusterSpec(workers=min(8, 2 * (os.cpu_count() or 1) + 1))  # samplers and a learner
-            with connect(cluster or local, graph) as client:
+            with connect(measuring(cluster or LocalClusterSpec(), graph), graph) as client:
                 measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar, backends)
         chosen = measurements.vector.get("chosen", shape.vector)
         shape = replace(shape, vector=chosen, vectors=tuple(measurements.vector.get("probes", ())) or (chosen,))
@@ -427,6 +437,22 @@ def tune(
     return tuning
 
 
+PROBE_WORKERS = 17
+"""Most workers a local cluster started for the probes gets: the load probe's learner and up to 16
+samplers (the most a candidate runs)."""
+
+
+def measuring(spec: Any, graph: Graph) -> Any:
+    """The cluster to measure on: a local one sized by the graph (``workers: auto``) gets a worker for
+    the learner and twice as many samplers as cores, up to :data:`PROBE_WORKERS`, so the load probe
+    runs as many samplers at once as candidates do; other clusters as they are."""
+    from dagrl.clusters import LocalClusterSpec
+
+    if not isinstance(spec, LocalClusterSpec) or spec.workers != "auto":
+        return spec
+    return replace(spec, workers=max(graph.n_actors, min(PROBE_WORKERS, 2 * (os.cpu_count() or 1) + 1)))
+
+
 def _fixed_workers(cluster: Any) -> bool:
     """Whether runs on ``cluster`` get the workers already there (an attached scheduler) rather than
     a cluster sized for each."""
@@ -456,8 +482,10 @@ def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | 
         f"{1e3 * c.step_fixed_s:.3f} ms + {1e3 * c.step_per_env_s:.3f} ms per env "
         f"(env {100 * c.env_share:.0f} % of it, taking a core {100 * c.env_cpu:.0f} % of its time);",
         f"  a learner round {1e3 * c.round_s:.1f} ms; a task round trip {1e3 * c.hop_s:.2f} ms; "
-        f"peer bandwidth {_rate(c.peer_bytes_s)}; beside a learner and other samplers, a collect "
-        f"{c.load_slowdown:.2f} x slower with {c.load_samplers}.",
+        f"peer bandwidth {_rate(c.peer_bytes_s)};",
+        "  beside a learner, samplers collecting at once: "
+        + (", ".join(f"{k}: {s:.2f} x slower" for k, s in c.load) if c.load else "not measured (one worker)")
+        + ".",
     ]
     if m.vector:
         v = m.vector
