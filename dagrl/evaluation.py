@@ -7,19 +7,34 @@ no replay. The episodes are played by the algorithm's own ``evaluate`` fragment 
 so the numbers mean what the run's ``eval/*`` metrics mean, over as many episodes as asked.
 
 With ``video``, the evaluator's first env is wrapped in gymnasium's ``RecordVideo``: one MP4 per
-episode (``moviepy`` must be installed, and the env must render ``rgb_array`` frames).
+episode (``moviepy`` must be installed, and the env must render ``rgb_array`` frames). On a machine
+without a display MuJoCo renders through EGL unless ``MUJOCO_GL`` says otherwise (its own default,
+GLFW, needs a display).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from dagrl.schema import ConfigError
 
 __all__ = ["EvalResult", "evaluate_checkpoint", "load_run"]
+
+log = logging.getLogger("dagrl")
+
+
+def headless_gl() -> str | None:
+    """Have MuJoCo render off-screen through EGL where nothing says how and there is no display
+    (GLFW, its default, needs one); return the backend MuJoCo will use, if known."""
+    if "MUJOCO_GL" not in os.environ and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ["MUJOCO_GL"] = "egl"
+        log.info("no display: MuJoCo renders through EGL (set MUJOCO_GL to choose: egl, osmesa, glfw)")
+    return os.environ.get("MUJOCO_GL")
 
 
 @dataclasses.dataclass
@@ -134,6 +149,7 @@ def evaluate_checkpoint(
             import moviepy  # noqa: F401  (gymnasium's RecordVideo writes with it)
         except ImportError:
             raise ConfigError("dagrl eval", "--video", "needs moviepy: pip install 'dagrl[video]'") from None
+        headless_gl()
     from dagrl.evaluator import EpisodeRunner
 
     run, ckpt = load_run(path)
@@ -155,7 +171,10 @@ def evaluate_checkpoint(
         calls = executor.run_nodes(eval_nodes.nodes, hosts, graph.algorithm.roles)
         executor.wait(calls[eval_nodes.output.id])
     except EnvError as err:  # most often an env that cannot render frames for --video
-        raise ConfigError("dagrl eval", "--video" if video else "env", str(err)) from None
+        hint = ""
+        if video and "OpenGL" in str(err):
+            hint = f" (MUJOCO_GL={gl}: try another of egl, osmesa, glfw)" if (gl := os.environ.get("MUJOCO_GL")) else ""
+        raise ConfigError("dagrl eval", "--video" if video else "env", f"{err}{hint}") from None
     finally:
         if recorder is not None:  # the episode left unfinished: no partial MP4
             recorder.recorded_frames, recorder.recording = [], False

@@ -23,6 +23,18 @@ def ensure(binaries: list[str], packages: list[str]) -> None:
     """``apt-get install packages`` unless every one of ``binaries`` is already on PATH."""
     if all(shutil.which(b) for b in binaries):
         return
+    install(packages)
+
+
+def ensure_libraries(sonames: list[str], packages: list[str]) -> None:
+    """``apt-get install packages`` unless the dynamic linker already knows every one of ``sonames``."""
+    known = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    if all(f"{name} " in known for name in sonames):
+        return
+    install(packages)
+
+
+def install(packages: list[str]) -> None:
     if os.geteuid() != 0:
         raise RuntimeError(f"{', '.join(packages)} missing, and installing them needs root (apt-get install)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")

@@ -4,6 +4,9 @@ run's own evaluations report; optionally one MP4 per episode."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -124,3 +127,25 @@ def test_bad_eval_input_is_one_line_and_exit_2(argv, says, tmp_path, graphs_dir,
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dagrl: error:") and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_eval_records_a_mujoco_video_without_a_display(tmp_path, graphs_dir):
+    """MuJoCo's default renderer (GLFW) needs a display; with none and no MUJOCO_GL, eval picks EGL."""
+    pytest.importorskip("mujoco")
+    from tests.debian import ensure_libraries
+
+    ensure_libraries(["libEGL.so.1"], ["libegl1", "libegl-mesa0", "libgl1-mesa-dri"])
+    runs = tmp_path / "runs"
+    args = ["stop.env_steps=64", "hyperparameters.num_steps=64", "stop.mean_return=null", f"runs_dir={runs}"]
+    assert main(["run", f"{graphs_dir}/ppo-hopper-single.yaml", "--quiet", *[f"--set={a}" for a in args]]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
+    videos = tmp_path / "videos"
+    cmd = [sys.executable, "-m", "dagrl", "eval", str(one_run(runs)), "--episodes", "1", "--video", str(videos)]
+    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (video,) = json.loads(done.stdout)["videos"]
+    from moviepy import VideoFileClip
+
+    with VideoFileClip(video) as clip:
+        frames = [f for f in clip.iter_frames()]
+    assert len(frames) >= 2 and max(float(f.std()) for f in frames) > 1.0  # a rendered scene, not a blank
