@@ -29,6 +29,7 @@ from typing import Any
 
 from dagrl import distribution
 from dagrl.fragment import Algorithm, load_algorithm
+from dagrl.runtime.tensorboard import available as tensorboard_available
 from dagrl.schema import ConfigError, apply_overrides, at_least, from_dict, read_yaml, to_dict
 
 __all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "load_graph", "resolve_graph"]
@@ -220,6 +221,9 @@ class GraphSpec:
     always over Dask's comms."""
     runs_dir: str = "runs"
     """Where run directories are created."""
+    tensorboard: bool = False
+    """Also write each metrics row as TensorBoard scalars under ``<run>/tensorboard/``
+    (:mod:`dagrl.runtime.tensorboard`; needs ``pip install "dagrl[tensorboard]"``)."""
 
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -330,6 +334,8 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
     if spec.seed < 0:
         raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
+    if spec.tensorboard and not tensorboard_available():
+        raise ConfigError(where, "tensorboard", "true needs the tensorboard package: pip install 'dagrl[tensorboard]'")
     if spec.name and not NAME.fullmatch(spec.name):  # "": a graph built in code, not read from a file
         raise ConfigError(
             where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"

@@ -81,6 +81,12 @@ def train(
             log.warning(warning)
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
         trainer.listeners.extend(listeners)
+        if spec.tensorboard:
+            from dagrl.runtime.tensorboard import TensorBoardLog
+
+            board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
+            stack.callback(board.close)
+            trainer.listeners.append(board.on_row)
         if client is not None:
             from dagrl.dashboard.feed import Feed
 
