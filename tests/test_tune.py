@@ -13,7 +13,7 @@ from dagrl.cli import main
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.schema import read_yaml
 from dagrl.tune.measure import Measurements
-from dagrl.tune.model import Candidate, Costs, Shape, candidates, predict, rank
+from dagrl.tune.model import Candidate, Costs, LearnStep, Shape, candidates, predict, rank, round_period
 from dagrl.tune.tuner import (
     Result,
     Tuning,
@@ -134,6 +134,29 @@ def test_load_slowdown_follows_the_windows_measured():
     old = {"samplers": 2, "envs": 8, "step_s": 3e-4, "cpu_share": 1.0}  # env steps alone vs 1.5e-4 unloaded
     ((k, slower),) = Measurements.from_dict({**synthetic(), "loaded": old}).costs("sampler", []).load
     assert k == 2 and slower == pytest.approx(2.0)
+
+
+def test_a_rounds_time_is_its_critical_path(graphs_dir):
+    """Hops in series along a chain of roles; under split-learner the slow role's updates back to
+    back hide the others and the driver's round trip."""
+    shape = shape_of(load_graph(f"{graphs_dir}/td3-halfcheetah-apex.yaml"))
+    assert [s.key for s in shape.learn] == ["replay.sample", "critic.update_critic", "actor.update_actor"]
+    assert shape.learn[2].inputs == (0,) and shape.learn[2].delayed == (1,) and shape.out == 2
+    work = {"replay.sample": 0.001, "critic.update_critic": 0.08, "actor.update_actor": 0.02}
+    c = costs(hop_s=0.01, fragment_s=work)
+    chain = round_period(shape, c, delayed=False, rollouts_s=0.0)  # sample -> critic -> actor -> driver
+    assert chain == pytest.approx(0.001 + 0.08 + 0.02 + 4 * 0.01)
+    assert round_period(shape, c, delayed=True, rollouts_s=0.0) == pytest.approx(0.08)  # critic-bound
+    split, apex = Candidate("split-learner", 1, 2, 8, 1), Candidate("apex", 1, 2, 8, 1)
+    assert predict(split, shape, c).round_s == pytest.approx(0.08)
+    assert predict(apex, shape, c).round_s == pytest.approx(chain)
+    ppo = replace(PPO, learn=(LearnStep("learner.update", "learner", rollouts=True),), out=0)
+    two = Candidate("async", 2, 8, 32, 2)  # each arrival's hop and bytes, then the update and the driver's hop
+    move = 0.005 + 8 * 32 * 40 / 5e8
+    got = predict(two, ppo, costs(fragment_s={"learner.update": 0.05})).round_s
+    assert got == pytest.approx(0.05 + 2 * 0.005 + 2 * move)
+    series = replace(PPO, round_hops=2)  # one step: the same as the hops in series
+    assert got == pytest.approx(predict(two, series, costs()).round_s)
 
 
 def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir, capsys):

@@ -113,6 +113,7 @@ class Measurements:
             cores=int(self.cluster.get("cores", os.cpu_count() or 1)),
             task_cpu_s=self.cluster.get("task_cpu_s", 0.0),
             calibration=self.calibration["achieved"] / self.calibration["predicted"] if self.calibration else 1.0,
+            fragment_s={f"{r}.{f}": t for r, fs in full.get("fragments", {}).items() for f, t in fs.items()},
             load=load,
         )
 

@@ -24,11 +24,10 @@ sleeping simulator does not). With ``k`` samplers collecting at once beside a le
 longer, by a factor measured with 2, 4, 8... samplers collecting beside a learner (none for one
 sampler; between and past those, on the line through them). A
 learner round takes the measured ``L``. Moving a collect between workers costs one task hop plus its
-bytes at the measured peer bandwidth; a distributed learner round adds a task round trip per
-fragment after the samplers' and one more: the driver's, which submits each streaming round once
-the last one ended, or under ``sync``, which runs ahead of the driver, ``publish``'s after
-``update``. What a distributed run loses beyond that (the driver's dispatch, samplers waiting for
-weights or for the rate limiter) is measured once, by a short real run, as achieved over predicted,
+bytes at the measured peer bandwidth; a ``sync`` iteration adds a task round trip per fragment
+after the samplers' and one for ``publish`` after ``update`` (``sync`` runs ahead of the driver).
+What a distributed run loses beyond that (the driver's dispatch, samplers waiting for weights or
+for the rate limiter) is measured once, by a short real run, as achieved over predicted,
 and scales every distributed candidate.
 
 * ``single``: collects then the update, one after another: ``steps / (collects * collect + L)``.
@@ -38,8 +37,12 @@ and scales every distributed candidate.
   of the two rates (samplers counted only as many as the rate limiter lets collect at once: ``async``
   lets ``2 x rollouts_per_update`` collects run ahead of the learner), the learner's slowed by the
   CPU everything else needs: samplers (as busy as the rate limiter lets them be), and the
-  scheduler's and driver's CPU per task. ``split-learner`` overlaps its learner roles, so its round
-  is the slowest role's share, not their sum.
+  scheduler's and driver's CPU per task. A round's time is its critical path
+  (:func:`round_period`): each fragment of the round waits for the hop that brings its inputs and
+  for its role's previous fragment, so a hop overlaps with work on another role; the driver submits
+  the next round a hop after the round's output; ``async``'s update also waits for each rollout it
+  takes (its report reaching the driver, its bytes moving in). ``split-learner`` feeds a learner role
+  the other's previous round, so its roles update at once.
 """
 
 from __future__ import annotations
@@ -47,15 +50,31 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Candidate", "Prediction", "Shape", "candidates", "predict", "rank"]
+__all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
 
 ONPOLICY = ("single", "sync", "async")
 OFFPOLICY = ("single", "sync", "apex", "split-learner")
 SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_ENVS = 64
 """Most envs one sampler gets among the candidates (a vector env steps them in one thread)."""
+
+
+@dataclass(frozen=True)
+class LearnStep:
+    """One fragment call of a learner round, for the round's critical path (:func:`round_period`)."""
+
+    key: str
+    """``role.fragment``: where its seconds per round are in :attr:`Costs.fragment_s`."""
+    role: str
+    inputs: tuple[int, ...] = ()
+    """Earlier steps of the same round whose outputs it takes."""
+    delayed: tuple[int, ...] = ()
+    """Steps on another learner role whose output it takes: the previous round's under
+    ``split-learner`` (its delayed edges), this round's under every other policy."""
+    rollouts: bool = False
+    """It takes the round's arrived rollouts (``async``'s update): their bytes move in first."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,13 @@ class Shape:
     until the tuner has measured the backends and chosen one (:func:`dagrl.tune.tuner.choose_vector`)."""
     vectors: tuple[str, ...] = ()
     """The backends candidates may use (each measured); empty: :attr:`vector` alone."""
+    inserts: int = 0
+    """Fragments each collect feeds on other roles (a replay ``add``): a task each."""
+    learn: tuple[LearnStep, ...] = ()
+    """A streaming policy's learner round, step by step (empty, or a step's seconds unmeasured:
+    priced as :attr:`round_hops` hops in series with the learner roles' work)."""
+    out: int = -1
+    """The step of :attr:`learn` whose end the driver waits for before it submits the next round."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +236,8 @@ class Costs:
     calibration: float = 1.0
     """Achieved over predicted env steps/s of one short real distributed run: what orchestration
     (the driver's dispatch, weights waits, the rate limiter's pauses) costs beyond the model."""
+    fragment_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per round of each learner-side fragment, by ``role.fragment`` (:class:`LearnStep`)."""
     load: tuple[tuple[int, float], ...] = ()
     """``(samplers, slowdown)``: how much slower a collect ran with that many samplers collecting at
     once beside a learner, one pair per load probe window, fewest samplers first."""
@@ -239,8 +267,13 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
         collect *= max(stretch, costs.slowdown(c.samplers))
         total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
-    learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
-    round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
+    if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # hops overlap other roles' work
+        round_s = round_period(shape, costs, c.policy == "split-learner", c.collects_per_round * move)
+        learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
+    else:
+        learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
+        round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
+        learner_cores = 1.0
     at_once = parallel(c)
     collect *= costs.slowdown(at_once)
     sampler_rate = at_once * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
@@ -248,12 +281,44 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
     rate = min(sampler_rate, learner_rate)
     for _ in range(3):  # the learner shares the cores with what the samplers and tasks need at that rate
         busy = rate / sampler_rate  # a rate limiter holds samplers that run ahead of the learner
-        tasks = busy * sampler_rate / steps + rate / shape.round_steps  # collects and rounds per second
-        demand = at_once * cpu * busy + rate / learner_rate + tasks * costs.task_cpu_s
+        # tasks per second: each collect and its inserts, each fragment of a round
+        tasks = busy * sampler_rate / steps * (1 + shape.inserts) + rate / shape.round_steps * max(1, len(shape.learn))
+        demand = at_once * cpu * busy + learner_cores * rate / learner_rate + tasks * costs.task_cpu_s
         stretch = max(1.0, demand / costs.cores)
         rate = min(sampler_rate, learner_rate / stretch)
     bound = "samplers" if sampler_rate <= learner_rate / stretch else "learner"
     return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
+
+
+def round_period(shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, rounds: int = 24) -> float:
+    """Seconds between learner rounds in steady state: rounds simulated one after another, each
+    submitted when the driver learns that the previous one's :attr:`Shape.out` step ended. A step
+    starts once its task has reached its worker, its inputs' outputs have (a task hop each: the
+    scheduler tells the consumer's worker, which fetches them) and its role's previous step is done
+    (one fragment at a time per role); it takes its probed seconds. ``delayed``: a
+    :attr:`LearnStep.delayed` input is the previous round's (``split-learner``). ``rollouts_s``: what
+    the arrived rollouts add before a :attr:`LearnStep.rollouts` step (``async``'s update) may start:
+    each one's report reaching the driver, which takes them, and its bytes moving in."""
+    hop, steps = costs.hop_s, shape.learn
+    seconds = [costs.fragment_s.get(s.key, 0.0) for s in steps]
+    free: dict[str, float] = {}
+    previous: list[float] | None = None
+    submitted, starts = 0.0, []
+    for _ in range(rounds):
+        starts.append(submitted)
+        done: list[float] = []
+        for s, took in zip(steps, seconds, strict=True):
+            ready = submitted + hop + (rollouts_s if s.rollouts else 0.0)
+            ready = max([ready, *(done[j] + hop for j in s.inputs)])
+            if delayed:
+                ready = max([ready, *(previous[j] + hop for j in s.delayed if previous is not None)])
+            else:
+                ready = max([ready, *(done[j] + hop for j in s.delayed)])
+            done.append(max(ready, free.get(s.role, 0.0)) + took)
+            free[s.role] = done[-1]
+        submitted, previous = done[shape.out] + hop, done
+    half = rounds // 2
+    return (starts[-1] - starts[half]) / (rounds - 1 - half)
 
 
 def rank(shape: Shape, costs: Costs | Mapping[str, Costs], max_samplers: int) -> list[tuple[Candidate, Prediction]]:

@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from dagrl import distribution
+from dagrl.fragment import Node
 from dagrl.graph import Graph, resolve_graph
 from dagrl.schema import ConfigError
 from dagrl.tune.measure import (
@@ -33,7 +34,19 @@ from dagrl.tune.measure import (
     probe_fragments,
     probe_loaded,
 )
-from dagrl.tune.model import MAX_ENVS, OFFPOLICY, ONPOLICY, Candidate, Prediction, Shape, divisors, lag, predict, rank
+from dagrl.tune.model import (
+    MAX_ENVS,
+    OFFPOLICY,
+    ONPOLICY,
+    Candidate,
+    LearnStep,
+    Prediction,
+    Shape,
+    divisors,
+    lag,
+    predict,
+    rank,
+)
 
 log = logging.getLogger("dagrl")
 
@@ -117,9 +130,32 @@ def shape_of(graph: Graph) -> Shape:
         step_bytes=obs_bytes * (1 if onpolicy else 2) + act_bytes + 16,
         max_staleness=options.max_staleness if policy == "async" else 2,
         round_hops=len(stream.insert) + len(stream.learn) + 1,
+        inserts=len(stream.insert),
+        learn=learn_steps(algo, stream),
+        out=next((i for i, n in enumerate(stream.learn) if n is algo.graph.output), len(stream.learn) - 1),
         max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
         vector=role.vector,
     )
+
+
+def learn_steps(algo: Any, stream: Any) -> tuple[LearnStep, ...]:
+    """The learner round of ``algo`` (its fragments after the stream and the inserts) as the cost
+    model's :class:`LearnStep` s: which earlier steps each takes, which through a delayed edge."""
+    index = {n.id: i for i, n in enumerate(stream.learn)}
+    delayed = distribution.delayed_edges(algo)
+    steps = []
+    for n in stream.learn:
+        args = [a for a in n.inputs if isinstance(a, Node)]
+        steps.append(
+            LearnStep(
+                key=f"{n.role}.{n.name}",
+                role=n.role,
+                inputs=tuple(index[a.id] for a in args if a.id in index and (a.id, n.id) not in delayed),
+                delayed=tuple(index[a.id] for a in args if (a.id, n.id) in delayed),
+                rollouts=any(a.id == stream.stream.id for a in args),
+            )
+        )
+    return tuple(steps)
 
 
 VECTOR_CHOICES = ("sync", "threads", "envpool")
