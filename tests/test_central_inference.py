@@ -103,14 +103,69 @@ def test_frames_carry_arrays_as_data_and_strangers_are_dropped():
     assert decode(encode(ValueError("no"))[4:]) == "ValueError: no"
 
     server = BatchServer(Batcher(Doubling(), threading.RLock(), expected=1, max_wait_s=0.0))
-    host, port, token = server.endpoint
+    host, port, token, tls = server.endpoint
+    assert not tls  # not in a worker of a TLS cluster
     stranger = InferenceClient("stranger", timeout_s=5.0)
-    stranger.attach((host, port, "00" * 16))  # the wrong token: the server hangs up
+    stranger.attach((host, port, "00" * 16, False))  # the wrong token: the server hangs up
     with pytest.raises(InferenceUnavailable, match="stranger could not reach"):
         stranger(np.ones((1, 2), np.float32))
     sampler = InferenceClient("sampler[0]", timeout_s=5.0)
     sampler.attach(server.endpoint)
     np.testing.assert_array_equal(sampler(np.ones((1, 2), np.float32))[0], 2 * np.ones((1, 2)))
+    server.close()
+
+
+def _tls_pair():
+    """Server and client contexts from one throwaway cluster certificate, as Dask's workers have them."""
+    from distributed.security import Security
+
+    sec = Security.temporary()
+    return sec.get_listen_args("worker")["ssl_context"], sec.get_connection_args("worker")["ssl_context"]
+
+
+def test_under_tls_samplers_are_answered_and_nobody_without_the_clusters_certificate_is():
+    server_tls, client_tls = _tls_pair()
+    net = Doubling()
+    server = BatchServer(Batcher(net, threading.RLock(), expected=2, max_wait_s=10.0), tls=server_tls)
+    host, port, token, tls = server.endpoint
+    assert tls, "the endpoint tells samplers to speak TLS"
+
+    answers = [None, None]
+
+    def one(i):  # big enough to span many TLS records (16 KiB each)
+        client = InferenceClient(f"sampler[{i}]", timeout_s=10.0, tls=client_tls)
+        client.attach(server.endpoint)
+        answers[i] = [client(np.full((64, 84 * 84), i + k, np.float32)) for k in range(3)]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for i in range(2):
+        for k, (doubled, _) in enumerate(answers[i]):
+            np.testing.assert_array_equal(doubled, np.full((64, 84 * 84), 2 * (i + k), np.float32))
+    assert [b.shape[0] for b in net.batches] == [128, 128, 128]  # both samplers in every forward
+
+    _, other_tls = _tls_pair()  # TLS, but another cluster's certificate
+    stranger = InferenceClient("stranger", timeout_s=5.0, tls=other_tls)
+    stranger.attach(server.endpoint)
+    with pytest.raises(InferenceUnavailable, match="stranger could not reach"):
+        stranger(np.ones((1, 2), np.float32))
+    plain = InferenceClient("plain", timeout_s=2.0)  # the right token, in the clear
+    plain.attach((host, port, token, False))
+    with pytest.raises(InferenceUnavailable, match="plain could not reach"):
+        plain(np.ones((1, 2), np.float32))
+    outside = InferenceClient("outside")  # told to speak TLS, but no worker of a TLS cluster
+    outside.attach(server.endpoint)
+    with pytest.raises(InferenceError, match="speaks TLS, but this process has no TLS context"):
+        outside(np.ones((1, 2), np.float32))
+
+    server.batcher.expected = 1  # one sampler left
+    sampler = InferenceClient("sampler[0]", timeout_s=10.0, tls=client_tls)  # the server still answers
+    sampler.attach(server.endpoint)
+    np.testing.assert_array_equal(sampler(np.ones((2, 2), np.float32))[0], 2 * np.ones((2, 2)))
+    assert not server.handshaking, "failed handshakes are dropped"
     server.close()
 
 

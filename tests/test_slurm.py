@@ -47,10 +47,12 @@ def dagrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-def submit(tmp_path: Path, *extra: str, partition: str = "debug") -> tuple[subprocess.CompletedProcess, Path | None]:
+def submit(
+    tmp_path: Path, *extra: str, partition: str = "debug", graph: str = "graphs/ppo-cartpole-sync.yaml"
+) -> tuple[subprocess.CompletedProcess, Path | None]:
     out = dagrl(
         "submit",
-        "graphs/ppo-cartpole-sync.yaml",
+        graph,
         "--cluster",
         cluster_file(tmp_path, partition),
         "--set",
@@ -198,4 +200,17 @@ def test_a_cancelled_worker_job_is_resubmitted_and_the_run_finishes(slurm, tmp_p
     assert (restart["role"], restart["kind"]) == ("sampler", "lost")
     assert restart["new_worker"] != sampler["address"]
     assert sorted(p.name for p in (run / "jobs").glob("sampler-*-r1.sh")), "the new job's script is kept"
+    assert not slurm.jobs()
+
+
+def test_central_inference_on_a_tls_cluster_speaks_tls_too(slurm, tmp_path):
+    """The samplers' per-step socket to the inference role is not a plain-TCP hole in a TLS cluster."""
+    out, run = submit(tmp_path, "--set", "stop.iterations=3", graph="graphs/ppo-cartpole-seed.yaml")
+    assert out.returncode == 0, out.stderr
+    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert state == "COMPLETED", log
+    assert re.search(r"inference role: 2 samplers act through [\d.]+:\d+ \(TLS\)", log), log
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["inference/batch_rows"] > 0 for r in rows), rows  # it acted, over TLS
     assert not slurm.jobs()

@@ -8,7 +8,8 @@ worker). Two things change:
   tasks wait for it, so every action of the iteration comes from that version;
 * each sampler acts through :meth:`dagrl.context.RoleContext.acting`, which here is a client of the
   inference role: one request per env step on a socket of the inference worker's host, answered
-  from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`).
+  from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`); TLS with
+  the cluster's own certificates where Dask's comms are TLS.
 
 With ``asynchronous: true`` the samplers stream as under ``async`` (SEED RL's shape): the learner
 updates on arrived rollouts while the samplers go on, and each new weights version is loaded into the
@@ -28,6 +29,7 @@ forward time, utilisation, the samplers' round trip) join each iteration's row.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from typing import Any
 
@@ -40,6 +42,8 @@ from dagrl.runtime.executor import Call
 from dagrl.runtime.host import load_acting
 from dagrl.runtime.inference import InferenceUnavailable
 from dagrl.runtime.supervisor import RoleFailure
+
+log = logging.getLogger("dagrl")
 
 HEARTBEAT_S = 10.0
 """How long the inference host may take to answer a heartbeat before a sampler's failure is its."""
@@ -57,8 +61,8 @@ class Acting:
         super().__init__(graph, hosts, executor)  # the policy it is mixed into (cooperative)
         algo = self.graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
-        self.endpoint: tuple[str, int, str] | None = None
-        """The inference role's socket: host, port, token (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
+        self.endpoint: tuple[str, int, str, bool] | None = None
+        """The inference role's socket: host, port, token, TLS (:meth:`dagrl.runtime.host.RoleHost.serve`)."""
         self.attached: dict[Any, Any] = {}
         """Sampler handle -> the inference handle it acts through (handles, not ids: a replaced
         handle's id may be reused by its replacement)."""
@@ -71,6 +75,8 @@ class Acting:
     def _serve(self) -> None:
         expected = len(self.hosts[self.actors_role])
         self.endpoint = tuple(self.server.serve(expected, self.options.max_wait_ms).result())
+        host, port, _, tls = self.endpoint
+        log.info("inference role: %d samplers act through %s:%d (%s)", expected, host, port, "TLS" if tls else "TCP")
 
     def _attach(self) -> None:
         """Point every sampler (a replacement, or all after the inference role was replaced) at it."""

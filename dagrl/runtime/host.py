@@ -217,20 +217,21 @@ class RoleHost:
 
     def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int, str]:
         """Answer sampler requests in batches of ``expected`` (or after ``max_wait_ms``) on a socket of
-        this worker's host: the inference role. Returns what samplers connect with (host, port, token)."""
-        from dagrl.runtime.inference import Batcher, BatchServer
+        this worker's host: the inference role. Returns what samplers connect with (host, port, token,
+        TLS: where the cluster's comms are TLS, so is this socket)."""
+        from dagrl.runtime.inference import Batcher, BatchServer, worker_tls
 
         if self.server is not None:
             self.server.close()
         self.batcher = Batcher(self.state, self.lock, expected, max_wait_ms / 1e3)
-        self.server = BatchServer(self.batcher, _address_host())
+        self.server = BatchServer(self.batcher, _address_host(), tls=worker_tls(server=True))
         weakref.finalize(self, self.server.close)  # the actor released: its thread and sockets go too
         return self.server.endpoint
 
     def inference_stats(self) -> dict[str, float]:
         return self.batcher.stats() if self.batcher is not None else {}
 
-    def attach_inference(self, endpoint: tuple[str, int, str]) -> None:
+    def attach_inference(self, endpoint: tuple[str, int, str, bool]) -> None:
         """A sampler: act through the inference role's socket at ``endpoint`` from now on."""
         self.ctx.inference.attach(endpoint)
 

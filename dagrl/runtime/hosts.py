@@ -85,7 +85,7 @@ class Handle:
     def inference_stats(self) -> Any:
         return self._invoke("inference_stats")
 
-    def attach_inference(self, endpoint: tuple[str, int, str]) -> Any:
+    def attach_inference(self, endpoint: tuple[str, int, str, bool]) -> Any:
         return self._invoke("attach_inference", endpoint)
 
     def acting_stats(self) -> Any:

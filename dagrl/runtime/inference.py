@@ -19,6 +19,11 @@ arrays as dtype, shape and raw bytes (:func:`encode`; never a pickle), or an err
 connection first sends the server's random token (:data:`TOKEN_BYTES`), which only the policy hands
 out: anyone else who reaches the port is dropped.
 
+Where the cluster's own comms speak TLS (a ``tls://`` worker address: SLURM's ``tls: true``, or a
+scheduler started with TLS), so does this socket, with the worker's own certificates
+(:func:`worker_tls`): both ends verify each other against the cluster's CA, and the endpoint says so,
+so a sampler never sends observations or the token in the clear to a role that expects TLS.
+
 Numbers the policy reports each iteration (``inference/*`` metrics): rows per forward, requests per
 forward, time a request waits in the queue, forward time, the share of wall time spent in forwards
 (utilisation) and, from the samplers, the round trip of one step.
@@ -31,6 +36,7 @@ import hmac
 import secrets
 import selectors
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -43,8 +49,26 @@ __all__ = ["BatchServer", "Batcher", "InferenceClient", "InferenceError", "Infer
 
 HEADER = struct.Struct("!I")
 TOKEN_BYTES = 16
-Endpoint = tuple[str, int, str]
-"""Host, port and the hex token a connection opens with."""
+HANDSHAKE_S = 10.0
+"""How long the server waits for a connection's TLS handshake before dropping it."""
+Endpoint = tuple[str, int, str, bool]
+"""Host, port, the hex token a connection opens with, and whether the socket speaks TLS."""
+
+
+def worker_tls(server: bool) -> ssl.SSLContext | None:
+    """The TLS context of this process's Dask worker when its cluster speaks TLS, else ``None``:
+    the one Dask itself uses for worker-to-worker comms (``server``: to listen; else to connect)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except ValueError:  # not in a worker
+        return None
+    if not str(worker.address).startswith("tls://"):
+        return None
+    security = worker.security
+    args = security.get_listen_args("worker") if server else security.get_connection_args("worker")
+    return args.get("ssl_context")
 
 
 class InferenceUnavailable(RuntimeError):
@@ -106,24 +130,34 @@ class InferenceClient:
     """A sampler's connection to the inference role; ``attach`` points it at the role's socket (again
     after a replacement: the next step connects there)."""
 
-    def __init__(self, owner: str, timeout_s: float = 60.0):
+    def __init__(self, owner: str, timeout_s: float = 60.0, tls: ssl.SSLContext | None = None):
         self.owner, self.timeout_s = owner, timeout_s
+        self.tls = tls
+        """The context for a TLS endpoint; ``None``: this process's Dask worker's (:func:`worker_tls`)."""
         self.endpoint: Endpoint | None = None
         self._sock: socket.socket | None = None
         self._connected_to: Endpoint | None = None
         self._calls, self._wait_s = 0, 0.0
 
     def attach(self, endpoint: Endpoint) -> None:
-        self.endpoint = (str(endpoint[0]), int(endpoint[1]), str(endpoint[2]))
+        self.endpoint = (str(endpoint[0]), int(endpoint[1]), str(endpoint[2]), bool(endpoint[3]))
 
     def _connection(self) -> socket.socket:
         if self.endpoint is None:
             raise InferenceUnavailable(f"{self.owner}: no inference role attached (policy central-inference)")
         if self._sock is None or self._connected_to != self.endpoint:
             self._close()
-            host, port, token = self.endpoint
+            host, port, token, tls = self.endpoint
+            context = (self.tls or worker_tls(server=False)) if tls else None
+            if tls and context is None:
+                raise InferenceError(
+                    f"{self.owner}: the inference role at {host}:{port} speaks TLS, but this process has no TLS "
+                    "context (it is not a worker of a TLS cluster)"
+                )
             sock = socket.create_connection((host, port), timeout=self.timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if context is not None:
+                sock = context.wrap_socket(sock)
             sock.sendall(bytes.fromhex(token))
             self._sock, self._connected_to = sock, self.endpoint
         return self._sock
@@ -163,7 +197,7 @@ class InferenceClient:
         return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_sock": None, "_connected_to": None}
+        return {**self.__dict__, "_sock": None, "_connected_to": None, "tls": None}
 
 
 Reply = Callable[[Any], None]
@@ -245,16 +279,19 @@ class BatchServer:
 
     Each connection carries one sampler's requests, one at a time (a sampler waits for its answer).
     A connection that closes (a sampler replaced) is dropped; a request it left queued is answered
-    into the void. :meth:`close` stops the thread and closes every socket.
+    into the void. :meth:`close` stops the thread and closes every socket. With ``tls`` every
+    connection is TLS: its handshake runs without blocking the thread (one that does not finish in
+    :data:`HANDSHAKE_S` is dropped), then it is served like a plain one.
     """
 
-    def __init__(self, batcher: Batcher, host: str = "127.0.0.1"):
-        self.batcher = batcher
+    def __init__(self, batcher: Batcher, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None):
+        self.batcher, self.tls = batcher, tls
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.listener = socket.create_server((host, 0))
         self.listener.setblocking(False)
-        self.endpoint: Endpoint = (host, self.listener.getsockname()[1], self.token.hex())
+        self.endpoint: Endpoint = (host, self.listener.getsockname()[1], self.token.hex(), tls is not None)
         self.opened: set[socket.socket] = set()  # connections that sent the token
+        self.handshaking: dict[ssl.SSLSocket, float] = {}  # TLS connections not yet through, by deadline
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.buffers: dict[socket.socket, bytearray] = {}
@@ -269,10 +306,15 @@ class BatchServer:
                 for key, _ in self.selector.select(0.5 if wait is None else wait):
                     if key.fileobj is self.listener:
                         self._accept()
+                    elif key.fileobj in self.handshaking:
+                        self._handshake(key.fileobj)
                     else:
                         self._read(key.fileobj)
                 if (wait := self.batcher.wait_s()) is not None and wait <= 0:
                     self.batcher.flush()
+                now = time.monotonic()
+                for conn in [c for c, deadline in self.handshaking.items() if deadline < now]:
+                    self._drop(conn)
         except OSError:
             if not self.closed.is_set():
                 raise
@@ -282,14 +324,32 @@ class BatchServer:
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
             conn, _ = self.listener.accept()
-            conn.setblocking(True)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                conn.setblocking(False)
+                conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                self.handshaking[conn] = time.monotonic() + HANDSHAKE_S
+            else:
+                conn.setblocking(True)
             self.buffers[conn] = bytearray()
             self.selector.register(conn, selectors.EVENT_READ)
+
+    def _handshake(self, conn: ssl.SSLSocket) -> None:
+        try:
+            conn.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return  # more of it to come
+        except OSError:  # not a peer with this cluster's certificate
+            self._drop(conn)
+            return
+        del self.handshaking[conn]
+        conn.setblocking(True)
 
     def _read(self, conn: Any) -> None:
         try:
             data = conn.recv(1 << 20)
+            while isinstance(conn, ssl.SSLSocket) and conn.pending():  # decrypted bytes select cannot see
+                data += conn.recv(conn.pending())
         except OSError:
             data = b""
         if not data:  # the sampler went away
@@ -329,6 +389,7 @@ class BatchServer:
             self.selector.unregister(conn)
         self.buffers.pop(conn, None)
         self.opened.discard(conn)
+        self.handshaking.pop(conn, None)
         with contextlib.suppress(OSError):
             conn.close()
 
