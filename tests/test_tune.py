@@ -13,7 +13,17 @@ from dagrl.cli import main
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.schema import read_yaml
 from dagrl.tune.measure import Measurements
-from dagrl.tune.model import Candidate, Costs, LearnStep, Shape, candidates, predict, rank, round_period
+from dagrl.tune.model import (
+    Candidate,
+    Costs,
+    LearnStep,
+    Shape,
+    candidates,
+    predict,
+    rank,
+    round_period,
+    staleness,
+)
 from dagrl.tune.tuner import (
     Result,
     Tuning,
@@ -103,6 +113,19 @@ def test_among_equally_fast_settings_the_one_nearest_the_graph_as_written_wins()
     assert tuning.chosen.candidate == same
     tuning.verified[1].achieved = None  # a run too short to tell is never chosen
     assert tuning.chosen.candidate == wide
+
+
+def test_among_equally_fast_and_equally_near_settings_the_freshest_data_wins():
+    """SAC Pendulum: ``split-learner`` 1 x 2 x 8 ran 167 env steps/s and needed 10,000 steps to its target;
+    ``single`` 1 x 2 x 8, as fast within the margin, needed 7,000: the actor there never trails the critic."""
+    hand = Candidate("apex", 2, 1, 8, 2)
+    split, one = Candidate("split-learner", 1, 2, 8, 1), Candidate("single", 1, 2, 8, 1)
+    assert staleness(one) == 0 < staleness(Candidate("apex", 1, 2, 8, 1)) < staleness(split)
+    assert staleness(Candidate("async", 8, 4, 32, 2)) > staleness(Candidate("async", 2, 4, 32, 2))
+    assert nearest([(split, 167.0), (one, 155.0)], hand) == one
+    assert nearest([(split, 167.0), (one, 140.0)], hand) == split  # 16 % slower: speed wins
+    wide = Candidate("single", 1, 16, 1, 1)
+    assert nearest([(split, 167.0), (wide, 165.0)], hand) == split  # the data's shape still comes first
 
 
 def test_a_calibration_run_scales_distributed_predictions_only():
@@ -229,8 +252,9 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     assert [p["samplers"] for p in m["loaded"]["points"]] == [2] and m["loaded"]["points"][0]["step_s"] > 0
     report = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in report[1:] if line[:1] == " " or line[:1].isdigit()]
-    assert 1 <= len(rows) <= 2  # the best prediction, and the graph as written (the calibration run)
+    assert 2 <= len(rows) <= 3  # the best prediction, the graph as written (the calibration run), one process
     assert any("(as written) (calibration run)" in line for line in report)
+    assert any(" single: " in line for line in report), report  # the one-process setting, measured too
     for row in rows:
         assert float(row[0]) > 0 and float(row[1]) > 0  # predicted and achieved env steps/s
     tuned = load_graph(out)

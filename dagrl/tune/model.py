@@ -166,6 +166,16 @@ def lag(c: Candidate) -> float:
     return parallel(c) / c.collects_per_round if c.policy == "async" else 0.0
 
 
+def staleness(c: Candidate) -> float:
+    """How many learner rounds what a round learns from may trail the newest weights, about: 0 where
+    every collect acts with the newest weights and each learner role takes the others' newest
+    (``single``, ``sync``); under the streaming policies the collects running at once over those a round
+    takes, plus, under ``split-learner``, the round by which the actor's input trails the critic."""
+    if c.policy in ("single", "sync"):
+        return 0.0
+    return parallel(c) / c.collects_per_round + (1.0 if c.policy == "split-learner" else 0.0)
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
