@@ -338,7 +338,10 @@ class Result:
     """Env steps/s of the short real run (steady state: rows after the first update)."""
 
     def label(self, tuning: Tuning) -> str:
-        tags = [" (as written)" if self.candidate == tuning.hand else ""]
+        """The setting, how stale its data may be (what a throughput run does not show) and its roles."""
+        behind = staleness(self.candidate)
+        tags = [f" [data ~{behind:.3g} rounds behind]" if behind else ""]
+        tags.append(" (as written)" if self.candidate == tuning.hand else "")
         if self.candidate.describe() == tuning.measurements.calibration.get("candidate"):
             tags.append(" (calibration run)")
         if self is tuning.chosen:
