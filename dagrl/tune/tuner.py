@@ -340,7 +340,7 @@ class Result:
     def label(self, tuning: Tuning) -> str:
         """The setting, how stale its data may be (what a throughput run does not show) and its roles."""
         behind = staleness(self.candidate)
-        tags = [f" [data ~{behind:.3g} rounds behind]" if behind else ""]
+        tags = [f" [data ~{behind:.3g} round{'' if behind == 1 else 's'} behind]" if behind else ""]
         tags.append(" (as written)" if self.candidate == tuning.hand else "")
         if self.candidate.describe() == tuning.measurements.calibration.get("candidate"):
             tags.append(" (calibration run)")
