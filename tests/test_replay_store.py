@@ -6,11 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from scipy import stats
 
+import dagrl.replay.store as store_module
 from dagrl.replay import NStep, ReplayError, ReplayStore, Schema
 from tests.helpers import tmpfs
 
@@ -109,7 +111,9 @@ def batch_means_pvalue(per_call: np.ndarray, expected: np.ndarray, groups: int =
     return float(stats.chi2.sf(t2.sum(), len(expected) - 1))  # t ~ N(0, 1) for this many groups
 
 
-def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path):
+@pytest.mark.parametrize("prefetch_after_s", [0.0, 60.0], ids=["prefetcher", "reads-in-call"])
+def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path, monkeypatch, prefetch_after_s):
+    monkeypatch.setattr(store_module, "PREFETCH_AFTER_S", prefetch_after_s)
     store = ReplayStore(SCHEMA, 20_000, 400_000, tmp_path / "u", chunk_rows=256, cold_refresh=1.0, seed=1)
     fill(store, 26_000)
     assert store.cold_rows > 10_000 and store.hot_rows > 500
@@ -129,6 +133,33 @@ def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path):
     tilted = per_call.copy()
     tilted[:, bins // 2 :] *= 1.1
     assert batch_means_pvalue(tilted, uniform) < 1e-6
+    assert (store.prefetcher is not None) == (prefetch_after_s == 0.0)
+    store.close()
+
+
+def test_the_prefetcher_starts_once_cold_reads_are_slow(tmp_path, monkeypatch):
+    """Cold chunks are read in the sample call while that is cheap; a slow disk gets a thread reading ahead."""
+    store = ReplayStore(SCHEMA, 20_000, 400_000, tmp_path / "p", chunk_rows=256, cold_refresh=1.0, seed=1)
+    fill(store, 26_000)
+    monkeypatch.setattr(store_module, "PREFETCH_AFTER_S", 60.0)  # no read is that slow
+    for _ in range(50):
+        s = store.sample(256)
+        np.testing.assert_array_equal(s.data["action"], s.indices)
+    assert store.prefetcher is None and 0 < store.read_s < 60.0
+    monkeypatch.setattr(store_module, "PREFETCH_AFTER_S", 2e-3)
+    load = store._load_chunk
+
+    def slow(cid):  # the chunk files 5 ms away
+        time.sleep(0.005)
+        return load(cid)
+
+    monkeypatch.setattr(store, "_load_chunk", slow)
+    for _ in range(50):
+        s = store.sample(256)
+        np.testing.assert_array_equal(s.data["action"], s.indices)  # prefetched rows are the rows too
+    assert store.prefetcher is not None and store.prefetcher.is_alive() and store.read_s > 2e-3
+    store.close()
+    assert store.prefetcher is None
 
 
 def test_prioritized_sampling_follows_priorities_with_correct_weights(tmp_path):

@@ -33,6 +33,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,14 @@ PRIORITIES = "priorities.npy"
 CODECS = ("none", "zstd", "blosc-zstd", "blosc-lz4")
 LARGE_ROW_BYTES = 4096
 """Rows this large (images) make the process keep freed memory (:mod:`dagrl.replay.malloc`)."""
+
+PREFETCH_AFTER_S = 2e-3
+"""Cold chunks are read in the sample call until such reads take longer than this (a moving average):
+then the disk, not decoding, is their cost, and a background thread reads ahead to hide it. Before,
+the thread costs more than it hides: it shares the GIL and the cores with the caller. From
+page-cached chunk files on 2 cores, 90 %-spilled sampling ran 1.3-1.9 x faster without it for
+vector rows (0.63-0.72 x all-in-RAM against 0.37-0.48 x) and 1.0-1.4 x for image rows
+(BENCHMARKS.md)."""
 
 Batch = Mapping[str, np.ndarray]
 
@@ -116,7 +125,8 @@ class ReplayStore:
         the whole cache), replacing ``cold_refresh`` of them by random cold chunks per call
         (fractions allowed: 0.25 is one chunk every four calls). More refresh: batches closer to
         i.i.d.; less: fewer disk reads. With ``prefetch`` (default) a background thread reads the
-        incoming chunks ahead, so a sample call waits on disk only when it falls behind that rate.
+        incoming chunks ahead once reading one in the sample call has proved slow (see
+        :data:`PREFETCH_AFTER_S`), so a sample call waits on disk only when it falls behind that rate.
 
     Examples
     --------
@@ -199,6 +209,9 @@ class ReplayStore:
         self.files: ChunkFiles | None = None  # the chunk files read and written directly (else through zarr)
         self.offsets = np.cumsum([0] + [f.row_bytes for f in schema.values()])
         self.prefetch = prefetch and self.path is not None and self.cache_chunks > 2
+        """Whether a background thread may read cold chunks ahead (it starts once reads are slow)."""
+        self.read_s = 0.0
+        """Seconds a cold chunk read in the caller's thread took: a moving average."""
         self.ready: queue.Queue = queue.Queue(maxsize=2)
         self.prefetcher: threading.Thread | None = None
         self.closing = threading.Event()
@@ -497,9 +510,21 @@ class ReplayStore:
         else:
             _, slot = self.cached.popitem(last=False)
         R = self.chunk_rows
-        self._read_cold_chunk(cid, self.cache, slice(slot * R, (slot + 1) * R))
+        for name, values in self._read_now(cid).items():
+            self.cache[name][slot * R : (slot + 1) * R] = values
         self.cached[cid] = slot
         return slot
+
+    def _read_now(self, cid: int) -> dict[str, np.ndarray]:
+        """Cold chunk ``cid``'s rows, read in this thread and timed; slow reads start the prefetcher."""
+        t0 = time.perf_counter()
+        data = self._load_chunk(cid)
+        took = time.perf_counter() - t0
+        self.read_s = took if not self.read_s else 0.8 * self.read_s + 0.2 * took
+        if self.prefetch and self.prefetcher is None and self.read_s > PREFETCH_AFTER_S:
+            self.prefetcher = threading.Thread(target=self._prefetch_loop, name="dagrl-replay-prefetch", daemon=True)
+            self.prefetcher.start()
+        return data
 
     def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Rows by global index (each must be stored): one gather per field from RAM, cold chunks read whole."""
@@ -603,23 +628,19 @@ class ReplayStore:
         return rows, slots[which] * R + rows - ws[which] * R
 
     def _next_cold_chunk(self, first: int, last: int, wait: bool) -> tuple[int, dict[str, np.ndarray]] | None:
-        """A random cold chunk's rows: prefetched if one is ready, else read now if ``wait``, else None."""
-        if not self.prefetch:
-            wait = True
-        if self.prefetch and self.prefetcher is None:
-            self.prefetcher = threading.Thread(target=self._prefetch_loop, name="dagrl-replay-prefetch", daemon=True)
-            self.prefetcher.start()
-        while self.prefetch:
+        """A random cold chunk's rows: prefetched if one is ready, else read now if ``wait`` or if no
+        prefetcher runs, else None."""
+        while self.prefetcher is not None:
             try:
                 cid, data = self.ready.get_nowait()
             except queue.Empty:
                 break
             if first <= cid <= last:  # still stored and cold (head only moves on), so read intact
                 return cid, data
-        if not wait:
+        if not wait and self.prefetcher is not None:
             return None
         cid = int(self.rng.integers(first, last + 1))
-        return cid, self._load_chunk(cid)
+        return cid, self._read_now(cid)
 
     def _prefetch_loop(self) -> None:
         """Read random cold chunks ahead of need, so sampling never waits on disk."""
