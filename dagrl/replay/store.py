@@ -496,7 +496,7 @@ class ReplayStore:
         return self._unpack(np.asarray(self.rows[slot * R : (slot + 1) * R]))
 
     def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
-        for name, values in self._load_chunk(cid).items():
+        for name, values in self._read_now(cid).items():
             into[name][rows] = values
 
     def _cache_slot(self, cid: int) -> int:
@@ -510,8 +510,7 @@ class ReplayStore:
         else:
             _, slot = self.cached.popitem(last=False)
         R = self.chunk_rows
-        for name, values in self._read_now(cid).items():
-            self.cache[name][slot * R : (slot + 1) * R] = values
+        self._read_cold_chunk(cid, self.cache, slice(slot * R, (slot + 1) * R))
         self.cached[cid] = slot
         return slot
 

@@ -215,7 +215,7 @@ class RoleHost:
 
     # -- central inference (policy ``central-inference``) --------------------------------------------
 
-    def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int, str]:
+    def serve(self, expected: int, max_wait_ms: float) -> tuple[str, int, str, bool]:
         """Answer sampler requests in batches of ``expected`` (or after ``max_wait_ms``) on a socket of
         this worker's host: the inference role. Returns what samplers connect with (host, port, token,
         TLS: where the cluster's comms are TLS, so is this socket)."""
