@@ -95,3 +95,29 @@ def test_update_moves_the_policy_toward_positive_advantages():
 def test_config_checks_its_values(bad):
     with pytest.raises(ValueError):
         ppo.Config(**bad)
+
+
+@pytest.mark.parametrize("space", ["discrete", "continuous"])
+def test_the_samplers_lean_draw_is_the_distributions_own(space):
+    """``ActorCritic.sample`` skips ``torch.distributions`` for speed: the same actions from the same
+    generator, and log-probs equal bit for bit to the learner's ``dist(obs).log_prob`` (the ratio of
+    PPO's first epoch is exactly 1)."""
+    import gymnasium as gym
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    act_space = gym.spaces.Discrete(4) if space == "discrete" else gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    agent = ppo.ActorCritic(obs_space, act_space, hidden=16, norm_obs=True)
+    if agent.log_std is not None:
+        agent.log_std.data = torch.tensor([-0.5, 0.0, 0.7])
+    obs = torch.randn(64, 5, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        action, logp = agent.sample(obs, torch.Generator().manual_seed(7))
+        dist = agent.dist(obs)
+        gen = torch.Generator().manual_seed(7)
+        if space == "discrete":
+            expected = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
+        else:
+            base = dist.base_dist
+            expected = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen)
+        assert torch.equal(action, expected)
+        assert torch.equal(logp, dist.log_prob(action))

