@@ -297,12 +297,15 @@ def trim_warning(actors: list[dict[str, Any]]) -> str | None:
     )
 
 
-def worker_environ() -> dict[str, Any]:
+def worker_environ(quiet: bool = False) -> dict[str, Any]:
     """What Dask's nannies set before starting a worker, less ``MALLOC_TRIM_THRESHOLD_``
-    (:data:`WORKER_ENVIRON_NOTE`)."""
+    (:data:`WORKER_ENVIRON_NOTE`); with ``quiet``, :data:`QUIET_CONFIG`'s offload setting, which a
+    worker reads as it imports Dask."""
     import dask
 
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    if quiet:
+        environ.update(config_environ({"distributed.comm.offload": QUIET_CONFIG["distributed.comm.offload"]}))
     trim = environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny sets its pre-spawn variables in its own process too, so every worker spawned from here
     # later inherits them: drop the one a plain LocalCluster of this process left behind
@@ -312,13 +315,18 @@ def worker_environ() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def untrimmed() -> Iterator[None]:
+def untrimmed(quiet: bool = False) -> Iterator[None]:
     """Clusters started inside start their workers without ``MALLOC_TRIM_THRESHOLD_`` (a nanny reads the
     setting when it is created: workers added later, e.g. by adaptive scaling, are not covered)."""
     import dask
 
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}):
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ(quiet)}):
         yield
+
+
+def config_environ(config: dict[str, Any]) -> dict[str, str]:
+    """``config`` as the environment variables Dask reads it from (``DASK_A__B_C`` is ``a.b-c``)."""
+    return {f"DASK_{key.upper().replace('.', '__').replace('-', '_')}": str(value) for key, value in config.items()}
 
 
 QUIET_CONFIG = {
@@ -326,16 +334,36 @@ QUIET_CONFIG = {
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.worker.memory.monitor-interval": "500ms",
     "distributed.scheduler.work-stealing": False,
+    "distributed.comm.offload": False,
 }
-"""Dask's periodic callbacks on dagrl's local clusters (Dask's defaults: 20 ms, 500 ms, 100 ms, on).
+"""Dask's periodic callbacks on dagrl's local clusters (Dask's defaults: 20 ms, 500 ms, 100 ms, on),
+and messages serialized on the event loop (Dask's default: sized first, those over 10 MiB handed to
+a thread).
 
 Every worker, every nanny and the scheduler run them, and the nannies and the scheduler share the
 driver's process. An idle LocalCluster of 9 workers used 0.26 cores of this 2-core machine with
 Dask's defaults and 0.05 with these (BENCHMARKS.md). The tick only measures event-loop stalls, the
 system monitor feeds the dashboard's CPU and memory plots, the memory monitor enforces the worker's
 memory limit (within half a second instead of a tenth), and work stealing moves tasks that may run
-elsewhere, which no dagrl task may: each is pinned to its role's worker.
+elsewhere, which no dagrl task may: each is pinned to its role's worker. Offloading sizes every
+message before it is sent (``dask.sizeof`` samples the items of a list), 7 % of the driver
+process's busy time in a profile of image rollouts moving between workers, for messages whose
+arrays travel as frames without a copy anyway; without it a `sync` PPO iteration took 0.94 x as
+long (median of 16 alternated runs, BENCHMARKS.md).
 """
+
+
+def quiet_here(config: dict[str, Any]) -> Any:
+    """``dask.config.set(config)`` for a cluster started in this process, plus what Dask reads only
+    when it is imported: ``distributed.comm.offload`` (a module constant of ``distributed.comm.utils``,
+    set here for the rest of the process: the scheduler and nannies it starts live that long). Worker
+    processes read it from the environment (:func:`worker_environ`, the job scripts' exports)."""
+    import dask
+    from distributed.comm import utils
+
+    if "distributed.comm.offload" in config:
+        utils.OFFLOAD_THRESHOLD = config["distributed.comm.offload"]
+    return dask.config.set(config)
 
 
 def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
@@ -346,7 +374,6 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     (:data:`WORKER_ENVIRON_NOTE`). With ``spec.quiet`` the scheduler, nannies and workers keep
     house at the intervals of :data:`QUIET_CONFIG`.
     """
-    import dask
     from distributed import LocalCluster
 
     from dagrl.dashboard import register
@@ -355,7 +382,7 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
     config = {"distributed.worker.profile.enabled": spec.profile, **(QUIET_CONFIG if spec.quiet else {})}
-    with untrimmed(), dask.config.set(config):
+    with untrimmed(spec.quiet), quiet_here(config):
         cluster = LocalCluster(
             n_workers=n_workers - gpus,
             threads_per_worker=spec.threads_per_worker,

@@ -27,10 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dask
 from dask_jobqueue.slurm import SLURMJob
 
-from dagrl.clusters import QUIET_CONFIG, PoolSpec, SlurmError, SlurmSpec
+from dagrl.clusters import QUIET_CONFIG, PoolSpec, SlurmError, SlurmSpec, config_environ, quiet_here
 from dagrl.runtime.rundir import RunDir
 from dagrl.schema import ConfigError
 
@@ -98,10 +97,7 @@ pre-spawn variable whose config value is None is not set, and this value merges 
 
 def config_exports(config: dict[str, Any]) -> list[str]:
     """Shell lines that give a job's Dask processes ``config`` (Dask reads ``DASK_A__B_C`` as ``a.b-c``)."""
-    return [
-        f"export DASK_{key.upper().replace('.', '__').replace('-', '_')}={shlex.quote(str(value))}"
-        for key, value in config.items()
-    ]
+    return [f"export {name}={shlex.quote(value)}" for name, value in config_environ(config).items()]
 
 
 def worker_job_options(
@@ -272,7 +268,7 @@ def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator
 
     register()  # the RL page, before the scheduler's dashboard starts
     first = spec.pools[next(iter(spec.pools))]
-    with dask.config.set(QUIET_CONFIG if spec.quiet else {}):  # the scheduler's periodic callbacks
+    with quiet_here(QUIET_CONFIG if spec.quiet else {}):  # the scheduler's periodic callbacks
         slurm = SLURMCluster(
             n_workers=0,
             cores=first.cores,

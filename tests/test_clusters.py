@@ -95,6 +95,7 @@ def test_dry_run_needs_no_slurm_and_writes_nothing(tmp_path):
     # every worker job keeps Dask's housekeeping quiet, as local workers do (clusters.QUIET_CONFIG)
     assert out.stdout.count("export DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL=1s") == 5
     assert out.stdout.count("export DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING=False") == 5
+    assert out.stdout.count("export DASK_DISTRIBUTED__COMM__OFFLOAD=False") == 5
     assert not runs.exists()
 
 
@@ -125,6 +126,10 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
         # Dask's housekeeping at dagrl's calmer intervals, GPU workers included (clusters.QUIET_CONFIG)
         assert set(client.run(housekeeping).values()) == {("1s", "500ms", "2s")}
         assert "stealing" not in client.run_on_scheduler(scheduler_extensions)
+        # messages serialized on the event loop, not sized for an offload thread first (a module
+        # constant Dask reads as it is imported: workers from their environment, the scheduler here)
+        assert set(client.run(offload_threshold).values()) == {False}
+        assert client.run_on_scheduler(offload_threshold) is False
         policy = build_policy(graph, client)
         try:
             by_role = {(a["role"], a["index"]): a for a in policy.actors()}
@@ -142,6 +147,12 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
     for role in ("sampler", "replay"):
         assert by_role[(role, 0)]["address"] not in gpu
         assert "CUDA_VISIBLE_DEVICES" not in by_role[(role, 0)]["env"]
+
+
+def offload_threshold():
+    from distributed.comm import utils
+
+    return utils.OFFLOAD_THRESHOLD
 
 
 def housekeeping() -> tuple[str, str, str]:
