@@ -60,13 +60,14 @@ def faults():
 def four_workers(client) -> None:
     """One role per worker: wait for a worker killed by the previous test to come back.
 
-    A nanny that could not bring its worker back (seen once on a loaded 2-core machine, after a
-    restart) is replaced by a new worker, so one lost nanny fails one test, not every later one.
+    A nanny that could not bring its worker back (seen on a loaded 2-core machine, after a restart;
+    a restart takes 3-10 s there) is replaced by a new worker after 30 s, so one lost nanny costs
+    one test half a minute, not every later one.
     """
     from distributed.exceptions import WorkerStartTimeoutError
 
     try:
-        client.wait_for_workers(4, timeout=60)
+        client.wait_for_workers(4, timeout=30)
     except WorkerStartTimeoutError:
         running = sum(1 for w in client.scheduler_info()["workers"].values() if w["status"] == "running")
         client.cluster.scale(len(client.cluster.worker_spec) + 4 - running)
