@@ -165,7 +165,7 @@ class Announced:
         return self.future.exception()
 
     def add_done_callback(self, fn: Any) -> None:
-        self.future.add_done_callback(lambda _f: fn(self))
+        when_done(self.future, lambda _f: fn(self))
 
     def result(self, timeout: float | None = None) -> Report:
         if self._value is not None:
@@ -191,6 +191,21 @@ class Announced:
                     return self._value
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no report of {self.key} yet")
+
+
+def when_done(future: Any, fn: Any) -> None:
+    """``fn(future)`` once ``future`` has finished (erred, cancelled), on the client's event loop.
+
+    For a stamp of a time. ``Future.add_done_callback`` would hand each call to Dask's callback
+    thread, a thread switch per fragment task; Dask's own coroutine behind it runs ``fn`` on the loop.
+    """
+    from distributed import Future
+    from distributed.client import done_callback
+
+    if isinstance(future, Future):
+        future.client.loop.add_callback(done_callback, future, fn)
+    else:
+        future.add_done_callback(fn)
 
 
 def _dask_future(future: Any) -> Any:
@@ -335,8 +350,8 @@ class Executor:
         only the driver reads).
         ``announce``: the task logs its output's :class:`Report` as an event, which :meth:`report`
         then returns without a task of its own (remote only; for an output other tasks consume).
-        ``stamp``: set :attr:`Call.done_at` when the task finishes, through a Dask done-callback (a
-        coroutine on the client's loop and a hop through its callback thread, per call); ``False``
+        ``stamp``: set :attr:`Call.done_at` when the task finishes, through a coroutine on the client's
+        loop per call (:func:`when_done`); ``False``
         for a caller that waits for the call itself and stamps it then (a stream).
         """
         args = [_values(a) for a in args]
@@ -366,7 +381,7 @@ class Executor:
         )
         call = Call(handle, fragment, future, time.perf_counter(), announced=announce, inputs=[*args, *after])
         if stamp:
-            future.add_done_callback(call._stamp)
+            when_done(future, call._stamp)
         return call
 
     def report(self, call: Call, stamp: bool = True) -> Call:
@@ -384,7 +399,7 @@ class Executor:
             future = self._report_task(call.handle, call.future)
         out = Call(call.handle, "report", future, time.perf_counter(), inputs=call)
         if stamp:
-            future.add_done_callback(out._stamp)
+            when_done(future, out._stamp)
         return out
 
     def _report_task(self, handle: Any, future: Any) -> Any:
