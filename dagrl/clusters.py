@@ -56,7 +56,8 @@ class LocalClusterSpec:
     """Dask's statistical profiler in each worker; it samples every thread's stack every 10 ms, which
     cost Python-heavy samplers ~15-20 % of their throughput here, so it is off unless asked for."""
     quiet: bool = True
-    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`; ``false``: Dask's own."""
+    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, and messages not
+    sized for Dask's offload thread; ``false``: Dask's own."""
 
     def __post_init__(self) -> None:
         if self.workers != "auto" and self.workers < 1:
@@ -192,8 +193,8 @@ class SlurmSpec:
     start_timeout_s: float = 600.0
     """How long to wait for every worker job to start before giving up (jobs queued behind others)."""
     quiet: bool = True
-    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, in the scheduler and
-    every worker job; ``false``: Dask's own."""
+    """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, and messages not
+    sized for Dask's offload thread, in the scheduler and every worker job; ``false``: Dask's own."""
 
     def __post_init__(self) -> None:
         if not self.pools:
