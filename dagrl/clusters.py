@@ -349,8 +349,8 @@ memory limit (within half a second instead of a tenth), and work stealing moves 
 elsewhere, which no dagrl task may: each is pinned to its role's worker. Offloading sizes every
 message before it is sent (``dask.sizeof`` samples the items of a list), 7 % of the driver
 process's busy time in a profile of image rollouts moving between workers, for messages whose
-arrays travel as frames without a copy anyway; without it a `sync` PPO iteration took 0.94 x as
-long (median of 16 alternated runs, BENCHMARKS.md).
+arrays travel as frames without a copy anyway; without it a `sync` PPO run took 0.93 x as long
+(median of 24 alternated runs, BENCHMARKS.md).
 """
 
 

@@ -165,7 +165,7 @@ class ActorCritic(nn.Module):
         """Action and its log-prob, drawn from ``gen`` so each role's randomness is its own.
 
         Called once per env step by every sampler, so it skips building a ``torch.distributions``
-        object (about 60 % of a 4-env step's acting for the CartPole MLP) and computes what
+        object (a sampler's `collect` took 13-19 % less at 4 CartPole envs) and computes what
         :meth:`dist` would, with the same operations: the log-probs match the learner's bit for bit."""
         out = self.actor(self.features(obs))
         if self.discrete:
