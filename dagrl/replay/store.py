@@ -482,8 +482,9 @@ class ReplayStore:
         return buf
 
     def _unpack(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        """Each field of packed rows as a view into ``buf`` (every caller copies the rows it keeps)."""
         return {
-            name: np.ascontiguousarray(buf[:, lo:hi]).view(f.dtype).reshape(len(buf), *f.shape)
+            name: buf[:, lo:hi].view(f.dtype).reshape(len(buf), *f.shape)
             for (name, f), lo, hi in zip(self.schema.items(), self.offsets[:-1], self.offsets[1:], strict=True)
         }
 
