@@ -88,6 +88,24 @@ def test_ten_times_the_memory_budget_comes_back_bit_exact(tmp_path):
     np.testing.assert_array_equal(reopened.read(np.arange(reopened.tail - 5000, reopened.tail))["obs"], more["obs"])
 
 
+def test_reads_mixing_ram_cached_and_unread_cold_chunks_return_each_row_as_added(tmp_path):
+    store = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "r", chunk_rows=64, prefetch=False, seed=1)
+    ref = fill(store, 26_000)
+    for _ in range(5):
+        store.sample(256)  # uniform draws fill the cold-chunk cache
+    assert store.cached and store.cold_rows > 0.8 * len(store)
+    rng = np.random.default_rng(3)
+    for _ in range(20):  # unsorted, repeated rows; hot, cached and uncached chunks in one call
+        idx = rng.integers(store.head, store.tail, 300)
+        idx[:20] = idx[20:40]
+        got = store.read(idx)
+        for k in SCHEMA:
+            np.testing.assert_array_equal(got[k], ref[k][idx], err_msg=k)
+    cached = [c for c in store.cached]
+    idx = np.array([cached[0] * 64 + 5, store.tail - 1, cached[-1] * 64])
+    np.testing.assert_array_equal(store.read(idx)["action"], ref["action"][idx])
+
+
 def test_ram_only_store_and_oversized_batches():
     store = ReplayStore(SCHEMA, 1000, 2**20, chunk_rows=64)
     ref = fill(store, 3500)

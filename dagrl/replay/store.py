@@ -16,8 +16,9 @@ Sampling never reads cold rows one by one (a random row costs a whole chunk read
 sampling draws cold rows from a working set of whole chunks kept in a bounded cache, a few of which
 are replaced by random cold chunks at each call. Each row's chance per draw stays the same, hot or
 cold; rows within one batch come from a handful of cold chunks. Prioritized sampling (PER) draws
-exactly by priority and reads each distinct cold chunk it hits once, through the same cache; its
-chunks are small (about 64 KiB), since nearly every cold row it draws costs a chunk read.
+exactly by priority and reads each distinct cold chunk it hits once (rows of chunks the cache holds
+from there, the rest straight from their chunk, not cached); its chunks are small (about 64 KiB),
+since nearly every cold row it draws costs a chunk read.
 
 Chunk files are read and written directly (:mod:`dagrl.replay.chunkfiles`), in zarr's own format.
 """
@@ -488,13 +489,17 @@ class ReplayStore:
             for (name, f), lo, hi in zip(self.schema.items(), self.offsets[:-1], self.offsets[1:], strict=True)
         }
 
-    def _load_chunk(self, cid: int) -> dict[str, np.ndarray]:
+    def _packed_chunk(self, cid: int) -> np.ndarray:
+        """Cold chunk ``cid`` as packed rows, ``(chunk_rows, row_bytes)`` uint8."""
         R, slot = self.chunk_rows, cid % self.slots
         if self.files is not None:
             buf = self.files.read(slot)  # None: never written, zarr gives its fill value
             if buf is not None and buf.size == self.chunk_bytes:
-                return self._unpack(buf.reshape(R, -1))
-        return self._unpack(np.asarray(self.rows[slot * R : (slot + 1) * R]))
+                return buf.reshape(R, -1)
+        return np.asarray(self.rows[slot * R : (slot + 1) * R])
+
+    def _load_chunk(self, cid: int) -> dict[str, np.ndarray]:
+        return self._unpack(self._packed_chunk(cid))
 
     def _read_cold_chunk(self, cid: int, into: dict[str, np.ndarray], rows: slice) -> None:
         for name, values in self._read_now(cid).items():
@@ -527,7 +532,8 @@ class ReplayStore:
         return data
 
     def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows by global index (each must be stored): one gather per field from RAM, cold chunks read whole."""
+        """Rows by global index (each must be stored): one gather per field from RAM; cold rows from
+        the cache where their chunk is there, else from their chunk (:meth:`_read_cold`)."""
         indices = np.asarray(indices, np.int64)
         if len(indices) and (indices.min() < self.head or indices.max() >= self.tail):
             raise ReplayError(f"indices must lie in the stored range [{self.head}, {self.tail})")
@@ -542,15 +548,38 @@ class ReplayStore:
         for name, ring in self.ring.items():
             out[name][h] = ring[pos]
         cold = np.flatnonzero(~hot)
-        cids, offsets = np.divmod(indices[cold], R)
-        unique = np.unique(cids)
-        for group in np.array_split(unique, math.ceil(len(unique) / self.cache_chunks)):
-            slots = np.array([self._cache_slot(int(c)) for c in group])
-            sel = np.flatnonzero((cids >= group[0]) & (cids <= group[-1]))
-            pos = slots[np.searchsorted(group, cids[sel])] * R + offsets[sel]
-            for name, cache in self.cache.items():
-                out[name][cold[sel]] = cache[pos]
+        self._read_cold(indices[cold], cold, out)
         return out
+
+    def _read_cold(self, rows: np.ndarray, where: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Cold ``rows`` into ``out[...][where]``.
+
+        Rows of a cached chunk come from the cache. For the others each distinct chunk is read once,
+        its wanted rows copied as packed bytes, and the lot unpacked in one copy per field: they do
+        not go through the cache, since a priority draw, nearly the only reader, seldom takes the same
+        cold chunk twice before the cache would drop it, and a chunk's pass through the cache (a copy
+        per field, the LRU's bookkeeping) cost as much as its read and decode (BENCHMARKS.md).
+        """
+        R = self.chunk_rows
+        cids, offsets = np.divmod(rows, R)
+        slot = np.array([self.cached.get(c, -1) for c in cids.tolist()], np.int64)
+        hit = np.flatnonzero(slot >= 0)
+        if len(hit):
+            for c in dict.fromkeys(cids[hit].tolist()):
+                self.cached.move_to_end(c)
+            pos = slot[hit] * R + offsets[hit]
+            for name, cache in self.cache.items():
+                out[name][where[hit]] = cache[pos]
+        miss = np.flatnonzero(slot < 0)
+        if not len(miss):
+            return
+        miss = miss[np.argsort(cids[miss], kind="stable")]
+        chunks, starts = np.unique(cids[miss], return_index=True)
+        packed = np.empty((len(miss), self.schema.row_bytes), np.uint8)
+        for cid, lo, hi in zip(chunks.tolist(), starts.tolist(), [*starts[1:].tolist(), len(miss)], strict=True):
+            packed[lo:hi] = self._packed_chunk(cid)[offsets[miss[lo:hi]]]
+        for name, values in self._unpack(packed).items():
+            out[name][where[miss]] = values
 
     # -- sampling ---------------------------------------------------------------------------------
 
