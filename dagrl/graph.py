@@ -173,11 +173,16 @@ class SupervisionSpec:
     """A fragment call running longer than this counts as a hung role: its worker is restarted."""
     poll_s: float = 1.0
     """How often a waiting call checks that the actor's worker is still alive."""
+    respawn_after_s: float = 15.0
+    """How long a replacement waits for a free worker (a nanny restarts a killed worker within a
+    few seconds) before, on a cluster object this process holds (dagrl's LocalCluster), a fresh
+    worker is started in place of the dead one; elsewhere the replacement then shares the least
+    loaded worker that fits."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for key in ("window_s", "hang_timeout_s", "poll_s"):
+        for key in ("window_s", "hang_timeout_s", "poll_s", "respawn_after_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
 

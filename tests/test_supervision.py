@@ -140,6 +140,29 @@ def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, t
     assert rows[-1]["charts/episode_return_mean"] >= threshold
 
 
+@pytest.mark.slow
+def test_a_worker_whose_nanny_is_gone_is_started_afresh_and_the_run_finishes(cluster, tmp_path):
+    """Every worker hosts a role, so a replacement has nowhere free to go until a new worker starts."""
+    graph = load_graph(
+        "graphs/ppo-cartpole-sync.yaml",
+        ["roles.sampler.replicas=3", "stop.iterations=25", "supervision.respawn_after_s=2"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(3)
+    lc = cluster.cluster
+    address = run.policy.hosts["sampler"][1].address
+    name = cluster.scheduler_info(n_workers=-1)["workers"][address]["name"]
+    before = set(cluster.scheduler_info(n_workers=-1)["workers"])
+    lc.sync(lc.workers[name].close)  # the nanny and its worker: nothing will bring this one back
+    summary = run.finish()
+    assert summary["iterations"] == 25
+    [restart] = run.events("restart")
+    assert (restart["role"], restart["index"], restart["kind"]) == ("sampler", 1, "lost")
+    assert restart["new_worker"] not in before  # a fresh worker, not one shared with another role
+    assert name not in lc.worker_spec and f"{name}-r1" in lc.worker_spec
+    assert len(cluster.scheduler_info(n_workers=-1)["workers"]) == 4
+
+
 def test_killed_learner_rolls_back_to_the_checkpoint_and_finishes(cluster, tmp_path):
     graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["checkpoint.every=4", "stop.iterations=14"])
     run = Run(graph, cluster, tmp_path)

@@ -132,10 +132,13 @@ class Supervisor:
         self.events: list[Event] = []
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._workers: tuple[float, dict[str, Any]] = (0.0, {})
+        self.names: dict[str, Any] = {}
+        """Worker address -> Dask worker name (a cluster's spec key), of every worker seen alive."""
         self.listeners: list[Any] = []
         for handles in hosts.values():
             for h in handles:
                 h.supervisor = self
+        self.workers(max_age=0.0)  # names of the workers as they start (a dead one's is needed later)
 
     # -- liveness --------------------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Supervisor:
             if "workers" in info:  # a client that is reconnecting has no scheduler identity yet
                 workers = info["workers"]
                 self._workers = (time.monotonic(), workers)
+                self.names.update((addr, w.get("name")) for addr, w in workers.items())
         return workers
 
     def alive(self, address: str | None, fresh: bool = False) -> bool:
@@ -217,16 +221,18 @@ class Supervisor:
         except Exception as err:  # the worker may be gone already
             log.warning("could not restart worker %s: %s", address, err)
 
-    def _choose_worker(self, old: Any, wait_s: float = 15.0) -> str:
+    def _choose_worker(self, old: Any) -> str:
         """A live worker that fits the role, preferring one hosting no actor (a restarted worker).
 
-        Waits up to ``wait_s`` for such a worker (the nanny restarts a killed worker within a few
-        seconds), then shares the least loaded one.
+        Waits up to ``respawn_after_s`` for such a worker (the nanny restarts a killed worker within a
+        few seconds); then, if the dead worker's cluster runs in this process, starts a fresh worker
+        in its place (:meth:`_respawn`) and waits for that one; else shares the least loaded one.
         """
         from dagrl.runtime.placement import place_one
 
-        end = time.monotonic() + wait_s
+        end = time.monotonic() + self.spec.respawn_after_s
         give_up = end + 120.0
+        respawned = False
         while True:
             workers = self.workers(max_age=0.0)
             load = collections.Counter(
@@ -236,11 +242,44 @@ class Supervisor:
             parallel = not self.graph.algorithm.roles[old.role].many and role.replicas > 1  # dp-learners
             avoid = frozenset(h.address for h in self.hosts[old.role] if h is not old) if parallel else frozenset()
             addr = place_one(old.role, role, workers, load, self.graph.spec.gpu_fallback, avoid)
-            if addr is not None and (load[addr] == 0 or time.monotonic() > end):
+            if addr is not None and load[addr] == 0:
+                return addr
+            if time.monotonic() > end and not respawned:
+                respawned = True
+                if self._respawn(old.address):
+                    end = time.monotonic() + 60.0  # the fresh worker has registered; let it be chosen
+                    continue
+            if addr is not None and time.monotonic() > end:
                 return addr
             if time.monotonic() > give_up:
                 raise RuntimeError(f"no live worker can host {old.role} (needs {role.resources})")
             time.sleep(0.25)
+
+    def _respawn(self, address: str | None) -> bool:
+        """Start a fresh worker in place of the dead one at ``address`` whose nanny did not bring it
+        back (seen on a loaded 2-core machine), on a LocalCluster of this process: its spec entry is
+        replaced by a copy under a new name (same resources, same environment, e.g. its GPU), so the
+        cluster keeps its size. Whether one was started. SLURM worker jobs are resubmitted by the
+        job watcher instead (:mod:`dagrl.slurm`); a cluster reached by address is not this process's."""
+        from distributed import LocalCluster
+
+        cluster = getattr(self.client, "cluster", None)
+        if address is None or not isinstance(cluster, LocalCluster) or self.alive(address, fresh=True):
+            return False
+        name = self.names.get(address)
+        spec = cluster.worker_spec.get(name)
+        if spec is None:
+            return False
+        new_name = f"{name}-r{len(self.events)}"
+        log.warning("worker %s (%s) did not come back: starting worker %s in its place", address, name, new_name)
+        try:
+            cluster.worker_spec[new_name] = {"cls": spec["cls"], "options": dict(spec.get("options", {}))}
+            del cluster.worker_spec[name]
+            cluster.sync(cluster._correct_state)
+        except Exception as err:  # the new worker failed to start: share a live one instead
+            log.warning("could not start a worker in place of %s: %s", address, err)
+            return False
+        return True
 
 
 def remote_traceback(err: BaseException) -> str:
