@@ -1,4 +1,4 @@
-"""The ``dagrl`` command: ``run``, ``graph`` and ``bench``.
+"""The ``dagrl`` command: ``run``, ``sweep``, ``graph``, ``bench`` and the rest.
 
 Every user mistake (a bad graph or cluster file, an unknown env, a missing run directory) ends in
 one line naming the file, the key and the value, with exit code 2, before any cluster starts.
@@ -116,6 +116,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         rundir.path,
     )
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dagrl.clusters import SlurmSpec, load_cluster
+    from dagrl.runtime.rundir import RunDir
+    from dagrl.sweep import markdown, plan, run_sweep, sweep_client
+
+    graph_path = resolve("graphs", args.graph, "GRAPH")
+    if graph_path is None:
+        raise ConfigError("dagrl sweep", "GRAPH", "give a graph file or name")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", "", f"must be >= 1, got {args.workers}")
+    base, trials = plan(graph_path, args.set, args.grid, args.seeds)
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if isinstance(cluster, SlurmSpec):
+        raise ConfigError(
+            args.cluster, "kind", "slurm: dagrl sweep runs on the embedded LocalCluster or a running scheduler "
+            "(start workers with dask-jobqueue and pass --scheduler ADDRESS)"
+        )  # fmt: skip
+    out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError("--out", "", f"{out} exists and is not empty")
+    if base.spec.policy != "single":
+        log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
+    settings = len({t.setting for t in trials})
+    log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
+    with sweep_client(cluster, len(trials), args.workers) as client:
+        log.info("dashboard: %s", client.dashboard_link)
+        rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet)
+    print(markdown(rows), end="")
+    failed = sum(r["failed"] for r in rows)
+    if failed:
+        log.warning("%d of %d trials failed; see %s", failed, len(trials), out / "trials.jsonl")
+    return 1 if failed else 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -267,6 +301,21 @@ def parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel every SLURM job of a submitted run")
     cancel.add_argument("run", metavar="RUN_DIR")
 
+    sweep = sub.add_parser("sweep", help="run hyperparameter settings x seeds side by side, a whole run per task")
+    sweep.add_argument("graph", help="a graph file or name")
+    sweep.add_argument(
+        "--grid", action="append", default=[], metavar="KEY=V1,V2",
+        help="values to try, e.g. hyperparameters.lr=1e-3,3e-4",
+    )  # fmt: skip
+    sweep.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every setting (default 1 2 3)")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    where = sweep.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name of kind local or scheduler")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
+    sweep.add_argument("--workers", type=int, help="worker processes of the local cluster (default: one per core)")
+    sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+
     ev = sub.add_parser("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
     ev.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
     ev.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
@@ -344,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_graph(args)
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "sweep":
+            return cmd_sweep(args)
         if args.command == "tune":
             args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
             return cmd_tune(args)

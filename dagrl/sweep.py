@@ -1,0 +1,231 @@
+"""``dagrl sweep``: hyperparameter settings x seeds, each trial a whole run in one Dask task.
+
+RL results need several seeds, and tuning needs several settings; each such run is independent of
+the others, so the cluster runs them side by side. Every trial is one task (``trial-<name>`` in the
+dashboard's Task Stream) that trains the graph in one process on a worker (policy ``single``: the
+graph's own distribution policy is not used, the cluster's cores go to trials instead), writing a run
+directory of its own. The driver gathers only each trial's summary and writes a table per setting:
+mean and spread of the final mean return, env steps, wall time and how the trials stopped.
+
+Every trial's graph is validated before a cluster starts. The workers write into the sweep's
+directory, so a cluster reached by ``--scheduler`` must share that filesystem with the driver (as the
+nodes of a SLURM cluster share their home or scratch directories).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dagrl.schema import ConfigError
+
+log = logging.getLogger("dagrl")
+
+__all__ = ["Trial", "parse_grid", "plan", "run_sweep", "run_trial", "table"]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of a sweep: a setting of the grid's keys and a seed."""
+
+    setting: tuple[tuple[str, str], ...]
+    seed: int
+    overrides: tuple[str, ...] = field(compare=False)
+
+    @property
+    def label(self) -> str:
+        """The setting as ``key=value`` pairs (the last part of each dotted key)."""
+        return ",".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in self.setting) or "as written"
+
+    @property
+    def dirname(self) -> str:
+        parts = [f"{key.rsplit('.', 1)[-1]}-{value}" for key, value in self.setting] + [f"seed-{self.seed}"]
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``KEY=V1,V2,...`` items as (key, values), refusing what cannot be a grid."""
+    grid: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, eq, values = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError("--grid", item, "expected KEY=VALUE1,VALUE2,... e.g. hyperparameters.lr=1e-3,3e-4")
+        choices = [v.strip() for v in values.split(",")]
+        if not all(choices):
+            raise ConfigError("--grid", key, f"empty value in {values!r}")
+        if key == "seed":
+            raise ConfigError("--grid", key, "give seeds with --seeds 1 2 3")
+        if key == "policy" or key.startswith("policy."):
+            raise ConfigError("--grid", key, "every trial runs in one process (policy single); sweep hyperparameters")
+        if any(key == k for k, _ in grid):
+            raise ConfigError("--grid", key, "given twice")
+        grid.append((key, choices))
+    return grid
+
+
+def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: list[int]) -> tuple[Any, list[Trial]]:
+    """The trials of a sweep, each graph loaded and validated; the graph as written (with ``sets``)."""
+    from dagrl.graph import load_graph
+
+    grid = parse_grid(grid_items)
+    if not seeds:
+        raise ConfigError("--seeds", "", "give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("--seeds", "", f"seeds repeat: {seeds}")
+    base = load_graph(graph_path, sets)
+    trials = []
+    for values in itertools.product(*(choices for _, choices in grid)):
+        setting = tuple((key, value) for (key, _), value in zip(grid, values, strict=True))
+        for seed in seeds:
+            overrides = (*sets, *(f"{k}={v}" for k, v in setting), f"seed={seed}", "policy=single")
+            try:
+                load_graph(graph_path, list(overrides))
+            except ConfigError as err:
+                where = ", ".join(f"{k}={v}" for k, v in setting)
+                raise ConfigError(err.where, err.key, f"{err.problem} (in the trial {where}, seed {seed})") from None
+            trials.append(Trial(setting, seed, overrides))
+    return base, trials
+
+
+def run_trial(graph_path: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
+    """Train one trial in this process (a Dask task on a worker): its run summary."""
+    from dagrl.graph import load_graph
+    from dagrl.runtime.rundir import RunDir
+    from dagrl.training import train
+
+    graph = load_graph(graph_path, overrides)
+    rundir = RunDir(run_dir)
+    rundir.path.mkdir(parents=True)
+    rundir.write_config(graph.to_dict())
+    return train(graph, rundir=rundir)
+
+
+def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per setting, in the order of the records: trials, failures, mean +- std of the
+    final mean return, mean env steps and wall seconds, stop reasons."""
+    rows: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        row = rows.setdefault(rec["setting"], {"setting": rec["setting"], "trials": 0, "failed": 0, "_done": []})
+        row["trials"] += 1
+        if rec.get("error"):
+            row["failed"] += 1
+        else:
+            row["_done"].append(rec["summary"])
+    out = []
+    for row in rows.values():
+        done = row.pop("_done")
+        returns = [s["mean_return"] for s in done if s.get("mean_return") is not None]
+        row["mean_return"] = float(np.mean(returns)) if returns else None
+        row["std_return"] = float(np.std(returns)) if returns else None
+        row["env_steps"] = float(np.mean([s["env_steps"] for s in done])) if done else None
+        row["elapsed_s"] = float(np.mean([s["elapsed_s"] for s in done])) if done else None
+        row["stops"] = dict(sorted(_count(s["stop_reason"] for s in done).items()))
+        out.append(row)
+    return out
+
+
+def _count(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    lines = [
+        "| setting | trials | failed | mean return | std | env steps | wall s | stopped on |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        stops = ", ".join(f"{k} {v}" for k, v in r["stops"].items()) or "-"
+        lines.append(
+            f"| {r['setting']} | {r['trials']} | {r['failed']} | {num(r['mean_return'], '.1f')} | "
+            f"{num(r['std_return'], '.1f')} | {num(r['env_steps'], ',.0f')} | {num(r['elapsed_s'], '.1f')} | {stops} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(
+    client: Any, graph_path: str | Path, trials: list[Trial], out: Path, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Run every trial as a task of ``client``'s cluster; write ``trials.jsonl`` as they finish and
+    ``results.md``/``results.json`` at the end; return the table (:func:`table`)."""
+    from distributed import as_completed
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = str(Path(graph_path).resolve())
+    tag = uuid.uuid4().hex[:8]
+    futures = {}
+    for t in trials:
+        run_dir = str((out / t.dirname).resolve())
+        key = f"trial-{t.dirname}-{tag}"  # the Task Stream shows each trial by its setting and seed
+        futures[client.submit(run_trial, path, list(t.overrides), run_dir, key=key, pure=False)] = t
+    records: dict[Trial, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    with (
+        (out / "trials.jsonl").open("a") as log_file,
+        tqdm(total=len(trials), desc="dagrl sweep", unit="trial", disable=not progress) as bar,
+    ):
+        for future in as_completed(futures):
+            trial = futures[future]
+            rec: dict[str, Any] = {"setting": trial.label, "seed": trial.seed, "run_dir": str(out / trial.dirname)}
+            try:
+                rec["summary"] = future.result()
+            except Exception as err:  # one trial's failure is the trial's, not the sweep's
+                rec["error"] = f"{type(err).__name__}: {err}"
+                log.warning("trial %s seed %d failed: %s", trial.label, trial.seed, rec["error"])
+            records[trial] = rec
+            log_file.write(json.dumps(rec) + "\n")
+            log_file.flush()
+            bar.update(1)
+    rows = table([records[t] for t in trials])
+    (out / "results.json").write_text(json.dumps({"rows": rows, "wall_s": time.monotonic() - t0}, indent=1))
+    (out / "results.md").write_text(markdown(rows))
+    return rows
+
+
+def local_workers(requested: int | str, trials: int) -> int:
+    """Worker processes for a local sweep: as asked, else one per core, at most one per trial."""
+    if requested != "auto":
+        return int(requested)
+    return max(1, min(trials, os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def sweep_client(spec: Any, trials: int, workers: int | None = None) -> Iterator[Any]:
+    """A client for a sweep: dagrl's LocalCluster (``workers``, else :func:`local_workers`) or the
+    running scheduler of ``spec``. SLURM cluster files are refused by the command before this."""
+    from distributed import Client
+
+    from dagrl.clusters import CONNECT_TIMEOUT_S, LocalClusterSpec, SchedulerSpec, local_cluster
+
+    if isinstance(spec, SchedulerSpec):
+        with Client(spec.address, timeout=CONNECT_TIMEOUT_S) as client:
+            yield client
+        return
+    assert isinstance(spec, LocalClusterSpec)
+    n = workers or local_workers(spec.workers, trials)
+    cluster = local_cluster(replace(spec, workers=n), n)
+    try:
+        with Client(cluster) as client:
+            yield client
+    finally:
+        cluster.close()

@@ -1,0 +1,106 @@
+"""``dagrl sweep``: settings x seeds as trials, each a whole run in one Dask task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from distributed import get_task_stream
+
+from dagrl.cli import main
+from dagrl.schema import ConfigError
+from dagrl.sweep import parse_grid, plan, run_sweep, table
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["hyperparameters.lr"], "expected KEY=VALUE1,VALUE2"),
+        (["hyperparameters.lr=1e-3,,3e-4"], "empty value"),
+        (["seed=1,2"], "--seeds"),
+        (["policy=sync,async"], "policy single"),
+        (["hyperparameters.lr=1e-3", "hyperparameters.lr=3e-4"], "given twice"),
+    ],
+)
+def test_a_grid_that_cannot_be_one_is_refused_naming_it(items, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_grid(items)
+
+
+def test_the_trials_are_every_setting_with_every_seed(graphs_dir):
+    base, trials = plan(
+        f"{graphs_dir}/ppo-cartpole-sync.yaml",
+        ["stop.iterations=2"],
+        ["hyperparameters.lr=1e-3,3e-4", "hyperparameters.update_epochs=4,8,10"],
+        [1, 2],
+    )
+    assert base.spec.policy == "sync" and len(trials) == 12
+    assert len({(t.setting, t.seed) for t in trials}) == 12 and len({t.dirname for t in trials}) == 12
+    first = trials[0]
+    assert first.label == "lr=1e-3,update_epochs=4" and first.dirname == "lr-1e-3_update_epochs-4_seed-1"
+    assert first.overrides[-2:] == ("seed=1", "policy=single") and "stop.iterations=2" in first.overrides
+
+
+def test_a_bad_value_in_the_grid_names_key_value_and_trial_before_any_cluster(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main(
+        ["sweep", "ppo-cartpole-single", "--grid", "hyperparameters.lr=1e-3,fast", "--seeds", "1", "--out", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "hyperparameters.lr" in err and "fast" in err and "(in the trial hyperparameters.lr=fast, seed 1)" in err
+    assert not out.exists()
+
+
+def test_trials_run_as_tasks_on_the_workers_and_the_table_sums_them_per_setting(client, graphs_dir, tmp_path):
+    graph = f"{graphs_dir}/ppo-cartpole-sync.yaml"
+    _, trials = plan(graph, ["stop.iterations=3", "checkpoint.every=0"], ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
+    with get_task_stream(client) as stream:
+        rows = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
+    assert [(r["setting"], r["trials"], r["failed"]) for r in rows] == [("lr=1e-3", 2, 0), ("lr=3e-3", 2, 0)]
+    assert all(r["stops"] == {"iterations": 2} for r in rows)
+    records = [json.loads(line) for line in (tmp_path / "sweep" / "trials.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["summary"]["iterations"] == 3 for r in records)
+    returns = {}
+    for rec in records:  # each trial's own run directory, with its own setting and seed
+        config = yaml.safe_load(Path(rec["run_dir"], "config.yaml").read_text())
+        assert config["policy"] == "single" and config["seed"] == rec["seed"]
+        assert config["hyperparameters"]["lr"] == float(rec["setting"].split("=")[1])
+        metrics = [json.loads(line) for line in Path(rec["run_dir"], "metrics.jsonl").read_text().splitlines()]
+        returns[(rec["setting"], rec["seed"])] = [m.get("losses/value") for m in metrics]
+    assert returns[("lr=1e-3", 1)] != returns[("lr=1e-3", 2)]  # the seeds are the trials' own
+    assert returns[("lr=1e-3", 1)] != returns[("lr=3e-3", 1)]
+    workers = set(client.scheduler_info()["workers"])
+    ran = [t for t in stream.data if t["key"].startswith("trial-lr-")]
+    assert len(ran) == 4 and {t["worker"] for t in ran} <= workers  # on the cluster's workers
+    assert len({t["worker"] for t in ran}) >= 2  # side by side
+    assert json.loads((tmp_path / "sweep" / "results.json").read_text())["rows"] == rows
+
+
+def test_a_failing_trial_is_recorded_and_the_others_finish(client, graphs_dir, tmp_path):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    _, trials = plan(graph, ["stop.iterations=30"], ["env.id=CartPole-v1,tests.faulty:CrashLoop-v0"], [1])
+    rows = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
+    assert [(r["setting"], r["failed"]) for r in rows] == [("id=CartPole-v1", 0), ("id=tests.faulty:CrashLoop-v0", 1)]
+    records = [json.loads(line) for line in (tmp_path / "sweep" / "trials.jsonl").read_text().splitlines()]
+    [failed] = [r for r in records if "error" in r]
+    assert "simulator licence expired" in failed["error"]
+    assert rows[0]["stops"] == {"iterations": 1} and rows[1]["mean_return"] is None
+
+
+def test_the_table_gives_each_setting_its_mean_spread_and_stops():
+    records = [
+        {"setting": "lr=1", "seed": 1, "summary": {"mean_return": 10.0, "env_steps": 100, "elapsed_s": 1.0,
+                                                   "stop_reason": "iterations"}},
+        {"setting": "lr=1", "seed": 2, "error": "RuntimeError: env exploded"},
+        {"setting": "lr=2", "seed": 1, "summary": {"mean_return": 30.0, "env_steps": 300, "elapsed_s": 3.0,
+                                                   "stop_reason": "mean_return"}},
+        {"setting": "lr=2", "seed": 2, "summary": {"mean_return": 50.0, "env_steps": 100, "elapsed_s": 1.0,
+                                                   "stop_reason": "mean_return"}},
+    ]  # fmt: skip
+    rows = table(records)
+    assert rows[0] == {"setting": "lr=1", "trials": 2, "failed": 1, "mean_return": 10.0, "std_return": 0.0,
+                       "env_steps": 100.0, "elapsed_s": 1.0, "stops": {"iterations": 1}}  # fmt: skip
+    assert rows[1]["mean_return"] == 40.0 and rows[1]["std_return"] == 10.0 and rows[1]["env_steps"] == 200.0
