@@ -136,8 +136,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "(start workers with dask-jobqueue and pass --scheduler ADDRESS)"
         )  # fmt: skip
     out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError("--out", "", f"{out} exists and is not empty")
+    if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
+        raise ConfigError("--out", "", f"{out} exists and holds no sweep (no trials.jsonl)")
     if base.spec.policy != "single":
         log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
     settings = len({t.setting for t in trials})

@@ -102,16 +102,42 @@ def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: 
 
 
 def run_trial(graph_path: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
-    """Train one trial in this process (a Dask task on a worker): its run summary."""
+    """Train one trial in this process (a Dask task on a worker): its run summary.
+
+    A trial whose run directory holds a checkpoint goes on from it: Dask runs a task again elsewhere
+    when the worker running it dies, and a sweep started again over the same directory resumes the
+    trials it had not finished.
+    """
+    import shutil
+
     from dagrl.graph import load_graph
+    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
     from dagrl.runtime.rundir import RunDir
     from dagrl.training import train
 
     graph = load_graph(graph_path, overrides)
     rundir = RunDir(run_dir)
-    rundir.path.mkdir(parents=True)
-    rundir.write_config(graph.to_dict())
-    return train(graph, rundir=rundir)
+    resume = None
+    if rundir.path.exists():
+        try:
+            resume = load_checkpoint(rundir.path)
+        except (FileNotFoundError, CheckpointError):
+            shutil.rmtree(rundir.path)  # started, never checkpointed: start over
+    if resume is None:
+        rundir.path.mkdir(parents=True)
+        rundir.write_config(graph.to_dict())
+    else:
+        log.warning("trial %s: resuming at iteration %d", rundir.path.name, resume["counters"]["iteration"])
+    return train(graph, rundir=rundir, resume=resume)
+
+
+def finished(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a trial that ran to its end (not one interrupted), if ``run_dir`` holds one."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("stop_reason") != "interrupted" else None
 
 
 def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -166,24 +192,33 @@ def run_sweep(
     client: Any, graph_path: str | Path, trials: list[Trial], out: Path, progress: bool = True
 ) -> list[dict[str, Any]]:
     """Run every trial as a task of ``client``'s cluster; write ``trials.jsonl`` as they finish and
-    ``results.md``/``results.json`` at the end; return the table (:func:`table`)."""
+    ``results.md``/``results.json`` at the end; return the table (:func:`table`). Over the directory
+    of an earlier sweep, trials that ended are read back and the others resumed (:func:`run_trial`)."""
     from distributed import as_completed
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
     path = str(Path(graph_path).resolve())
     tag = uuid.uuid4().hex[:8]
+    records: dict[Trial, dict[str, Any]] = {}
+    for t in trials:  # a sweep started again over its directory: trials that ended are read back
+        summary = finished(out / t.dirname)
+        if summary is not None:
+            records[t] = {"setting": t.label, "seed": t.seed, "run_dir": str(out / t.dirname), "summary": summary}
     futures = {}
     for t in trials:
+        if t in records:
+            continue
         run_dir = str((out / t.dirname).resolve())
         key = f"trial-{t.dirname}-{tag}"  # the Task Stream shows each trial by its setting and seed
         futures[client.submit(run_trial, path, list(t.overrides), run_dir, key=key, pure=False)] = t
-    records: dict[Trial, dict[str, Any]] = {}
     t0 = time.monotonic()
     with (
-        (out / "trials.jsonl").open("a") as log_file,
-        tqdm(total=len(trials), desc="dagrl sweep", unit="trial", disable=not progress) as bar,
+        (out / "trials.jsonl").open("w") as log_file,
+        tqdm(total=len(trials), initial=len(records), desc="dagrl sweep", unit="trial", disable=not progress) as bar,
     ):
+        for rec in records.values():
+            log_file.write(json.dumps(rec) + "\n")
         for future in as_completed(futures):
             trial = futures[future]
             rec: dict[str, Any] = {"setting": trial.label, "seed": trial.seed, "run_dir": str(out / trial.dirname)}

@@ -104,3 +104,45 @@ def test_the_table_gives_each_setting_its_mean_spread_and_stops():
     assert rows[0] == {"setting": "lr=1", "trials": 2, "failed": 1, "mean_return": 10.0, "std_return": 0.0,
                        "env_steps": 100.0, "elapsed_s": 1.0, "stops": {"iterations": 1}}  # fmt: skip
     assert rows[1]["mean_return"] == 40.0 and rows[1]["std_return"] == 10.0 and rows[1]["env_steps"] == 200.0
+
+
+def test_a_sweep_started_again_reads_back_what_ended_and_runs_nothing_twice(client, graphs_dir, tmp_path):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    _, trials = plan(graph, ["stop.iterations=2"], [], [1, 2])
+    first = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
+    with get_task_stream(client) as stream:
+        again = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
+    assert again == first and first[0]["trials"] == 2
+    assert not [t for t in stream.data if t["key"].startswith("trial-")]
+    assert len((tmp_path / "sweep" / "trials.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_a_trial_whose_worker_is_killed_goes_on_from_its_checkpoint_elsewhere(client, graphs_dir, tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    sets = ["stop.iterations=150", "stop.mean_return=100000", "checkpoint.every=10"]
+    _, trials = plan(graph, sets, [], [1])
+    out = tmp_path / "sweep"
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(rows=run_sweep(client, graph, trials, out, progress=False)))
+    thread.start()
+    run = out / trials[0].dirname
+    end = time.monotonic() + 120
+    while not [c for c in (run / "checkpoints").glob("ckpt-*.pt") if int(c.stem.split("-")[1]) >= 10]:
+        assert time.monotonic() < end, "no checkpoint"
+        time.sleep(0.1)
+    before = (run / "metrics.jsonl").read_text().splitlines()[:10]  # up to the first checkpoint
+    [worker] = [w for w, keys in client.processing().items() if any(k.startswith("trial-") for k in keys)]
+    os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
+    thread.join(240)
+    assert not thread.is_alive()
+    [row] = result["rows"]
+    assert row["failed"] == 0 and row["stops"] == {"iterations": 1}
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert rows[:10] == before  # resumed from the checkpoint, not started over
+    assert [json.loads(r)["iteration"] for r in rows] == list(range(1, 151))
