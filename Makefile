@@ -28,5 +28,6 @@ bench:
 	$(PYTHON) -m dagrl bench replay
 	$(PYTHON) -m dagrl bench sac-pendulum
 	$(PYTHON) -m dagrl bench supervision
+	$(PYTHON) -m dagrl bench sweep
 	$(PYTHON) tests/debian.py chromium chromium
 	$(PYTHON) -m dagrl bench dashboard
