@@ -1,6 +1,6 @@
 """Seeds side by side: ``dagrl sweep`` on the embedded LocalCluster vs the same runs one after another.
 
-    dagrl bench sweep [--graph ppo-cartpole-single] [--seeds 1 2 3 4] [--iterations 60] [--rounds 2]
+    dagrl bench sweep [--graph ppo-cartpole-single] [--seeds 1 2 3 4] [--iterations 200] [--rounds 2]
                       [--workers N]
 
 The same trials (the graph under ``single`` for ``--iterations`` iterations, one per seed) are run
@@ -53,7 +53,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--graph", default="ppo-cartpole-single")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
-    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=None)
     args = p.parse_args()
