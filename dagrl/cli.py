@@ -130,19 +130,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--workers", "", f"must be >= 1, got {args.workers}")
     base, trials = plan(graph_path, args.set, args.grid, args.seeds)
     cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if args.pool is not None and (not isinstance(cluster, SlurmSpec) or args.pool not in cluster.pools):
+        known = ", ".join(cluster.pools) if isinstance(cluster, SlurmSpec) else "none: not a SLURM cluster file"
+        raise ConfigError("--pool", "", f"{args.pool!r} is not a pool of the cluster file ({known})")
     if isinstance(cluster, SlurmSpec):
-        raise ConfigError(
-            args.cluster, "kind", "slurm: dagrl sweep runs on the embedded LocalCluster or a running scheduler "
-            "(start workers with dask-jobqueue and pass --scheduler ADDRESS)"
-        )  # fmt: skip
+        try:
+            import dask_jobqueue  # noqa: F401
+        except ImportError:
+            raise ConfigError("dagrl sweep", "--cluster", "a SLURM cluster needs: pip install 'dagrl[slurm]'") from None
     out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
+    out = out.resolve()  # job scripts and workers elsewhere read it
     if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
         raise ConfigError("--out", "", f"{out} exists and holds no sweep (no trials.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
     if base.spec.policy != "single":
         log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
     settings = len({t.setting for t in trials})
     log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
-    with sweep_client(cluster, len(trials), args.workers) as client:
+    with sweep_client(cluster, len(trials), args.workers, out, args.pool) as client:
         log.info("dashboard: %s", client.dashboard_link)
         rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet)
     print(markdown(rows), end="")
@@ -310,9 +315,12 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every setting (default 1 2 3)")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     where = sweep.add_mutually_exclusive_group()
-    where.add_argument("--cluster", help="a cluster file or name of kind local or scheduler")
+    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
     where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
-    sweep.add_argument("--workers", type=int, help="worker processes of the local cluster (default: one per core)")
+    sweep.add_argument(
+        "--workers", type=int, help="local worker processes (default: one per core) or SLURM jobs (one per trial)"
+    )
+    sweep.add_argument("--pool", help="the SLURM cluster file's pool for the trials' jobs (default: its first)")
     sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
 

@@ -205,14 +205,19 @@ def worker_scripts(
     spec: SlurmSpec, graph: Any, run: str, run_dir: Path, scheduler: str = SCHEDULER_PLACEHOLDER
 ) -> dict[str, str]:
     """Every worker job script of a run, by worker name, without SLURM (``--dry-run``)."""
-    pools = assign_pools(spec, graph.active_roles)
+    return _scripts(spec, worker_jobs(spec, graph, assign_pools(spec, graph.active_roles)), run, run_dir, scheduler)
+
+
+def _scripts(
+    spec: SlurmSpec, jobs: list[tuple[str, str]], run: str, run_dir: Path, scheduler: str = SCHEDULER_PLACEHOLDER
+) -> dict[str, str]:
     security = tls_security(run_dir, write=False) if spec.tls else None
     logs = log_directory(spec, run_dir)
     missing = [p for p in (logs, *logs.parents) if not p.exists()]
     try:
         return {
             w: RecordingSLURMJob(scheduler, **worker_job_options(spec, pool, w, run, run_dir, security)).job_script()
-            for w, pool in worker_jobs(spec, graph, pools)
+            for w, pool in jobs
         }
     finally:  # dask-jobqueue creates the log directory when it builds a job; a dry run leaves nothing
         for path in missing:
@@ -250,20 +255,28 @@ def sbatch(script_path: Path) -> str:
 @contextlib.contextmanager
 def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator[Any]:
     """A Dask scheduler here and one SLURM job per role replica; yields a connected client."""
+    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dagrl-slurm-"))
+    pools = assign_pools(spec, graph.active_roles)
+    jobs = worker_jobs(spec, graph, pools)
+    for role, pool in pools.items():  # placement then keeps each role on its pool's workers
+        graph.spec.roles[role].resources.setdefault(pool_resource(pool), 1.0)
+    with jobs_cluster(spec, jobs, run_dir) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def jobs_cluster(spec: SlurmSpec, jobs: list[tuple[str, str]], run_dir: Path) -> Iterator[Any]:
+    """A Dask scheduler here and one SLURM job per ``(worker name, pool)`` of ``jobs``, each checked
+    with ``sbatch --test-only`` first; a job that leaves is resubmitted. Yields a connected client."""
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
-    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dagrl-slurm-"))
     run = run_dir.name
-    pools = assign_pools(spec, graph.active_roles)
-    jobs = worker_jobs(spec, graph, pools)
-    scripts = worker_scripts(spec, graph, run, run_dir)
+    scripts = _scripts(spec, jobs, run, run_dir)
     for w, _ in jobs:  # one refused pool refuses the run before any job is queued
         check_submittable(scripts[w])
-    for role, pool in pools.items():  # placement then keeps each role on its pool's workers
-        graph.spec.roles[role].resources.setdefault(pool_resource(pool), 1.0)
     security = tls_security(run_dir) if spec.tls else None
-    log.info("SLURM: %d worker jobs in pools %s", len(jobs), ", ".join(sorted(set(pools.values()))))
+    log.info("SLURM: %d worker jobs in pools %s", len(jobs), ", ".join(sorted({pool for _, pool in jobs})))
     from dagrl.dashboard import register
 
     register()  # the RL page, before the scheduler's dashboard starts

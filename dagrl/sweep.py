@@ -8,8 +8,9 @@ directory of its own. The driver gathers only each trial's summary and writes a 
 mean and spread of the final mean return, env steps, wall time and how the trials stopped.
 
 Every trial's graph is validated before a cluster starts. The workers write into the sweep's
-directory, so a cluster reached by ``--scheduler`` must share that filesystem with the driver (as the
-nodes of a SLURM cluster share their home or scratch directories).
+directory, so a cluster reached by ``--scheduler`` or started on SLURM (one worker job per trial, or
+``--workers`` jobs, of the cluster file's first pool or ``--pool``) must share that filesystem with
+the driver, as the nodes of a SLURM cluster share their home or scratch directories.
 """
 
 from __future__ import annotations
@@ -245,15 +246,26 @@ def local_workers(requested: int | str, trials: int) -> int:
 
 
 @contextlib.contextmanager
-def sweep_client(spec: Any, trials: int, workers: int | None = None) -> Iterator[Any]:
-    """A client for a sweep: dagrl's LocalCluster (``workers``, else :func:`local_workers`) or the
-    running scheduler of ``spec``. SLURM cluster files are refused by the command before this."""
+def sweep_client(
+    spec: Any, trials: int, workers: int | None = None, out: Path | None = None, pool: str | None = None
+) -> Iterator[Any]:
+    """A client for a sweep: dagrl's LocalCluster (``workers``, else :func:`local_workers`), the
+    running scheduler of ``spec``, or ``workers`` SLURM jobs (default one per trial) of ``pool``
+    (default the cluster file's first), their scripts, logs and certificates under ``out``."""
     from distributed import Client
 
-    from dagrl.clusters import CONNECT_TIMEOUT_S, LocalClusterSpec, SchedulerSpec, local_cluster
+    from dagrl.clusters import CONNECT_TIMEOUT_S, LocalClusterSpec, SchedulerSpec, SlurmSpec, local_cluster
 
     if isinstance(spec, SchedulerSpec):
         with Client(spec.address, timeout=CONNECT_TIMEOUT_S) as client:
+            yield client
+        return
+    if isinstance(spec, SlurmSpec):
+        from dagrl import slurm
+
+        assert out is not None
+        jobs = [(f"trial-{i}", pool or next(iter(spec.pools))) for i in range(workers or trials)]
+        with slurm.jobs_cluster(spec, jobs, out) as client:
             yield client
         return
     assert isinstance(spec, LocalClusterSpec)

@@ -214,3 +214,20 @@ def test_central_inference_on_a_tls_cluster_speaks_tls_too(slurm, tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["inference/batch_rows"] > 0 for r in rows), rows  # it acted, over TLS
     assert not slurm.jobs()
+
+
+def test_a_sweep_runs_its_trials_in_slurm_jobs_of_the_pool_asked_for(slurm, tmp_path):
+    out = tmp_path / "sweep"
+    done = dagrl(
+        "sweep", "ppo-cartpole-single", "--cluster", cluster_file(tmp_path), "--pool", "cpu",
+        "--grid", "hyperparameters.lr=1e-3,3e-3", "--seeds", "1", "--set", "stop.iterations=3", "--out", str(out),
+        "--quiet", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| lr=1e-3 | 1 | 0 |" in done.stdout and "| lr=3e-3 | 1 | 0 |" in done.stdout
+    scripts = sorted(p.name for p in (out / "jobs").glob("trial-*.sh"))
+    assert scripts == ["trial-0.sh", "trial-1.sh"]  # one job per trial
+    assert all("--gres" not in (out / "jobs" / s).read_text() for s in scripts)  # the cpu pool, not the gpu one
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert sorted(r["summary"]["iterations"] for r in records) == [3, 3]
+    assert not slurm.jobs()
