@@ -54,6 +54,20 @@ def test_a_bad_value_in_the_grid_names_key_value_and_trial_before_any_cluster(tm
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pool", "gpu"], "--pool: 'gpu' is not a pool of the cluster file (none: not a SLURM cluster file)"),
+        (["--workers", "0"], "--workers: must be >= 1, got 0"),
+        (["--seeds", "1", "1"], "--seeds: seeds repeat: [1, 1]"),
+    ],
+)
+def test_bad_sweep_options_are_one_line_before_any_cluster(args, message, tmp_path, capsys):
+    code = main(["sweep", "ppo-cartpole-single", "--out", str(tmp_path / "sweep"), *args])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_trials_run_as_tasks_on_the_workers_and_the_table_sums_them_per_setting(client, graphs_dir, tmp_path):
     graph = f"{graphs_dir}/ppo-cartpole-sync.yaml"
     _, trials = plan(graph, ["stop.iterations=3", "checkpoint.every=0"], ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
