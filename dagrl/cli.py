@@ -149,7 +149,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
     with sweep_client(cluster, len(trials), args.workers, out, args.pool) as client:
         log.info("dashboard: %s", client.dashboard_link)
-        rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet)
+        one_per_job = None
+        if isinstance(cluster, SlurmSpec):  # every job advertises its pool once: one trial per job at a time
+            from dagrl.slurm import pool_resource
+
+            one_per_job = {pool_resource(args.pool or next(iter(cluster.pools))): 1.0}
+        rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet, resources=one_per_job)
     print(markdown(rows), end="")
     failed = sum(r["failed"] for r in rows)
     if failed:

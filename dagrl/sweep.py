@@ -190,11 +190,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def run_sweep(
-    client: Any, graph_path: str | Path, trials: list[Trial], out: Path, progress: bool = True
+    client: Any,
+    graph_path: str | Path,
+    trials: list[Trial],
+    out: Path,
+    progress: bool = True,
+    resources: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every trial as a task of ``client``'s cluster; write ``trials.jsonl`` as they finish and
     ``results.md``/``results.json`` at the end; return the table (:func:`table`). Over the directory
-    of an earlier sweep, trials that ended are read back and the others resumed (:func:`run_trial`)."""
+    of an earlier sweep, trials that ended are read back and the others resumed (:func:`run_trial`).
+    ``resources``: what each trial's task asks of a worker (one trial per SLURM job, whatever its cores)."""
     from distributed import as_completed
     from tqdm import tqdm
 
@@ -212,7 +218,8 @@ def run_sweep(
             continue
         run_dir = str((out / t.dirname).resolve())
         key = f"trial-{t.dirname}-{tag}"  # the Task Stream shows each trial by its setting and seed
-        futures[client.submit(run_trial, path, list(t.overrides), run_dir, key=key, pure=False)] = t
+        future = client.submit(run_trial, path, list(t.overrides), run_dir, key=key, pure=False, resources=resources)
+        futures[future] = t
     t0 = time.monotonic()
     with (
         (out / "trials.jsonl").open("w") as log_file,
@@ -270,7 +277,8 @@ def sweep_client(
         return
     assert isinstance(spec, LocalClusterSpec)
     n = workers or local_workers(spec.workers, trials)
-    cluster = local_cluster(replace(spec, workers=n), n)
+    # one thread per worker: trials side by side in one process would share torch's global state
+    cluster = local_cluster(replace(spec, workers=n, threads_per_worker=1), n)
     try:
         with Client(cluster) as client:
             yield client
