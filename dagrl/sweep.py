@@ -15,6 +15,7 @@ the driver, as the nodes of a SLURM cluster share their home or scratch director
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -160,16 +161,9 @@ def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["std_return"] = float(np.std(returns)) if returns else None
         row["env_steps"] = float(np.mean([s["env_steps"] for s in done])) if done else None
         row["elapsed_s"] = float(np.mean([s["elapsed_s"] for s in done])) if done else None
-        row["stops"] = dict(sorted(_count(s["stop_reason"] for s in done).items()))
+        row["stops"] = dict(sorted(collections.Counter(s["stop_reason"] for s in done).items()))
         out.append(row)
     return out
-
-
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return counts
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
