@@ -133,11 +133,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.pool is not None and (not isinstance(cluster, SlurmSpec) or args.pool not in cluster.pools):
         known = ", ".join(cluster.pools) if isinstance(cluster, SlurmSpec) else "none: not a SLURM cluster file"
         raise ConfigError("--pool", "", f"{args.pool!r} is not a pool of the cluster file ({known})")
+    pool = None
     if isinstance(cluster, SlurmSpec):
-        try:
-            import dask_jobqueue  # noqa: F401
-        except ImportError:
-            raise ConfigError("dagrl sweep", "--cluster", "a SLURM cluster needs: pip install 'dagrl[slurm]'") from None
+        need_jobqueue("dagrl sweep --cluster")
+        pool = args.pool or next(iter(cluster.pools))
     out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
     out = out.resolve()  # job scripts and workers elsewhere read it
     if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
@@ -147,13 +146,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
     settings = len({t.setting for t in trials})
     log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
-    with sweep_client(cluster, len(trials), args.workers, out, args.pool) as client:
-        log.info("dashboard: %s", client.dashboard_link)
-        one_per_job = None
-        if isinstance(cluster, SlurmSpec):  # every job advertises its pool once: one trial per job at a time
-            from dagrl.slurm import pool_resource
+    one_per_job = None
+    if pool is not None:  # every job advertises its pool once: one trial per job at a time
+        from dagrl.slurm import pool_resource
 
-            one_per_job = {pool_resource(args.pool or next(iter(cluster.pools))): 1.0}
+        one_per_job = {pool_resource(pool): 1.0}
+    with sweep_client(cluster, len(trials), args.workers, out, pool) as client:
+        log.info("dashboard: %s", client.dashboard_link)
         rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet, resources=one_per_job)
     print(markdown(rows), end="")
     failed = sum(r["failed"] for r in rows)
@@ -376,6 +375,14 @@ def parser() -> argparse.ArgumentParser:
 SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")
 
 
+def need_jobqueue(where: str) -> None:
+    """Refuse a SLURM command or cluster without dask-jobqueue installed, naming the extra to install."""
+    try:
+        import dask_jobqueue  # noqa: F401
+    except ImportError:
+        raise ConfigError(where, "", "needs the slurm extra: pip install 'dagrl[slurm]'") from None
+
+
 def os_error(err: OSError) -> str:
     """One line for an error of the machine: what failed and where."""
     text = " ".join(str(err).split())
@@ -391,12 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(getattr(args, "quiet", False))
     try:
         if args.command in SUBMIT_COMMANDS:
-            try:
-                import dask_jobqueue  # noqa: F401
-            except ImportError:
-                raise ConfigError(
-                    f"dagrl {args.command}", "", "needs the slurm extra: pip install 'dagrl[slurm]'"
-                ) from None
+            need_jobqueue(f"dagrl {args.command}")
             from dagrl import submit
 
             return getattr(submit, f"cmd_{args.command}")(args)

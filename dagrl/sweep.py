@@ -251,8 +251,8 @@ def sweep_client(
     spec: Any, trials: int, workers: int | None = None, out: Path | None = None, pool: str | None = None
 ) -> Iterator[Any]:
     """A client for a sweep: dagrl's LocalCluster (``workers``, else :func:`local_workers`), the
-    running scheduler of ``spec``, or ``workers`` SLURM jobs (default one per trial) of ``pool``
-    (default the cluster file's first), their scripts, logs and certificates under ``out``."""
+    running scheduler of ``spec``, or ``workers`` SLURM jobs (default one per trial) of ``pool``,
+    their scripts, logs and certificates under ``out``."""
     from distributed import Client
 
     from dagrl.clusters import CONNECT_TIMEOUT_S, LocalClusterSpec, SchedulerSpec, SlurmSpec, local_cluster
@@ -265,7 +265,8 @@ def sweep_client(
         from dagrl import slurm
 
         assert out is not None
-        jobs = [(f"trial-{i}", pool or next(iter(spec.pools))) for i in range(workers or trials)]
+        assert pool is not None
+        jobs = [(f"trial-{i}", pool) for i in range(workers or trials)]
         with slurm.jobs_cluster(spec, jobs, out) as client:
             yield client
         return
