@@ -61,12 +61,13 @@ class Config:
     """Truncation of the importance ratio in the traces."""
     vtrace: bool = True
     """False: ratios taken as 1 (no off-policy correction), for comparison."""
-    lr: float = 1e-3
-    """Adam learning rate."""
+    lr: float = 5e-4
+    """Adam learning rate. Nothing bounds how far a step moves the policy (no ratio clip, unlike PPO): on
+    CartPole under ``async``, 1e-3 let 3 of 8 runs collapse for good (one action always, entropy near 0)
+    after a batch whose mean KL reached 0.02-0.12; at 5e-4 none did (BENCHMARKS.md)."""
     update_epochs: int = 2
-    """Gradient steps per batch of rollouts, each with targets recomputed from the current critic. Nothing
-    bounds how far these steps move the policy (no ratio clip, unlike PPO): on CartPole four steps per batch
-    at ``lr`` 1e-3 sometimes collapse the policy (entropy near 0) before it recovers."""
+    """Gradient steps per batch of rollouts, each with targets recomputed from the current critic. On
+    CartPole four steps per batch at ``lr`` 1e-3 collapsed the policy more often than two."""
     target_kl: float | None = None
     """Stop a batch's gradient steps once the policy has moved this far from where the batch began
     (mean KL estimate over the batch's states), as PPO's ``target_kl``; ``None``: run them all. It bounds
