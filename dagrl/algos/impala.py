@@ -63,8 +63,8 @@ class Config:
     """False: ratios taken as 1 (no off-policy correction), for comparison."""
     lr: float = 5e-4
     """Adam learning rate. Nothing bounds how far a step moves the policy (no ratio clip, unlike PPO): on
-    CartPole under ``async``, 1e-3 let 3 of 8 runs collapse for good (one action always, entropy near 0)
-    after a batch whose mean KL reached 0.02-0.12; at 5e-4 none did (BENCHMARKS.md)."""
+    CartPole under ``async``, 1e-3 let 5 of 12 runs collapse for good (one action always, entropy near 0)
+    after a batch whose mean KL reached 0.02-0.12; at 5e-4 none of 12 did (BENCHMARKS.md)."""
     update_epochs: int = 2
     """Gradient steps per batch of rollouts, each with targets recomputed from the current critic. On
     CartPole four steps per batch at ``lr`` 1e-3 collapsed the policy more often than two."""
