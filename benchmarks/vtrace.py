@@ -1,8 +1,9 @@
 """What V-trace buys when rollouts are stale: IMPALA with and without the correction, lag forced.
 
     dagrl bench vtrace [--lags 0 4 16] [--seeds 0 1 2] [--iterations 150] [--lr 1e-3] [--epochs 4]
+        [--env CartPole-v1]
 
-In one process per (lag, seed, setting), no Dask: a sampler (8 CartPole envs x 32 steps) always acts
+In one process per (lag, seed, setting), no Dask: a sampler (8 envs x 32 steps) always acts
 with the weights the learner had ``lag`` updates ago; the learner (``dagrl.algos.impala.update``)
 runs ``epochs`` gradient steps per rollout with V-trace (``vtrace: true``) or with every importance
 ratio taken as 1 (``vtrace: false``: the same update, uncorrected). The score is the mean return of
@@ -29,10 +30,10 @@ def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> float:
 
     torch.set_num_threads(1)
     cfg = impala.Config(vtrace=vtrace, lr=args.lr, update_epochs=args.epochs)
-    env = gym.make("CartPole-v1")
+    env = gym.make(args.env)
     spaces = {"observation_space": env.observation_space, "action_space": env.action_space}
-    sampler = ppo.sampler(RoleContext("sampler", 0, 1, seed=seed, env_id="CartPole-v1", num_envs=8), cfg)
-    learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id="CartPole-v1", **spaces), cfg)
+    sampler = ppo.sampler(RoleContext("sampler", 0, 1, seed=seed, env_id=args.env, num_envs=8), cfg)
+    learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id=args.env, **spaces), cfg)
     history: collections.deque = collections.deque(maxlen=lag + 1)
     returns: list[float] = []
     for _ in range(args.iterations):
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=150)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--env", default="CartPole-v1", help="a gymnasium env id with discrete actions")
     args = p.parse_args()
     jobs = [(v, lag, seed) for lag in args.lags for seed in args.seeds for v in (True, False)]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
@@ -64,7 +66,7 @@ def main() -> None:
             "vtrace per seed": " ".join(f"{x:.0f}" for x in corrected),
             "uncorrected per seed": " ".join(f"{x:.0f}" for x in plain),
         })  # fmt: skip
-    print(f"\nIMPALA on CartPole-v1, mean return of the last 30 episodes after {args.iterations} updates")
+    print(f"\nIMPALA on {args.env}, mean return of the last 30 episodes after {args.iterations} updates")
     print(table(rows, ["lag", "vtrace", "uncorrected", "vtrace per seed", "uncorrected per seed"]))
     emit("vtrace", {"args": vars(args), "rows": rows})
 
