@@ -28,13 +28,13 @@ def outcome(rows: list[dict], target: float, floor: float) -> dict:
     ret = [r.get("charts/episode_return_mean") for r in rows]
     first = next((i for i, x in enumerate(ret) if x is not None and x >= target), None)
     after = [x for x in ret[first:] if x is not None] if first is not None else []
-    last = rows[-1]
+    final = ret[-1]
     return {
         "to_target": None if first is None else rows[first]["env_steps"],
-        "collapsed": last["losses/entropy"] < 0.01 and (ret[-1] if ret[-1] is not None else floor) < floor,
+        "collapsed": rows[-1]["losses/entropy"] < 0.01 and final is not None and final < floor,
         "min_after_target": min(after) if after else None,
         "max_kl": max(r["losses/approx_kl"] for r in rows),
-        "final": ret[-1],
+        "final": final,
     }
 
 
