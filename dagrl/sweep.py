@@ -221,7 +221,7 @@ def run_sweep(
     ):
         for rec in records.values():
             log_file.write(json.dumps(rec) + "\n")
-        for future in as_completed(futures):
+        for future in as_completed(futures, loop=client.loop):  # not the default client's
             trial = futures[future]
             rec: dict[str, Any] = {"setting": trial.label, "seed": trial.seed, "run_dir": str(out / trial.dirname)}
             try:

@@ -188,3 +188,22 @@ def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_erro
     board.forget(["collect-d"])  # cancelled before its task's event came: the event is dropped on arrival
     client.handler((0.0, {"key": "collect-d", **report_message(Rollout())}))
     assert board.got == {} and board.forgotten == set()
+
+
+def test_a_policy_waits_through_its_own_client_when_another_is_the_default(client, graphs_dir):
+    """A notebook may hold two clients, each on its own event loop, the newest being Dask's default:
+    a policy built on the first still runs (``distributed.wait`` alone would wait on the other's loop)."""
+    from distributed import Client, default_client
+
+    other = Client(client.scheduler.address, set_as_default=False)
+    try:
+        with other.as_current():  # as `with Client(...)` or the newest client in a notebook would be
+            assert default_client() is other and other.loop is not client.loop
+            policy = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml"), client)
+            try:
+                results = [policy.step() for _ in range(2)]
+            finally:
+                policy.close()
+    finally:
+        other.close()
+    assert [r.env_steps for r in results] == [2 * 4 * 32] * 2

@@ -472,7 +472,8 @@ class Executor:
             futures = list(dict.fromkeys(_dask_future(c.future) for c in calls))
             while True:
                 try:
-                    wait(futures, timeout=poll)
+                    with self.client.as_current():  # distributed.wait uses the thread's default client
+                        wait(futures, timeout=poll)
                     break
                 except TimeoutError:
                     self._check(watched)

@@ -435,7 +435,8 @@ def probe_cluster(client: Any, transfer_bytes: int = 64 * 2**20) -> dict[str, An
             times = []
             for _ in range(3):
                 block = client.submit(_block, size, pure=False, workers=addresses[:1])
-                wait(block)  # made there; the timing below is the move
+                with client.as_current():  # distributed.wait uses the thread's default client
+                    wait(block)  # made there; the timing below is the move
                 t0 = time.perf_counter()
                 client.submit(_size, block, pure=False, workers=addresses[1:2]).result()
                 times.append(time.perf_counter() - t0)
