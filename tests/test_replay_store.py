@@ -70,6 +70,34 @@ def test_chunk_files_hold_exactly_what_zarr_reads_and_writes(tmp_path, codec, wr
             np.testing.assert_array_equal(mine, added[k][c * 512 : (c + 1) * 512], err_msg=f"chunk {c} {k}")
 
 
+def test_chunks_are_files_of_the_array_directory_not_a_directory_each(tmp_path):
+    store = ReplayStore(SCHEMA, 40_000, 2**20, tmp_path / "r", chunk_rows=64)
+    fill(store, 30_000)
+    store.flush()
+    array = tmp_path / "r" / "rows"
+    chunks = sorted(p.name for p in array.iterdir() if p.name.startswith("c"))
+    assert len(chunks) >= 30_000 // 64 and all(re.fullmatch(r"c\.\d+\.0", c) for c in chunks)
+    assert not any(p.is_dir() for p in array.iterdir() if p.name.startswith("c"))
+
+
+def test_a_store_with_a_directory_per_chunk_reopens_and_goes_on_in_its_layout(tmp_path, monkeypatch):
+    """Stores made before chunks were flat files (``c/<slot>/0``) read back every row and keep writing
+    in their own layout."""
+    monkeypatch.setattr(store_module, "CHUNK_SEPARATOR", "/")
+    old = ReplayStore(SCHEMA, 20_000, 2**20, tmp_path / "r", chunk_rows=64)
+    ref = fill(old, 15_000)
+    old.flush()
+    assert (tmp_path / "r" / "rows" / "c" / "0" / "0").is_file()
+    monkeypatch.setattr(store_module, "CHUNK_SEPARATOR", ".")
+    reopened = ReplayStore(SCHEMA, 20_000, 2**20, tmp_path / "r", chunk_rows=64)
+    assert reopened.files is not None and reopened.files.separator == "/"
+    assert reopened.cold_rows > 0 and len(reopened) == 15_000
+    assert_holds(reopened, ref)
+    more = fill(reopened, 10_000, seed=1)  # wraps around the ring, in the old layout
+    assert not list((tmp_path / "r" / "rows").glob("c.*"))
+    np.testing.assert_array_equal(reopened.read(np.arange(reopened.tail - 10_000, reopened.tail))["obs"], more["obs"])
+
+
 def test_ten_times_the_memory_budget_comes_back_bit_exact(tmp_path):
     budget = 3 * 2**20  # 3 MiB of RAM
     capacity = 10 * budget // SCHEMA.row_bytes  # 30 MiB of rows

@@ -50,6 +50,9 @@ from dagrl.replay.sumtree import PriorityTree
 log = logging.getLogger("dagrl")
 
 META = "meta.json"
+CHUNK_SEPARATOR = "."
+"""Chunk keys ``c.<slot>.0``: every chunk a file of the array's directory, none a directory of its own
+(:mod:`dagrl.replay.chunkfiles` says why). A store made with ``/`` keeps its layout when reopened."""
 PRIORITIES = "priorities.npy"
 CODECS = ("none", "zstd", "blosc-zstd", "blosc-lz4")
 LARGE_ROW_BYTES = 4096
@@ -353,6 +356,7 @@ class ReplayStore:
             dtype="uint8",
             compressors=_compressors(self.codec),
             fill_value=0,
+            chunk_key_encoding={"name": "default", "separator": CHUNK_SEPARATOR},
             overwrite=True,
         )
         self.files = chunk_files(self.rows, self.codec)
