@@ -112,6 +112,7 @@ def run_trial(graph_path: str, overrides: list[str], run_dir: str) -> dict[str, 
     """
     import shutil
 
+    from dagrl.dashboard.feed import TrialFeed
     from dagrl.graph import load_graph
     from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
     from dagrl.runtime.rundir import RunDir
@@ -130,7 +131,12 @@ def run_trial(graph_path: str, overrides: list[str], run_dir: str) -> dict[str, 
         rundir.write_config(graph.to_dict())
     else:
         log.warning("trial %s: resuming at iteration %d", rundir.path.name, resume["counters"]["iteration"])
-    return train(graph, rundir=rundir, resume=resume)
+    feed = TrialFeed.here(rundir.path.name)  # the RL page plots every trial's curve
+    try:
+        return train(graph, rundir=rundir, resume=resume, listeners=[feed.on_row] if feed else ())
+    finally:
+        if feed is not None:
+            feed.flush()
 
 
 def finished(run_dir: Path) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dagrl.dashboard import ACTORS, METRICS
 from tests.debian import HEADLESS_CHROMIUM_FLAGS, ensure
 
 ARTIFACTS = Path(os.environ.get("DAGRL_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
@@ -113,6 +114,7 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
     wait(lambda: points(browser, "dagrl-rates") > 3, 60, "throughput points")
     wait(lambda: points(browser, "dagrl-replay") > 1, 60, "replay fill points")
     wait(lambda: points(browser, "dagrl-staleness") > 1, 60, "staleness points")
+    wait(lambda: points(browser, "dagrl-runs") == 1, 60, "the run in the plot of every run's mean return")
     roles = wait(lambda: set(column(browser, "dagrl-actors", "role")), 60, "the actor table")
     assert roles == {"sampler", "replay", "learner"}
     states = column(browser, "dagrl-actors", "state")
@@ -172,3 +174,41 @@ def test_a_scheduler_started_by_hand_has_the_page_only_with_the_preload(preload)
         assert page == f"http://127.0.0.1:{port}/individual-dagrl"
     else:
         assert page.startswith("not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`")
+
+
+class Events:
+    """A scheduler's event log, as the page reads it (``get_events``)."""
+
+    def __init__(self):
+        self.log = {METRICS: [], ACTORS: []}
+
+    def get_events(self, topic):
+        return list(self.log[topic])
+
+    def rows(self, t, run, *returns):
+        rows = [{"row": {"iteration": i, "env_steps": 100 * i, "charts/episode_return_mean": r}} for i, r in returns]
+        self.log[METRICS].append((t, {"run": run, "rows": rows}))
+
+
+def test_the_page_follows_the_newest_run_and_plots_every_run_side_by_side():
+    """Trials of a sweep publish at once: the page follows the newest to start, draws each run's mean
+    return in the plot of every run, and moves to another run only once the followed one went quiet."""
+    from dagrl.dashboard.page import QUIET_S, RLPage
+
+    events = Events()
+    page = RLPage(events)
+    events.rows(1.0, "trial-a", (1, 10.0), (2, 12.0))
+    events.rows(2.0, "trial-b", (1, 20.0))
+    page.update()
+    assert page.run == "trial-b" and page.curve.data["ret"] == [20.0]
+    events.rows(3.0, "trial-a", (3, 14.0))  # the older trial goes on: its rows do not take the page over
+    events.rows(4.0, "trial-b", (2, 22.0))
+    page.update()
+    assert page.run == "trial-b" and page.curve.data["ret"] == [20.0, 22.0]
+    runs = dict(zip(page.runs.data["run"], page.runs.data["ret"], strict=True))
+    assert runs == {"trial-a": [10.0, 12.0, 14.0], "trial-b": [20.0, 22.0]}
+    assert dict(zip(page.runs.data["run"], page.runs.data["steps"], strict=True))["trial-a"] == [100, 200, 300]
+    assert len(set(page.runs.data["color"])) == 2
+    events.rows(4.0 + QUIET_S + 1, "trial-a", (4, 16.0))  # trial-b ended: the one still running is followed
+    page.update()
+    assert page.run == "trial-a" and page.curve.data["ret"] == [16.0]

@@ -10,6 +10,7 @@ import yaml
 from distributed import get_task_stream
 
 from dagrl.cli import main
+from dagrl.dashboard import METRICS
 from dagrl.schema import ConfigError
 from dagrl.sweep import parse_grid, plan, run_sweep, table
 
@@ -91,6 +92,12 @@ def test_trials_run_as_tasks_on_the_workers_and_the_table_sums_them_per_setting(
     assert len(ran) == 4 and {t["worker"] for t in ran} <= workers  # on the cluster's workers
     assert len({t["worker"] for t in ran}) >= 2  # side by side
     assert json.loads((tmp_path / "sweep" / "results.json").read_text())["rows"] == rows
+    # every trial's rows reached the scheduler for the RL page, from the worker that ran it
+    published = {}
+    for _, msg in client.get_events(METRICS):
+        published.setdefault(msg["run"], []).extend(one["row"]["iteration"] for one in msg["rows"])
+    for rec in records:
+        assert published[Path(rec["run_dir"]).name] == [1, 2, 3], published
 
 
 def test_a_failing_trial_is_recorded_and_the_others_finish(client, graphs_dir, tmp_path):

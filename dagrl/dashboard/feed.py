@@ -15,6 +15,52 @@ MAX_EPISODES = 64
 """Episode returns sent per iteration (the newest), enough for the scatter, small on the wire."""
 
 
+def row_message(row: dict[str, Any], res: Any) -> dict[str, Any]:
+    """An iteration's metrics row, with the returns of the newest episodes that finished in it and the
+    sampler replica that produced each."""
+    n = min(len(res.episodes), MAX_EPISODES)
+    returns = [float(r) for r in res.episodes.returns[len(res.episodes) - n :]]
+    sources = [int(s) for s in res.sources[len(res.sources) - n :]] if len(res.sources) >= n else [-1] * n
+    return {"row": row, "returns": returns, "sources": sources}
+
+
+class TrialFeed:
+    """Publishes the metrics rows of a run that trains inside a Dask task (a ``dagrl sweep`` trial), from
+    that worker: the rows of ``flush_s`` as one event, as :class:`Feed` does; no actor heartbeats (a
+    trial's roles live in its own process). ``Worker.log_event`` only queues the message on the worker's
+    stream to the scheduler, so the training loop sends without waiting and needs no thread of its own.
+    """
+
+    def __init__(self, worker: Any, run: str, flush_s: float = 0.25):
+        self.worker, self.run, self.flush_s = worker, run, flush_s
+        self.queued: list[dict[str, Any]] = []
+        self.sent = time.monotonic()
+
+    @classmethod
+    def here(cls, run: str) -> TrialFeed | None:
+        """A feed through the Dask worker running this code, or ``None`` outside one."""
+        from distributed import get_worker
+
+        try:
+            return cls(get_worker(), run)
+        except ValueError:  # not in a worker's task
+            return None
+
+    def on_row(self, row: dict[str, Any], res: Any) -> None:
+        self.queued.append(row_message(row, res))
+        if time.monotonic() - self.sent >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.queued = self.queued, []
+        self.sent = time.monotonic()
+        if rows:
+            try:
+                self.worker.log_event(METRICS, {"run": self.run, "rows": rows})
+            except Exception as err:  # the dashboard is a view: never stop training for it
+                log.debug("dashboard feed: %s", err)
+
+
 class Feed:
     """Publishes a run's metrics rows and its actors' heartbeats (every ``interval`` s).
 
@@ -39,13 +85,9 @@ class Feed:
         return self
 
     def on_row(self, row: dict[str, Any], res: Any) -> None:
-        """Trainer listener: queue the iteration's row, with the returns of the episodes that finished
-        and the sampler that produced each."""
-        n = min(len(res.episodes), MAX_EPISODES)
-        returns = [float(r) for r in res.episodes.returns[len(res.episodes) - n :]]
-        sources = [int(s) for s in res.sources[len(res.sources) - n :]] if len(res.sources) >= n else [-1] * n
+        """Trainer listener: queue the iteration's row (:func:`row_message`)."""
         with self.lock:
-            self.queued.append({"row": row, "returns": returns, "sources": sources})
+            self.queued.append(row_message(row, res))
 
     def flush(self) -> None:
         """Send the queued rows as one event (topic ``dagrl-metrics``: ``{"run", "rows": [...]}``)."""

@@ -15,21 +15,33 @@ ROLLOVER = {
 """Points kept per plot: the browser redraws them all on every update."""
 SAMPLER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 """Episode points are coloured by the sampler replica that produced them."""
+RUN_COLORS = ("#d62728", *SAMPLER_COLORS, "#7f7f7f")
+RUN_POINTS = 2_000
+"""Points kept per run in the plot of every run's mean return."""
+QUIET_S = 10.0
+"""A run that sent nothing for this long is no longer followed once another run publishes."""
 STALENESS_KEYS = ("perf/staleness", "perf/weights_lag")
 EVAL_KEYS = ("eval/return_mean", "eval/return")
 
 
 class RLPage:
-    """Plots one run at a time (the newest one publishing on this scheduler)."""
+    """Plots one run in full and every run's mean return (a sweep's trials side by side).
+
+    The run followed is the newest to start publishing on this scheduler; another run already seen
+    takes over only once the followed one has been quiet for :data:`QUIET_S` (so trials publishing at
+    once do not make the page jump between them with every event)."""
 
     def __init__(self, scheduler: Any):
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, DataTable, Div, Legend, TableColumn
+        from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, Legend, TableColumn
         from bokeh.plotting import figure
 
         self.scheduler = scheduler
         self.run: str | None = None
         self.seen = {METRICS: 0.0, ACTORS: 0.0}
+        self.heard: dict[str, float] = {}
+        """Per run that published, the time of its last event (its order here: the order runs started)."""
+        self.curves: dict[str, tuple[list, list]] = {}
 
         def source(name: str, **cols: list) -> ColumnDataSource:
             return ColumnDataSource({k: [] for k in cols}, name=name)
@@ -41,6 +53,7 @@ class RLPage:
         self.stale = source("dagrl-staleness", t=[], staleness=[])
         self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
         self.inference = source("dagrl-inference", t=[], latency_ms=[], forward_ms=[], rows=[], busy_pct=[])
+        self.runs = source("dagrl-runs", run=[], steps=[], ret=[], color=[])  # one row per run: a multi-line
         self.table = source("dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[])
 
         self.header = Div(text="<b>dagrl</b>: waiting for a run to publish metrics", name="dagrl-header")
@@ -75,6 +88,10 @@ class RLPage:
         items = [(label, [inf.line("t", col, source=self.inference, color=c, line_width=2)]) for label, col, c in lines]
         inf.add_layout(Legend(items=items), "right")
 
+        every = figure(title="Mean return of every run (a sweep's trials)", x_axis_label="env steps", **kw)
+        every.multi_line("steps", "ret", source=self.runs, line_color="color", line_width=2)
+        every.add_tools(HoverTool(tooltips=[("run", "@run")]))
+
         columns = [
             TableColumn(field="role", title="role"),
             TableColumn(field="index", title="#"),
@@ -89,7 +106,7 @@ class RLPage:
         )
         self.root = column(
             self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"),
-            row(inf, sizing_mode="stretch_width"), actors,
+            row(inf, every, sizing_mode="stretch_width"), actors,
             sizing_mode="stretch_width",
         )  # fmt: skip
 
@@ -102,17 +119,48 @@ class RLPage:
     def update(self) -> None:
         """Stream what arrived since the last call: one ``stream`` per source, however many rows came."""
         batch: dict[str, dict[str, list]] = {}
-        for _, msg in self._new(METRICS):
-            if msg.get("run") != self.run:
-                self._start(msg.get("run"))
+        grew = False
+        for t, msg in self._new(METRICS):
+            run = msg.get("run")
+            if run != self.run and self._takes_over(run, t):
+                self._start(run)
                 batch = {}
+            self.heard[run] = t
             for one in msg.get("rows", [msg]):  # a feed's event holds the rows queued since its last
-                self._metrics(one, batch)
+                grew |= self._curve(run, one)
+                if run == self.run:
+                    self._metrics(one, batch)
         for name, cols in batch.items():
             getattr(self, name).stream(cols, rollover=ROLLOVER[name])
+        if grew:
+            runs, order = list(self.curves), list(self.heard)
+            self.runs.data = {  # new lists: bokeh sends a change only for a value unlike the one it had
+                "run": runs,
+                "steps": [list(self.curves[r][0]) for r in runs],
+                "ret": [list(self.curves[r][1]) for r in runs],
+                "color": [RUN_COLORS[order.index(r) % len(RUN_COLORS)] for r in runs],
+            }
         for _, msg in self._new(ACTORS):
             if msg.get("run") == self.run:
                 self._actors(msg)
+
+    def _takes_over(self, run: str | None, t: float) -> bool:
+        """Whether ``run``, publishing at ``t``, is followed from now on instead of :attr:`run`."""
+        if run not in self.heard:  # a run that just started
+            return True
+        return t - self.heard.get(self.run, 0.0) > QUIET_S
+
+    def _curve(self, run: str | None, msg: dict) -> bool:
+        """Add the row's mean return to ``run``'s curve in the plot of every run; whether it had one."""
+        ret = msg["row"].get("charts/episode_return_mean")
+        if ret is None or run is None:
+            return False
+        steps, rets = self.curves.setdefault(run, ([], []))
+        steps.append(msg["row"].get("env_steps", 0))
+        rets.append(ret)
+        if len(steps) > RUN_POINTS:
+            del steps[0], rets[0]
+        return True
 
     def _start(self, run: str | None) -> None:
         self.run = run
