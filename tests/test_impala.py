@@ -59,6 +59,21 @@ def test_target_kl_stops_a_batchs_steps_once_the_policy_moved_that_far(tmp_path)
     assert steps == {"null": {4.0}, "1.0e-12": {1.0}}
 
 
+def test_kl_adaptive_lr_follows_each_batchs_move_within_its_bounds(tmp_path):
+    """A tiny KL target shrinks the rate every batch (down to lr / 100), a huge one grows it (up to
+    lr x 10); without one the rate stays ``lr``."""
+    lrs = {}
+    for target in ("null", "1.0e-12", "10.0"):
+        overrides = ["policy=single", "stop.iterations=14", f"hyperparameters.kl_adaptive_lr={target}"]
+        _, rundir = train("graphs/impala-cartpole.yaml", tmp_path / target, overrides)
+        lrs[target] = [r["losses/lr"] for r in rundir.read_metrics()]
+    np.testing.assert_allclose(lrs["null"], 5e-4)
+    np.testing.assert_allclose(lrs["1.0e-12"][:3], [5e-4 / 1.5, 5e-4 / 1.5**2, 5e-4 / 1.5**3])
+    np.testing.assert_allclose(lrs["1.0e-12"][-1], 5e-6)
+    np.testing.assert_allclose(lrs["10.0"][:2], [5e-4 * 1.5, 5e-4 * 1.5**2])
+    np.testing.assert_allclose(lrs["10.0"][-1], 5e-3)
+
+
 @pytest.mark.slow
 def test_impala_learns_cartpole_under_async(client, tmp_path):
     summary, rundir = train("graphs/impala-cartpole.yaml", tmp_path, client=client)
