@@ -41,9 +41,12 @@ def disk(path: Path) -> dict[str, int]:
 
 
 def fill(path: Path, data: dict, rows: int, separator: str) -> dict:
-    store_module.CHUNK_SEPARATOR = separator
     schema = schema_of(data)
-    store = ReplayStore(schema, rows, rows * schema.row_bytes // 10, path, prioritized=True)
+    made_with, store_module.CHUNK_SEPARATOR = store_module.CHUNK_SEPARATOR, separator
+    try:  # the store reads the layout once, when it creates its array
+        store = ReplayStore(schema, rows, rows * schema.row_bytes // 10, path, prioritized=True)
+    finally:
+        store_module.CHUNK_SEPARATOR = made_with
     n = len(data["obs"])
     t0 = time.perf_counter()
     done = 0

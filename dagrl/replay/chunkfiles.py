@@ -12,8 +12,8 @@ array's own directory), or ``c/<slot>/0`` (the default ``/``: a directory per ch
 before the flat layout have). Any other store goes through zarr (:func:`chunk_files` returns None).
 
 Why flat: a prioritized store keeps 2-row chunks, so a 1M-row Atari store is 500k chunks; a directory
-per chunk doubled the disk blocks of 1,000-byte chunks here (4 KiB for the file, 4 KiB for its
-directory) and made writing 20k new chunks 2.5 x slower.
+per chunk doubled the disk blocks of such a store (4 KiB for the file, 4 KiB for its directory) and
+rows were added 1.45 x slower (``dagrl bench replay-layout``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
