@@ -6,8 +6,11 @@
 In one process per (lag, seed, setting), no Dask: a sampler (8 envs x 32 steps) always acts
 with the weights the learner had ``lag`` updates ago; the learner (``dagrl.algos.impala.update``)
 runs ``epochs`` gradient steps per rollout with V-trace (``vtrace: true``) or with every importance
-ratio taken as 1 (``vtrace: false``: the same update, uncorrected). The score is the mean return of
-the last 30 episodes after ``iterations`` updates. Runs in parallel on the machine's cores.
+ratio taken as 1 (``vtrace: false``: the same update, uncorrected). Two scores after ``iterations``
+updates: the mean return of the sampler's last 30 episodes (acting ``lag`` updates behind), and the
+learner's own, acting greedily over 10 episodes. A lag of at least ``iterations`` keeps the first
+weights throughout. ``--env dagrl.envs:LaterPayoff-v0`` is a task built so that an uncorrected learner
+goes wrong on stale data (:class:`dagrl.envs.LaterPayoff`). Runs in parallel on the machine's cores.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 from _common import emit, table
 
 
-def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> float:
+def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> tuple[float, float]:
     import gymnasium as gym
     import torch
 
@@ -29,11 +32,12 @@ def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> float:
     from dagrl.context import RoleContext
 
     torch.set_num_threads(1)
-    cfg = impala.Config(vtrace=vtrace, lr=args.lr, update_epochs=args.epochs)
+    cfg = impala.Config(vtrace=vtrace, lr=args.lr, update_epochs=args.epochs, eval_episodes=10)
     env = gym.make(args.env)
     spaces = {"observation_space": env.observation_space, "action_space": env.action_space}
     sampler = ppo.sampler(RoleContext("sampler", 0, 1, seed=seed, env_id=args.env, num_envs=8), cfg)
     learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id=args.env, **spaces), cfg)
+    evaluator = ppo.evaluator(RoleContext("evaluator", 0, 1, seed=seed + 2, env_id=args.env), cfg)
     history: collections.deque = collections.deque(maxlen=lag + 1)
     returns: list[float] = []
     for _ in range(args.iterations):
@@ -41,7 +45,8 @@ def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> float:
         rollout = ppo.collect(sampler, history[0])  # the weights of `lag` updates ago
         returns.extend(rollout.episodes.returns.tolist())
         impala.update(learner, [rollout])
-    return float(np.mean(returns[-30:]))
+    greedy = ppo.evaluate(evaluator, ppo.publish(learner))["eval/return_mean"]
+    return float(np.mean(returns[-30:])), float(greedy)
 
 
 def main() -> None:
@@ -62,12 +67,17 @@ def main() -> None:
         corrected = [scores[(True, lag, s)] for s in args.seeds]
         plain = [scores[(False, lag, s)] for s in args.seeds]
         rows.append({
-            "lag": lag, "vtrace": float(np.mean(corrected)), "uncorrected": float(np.mean(plain)),
-            "vtrace per seed": " ".join(f"{x:.0f}" for x in corrected),
-            "uncorrected per seed": " ".join(f"{x:.0f}" for x in plain),
+            "lag": lag, "vtrace": float(np.mean([c[0] for c in corrected])),
+            "uncorrected": float(np.mean([p[0] for p in plain])),
+            "vtrace greedy": float(np.mean([c[1] for c in corrected])),
+            "uncorrected greedy": float(np.mean([p[1] for p in plain])),
+            "vtrace per seed": " ".join(f"{x:.3g}/{y:.3g}" for x, y in corrected),
+            "uncorrected per seed": " ".join(f"{x:.3g}/{y:.3g}" for x, y in plain),
         })  # fmt: skip
-    print(f"\nIMPALA on {args.env}, mean return of the last 30 episodes after {args.iterations} updates")
-    print(table(rows, ["lag", "vtrace", "uncorrected", "vtrace per seed", "uncorrected per seed"]))
+    print(f"\nIMPALA on {args.env} after {args.iterations} updates: mean return of the sampler's last 30 episodes,")
+    print("and of the learner's 10 greedy episodes (per seed: sampler/greedy)")
+    cols = ["lag", "vtrace", "uncorrected", "vtrace greedy", "uncorrected greedy", "vtrace per seed"]
+    print(table(rows, [*cols, "uncorrected per seed"]))
     emit("vtrace", {"args": vars(args), "rows": rows})
 
 

@@ -60,6 +60,9 @@ class RoleContext:
     """The run's env steps when this instance started: 0 in a fresh run, more in a resumed run or
     for a replacement of a failed instance. Per-sampler schedules (random steps before learning,
     an epsilon decay) go on from ``env_steps // replicas`` rather than from the start."""
+    env_steps_budget: int | None = None
+    """The run's ``stop.env_steps``, for schedules that end with the run (PPO's ``anneal_lr``);
+    ``None`` when the graph sets none."""
     inference: Any = None
     """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
     their own network."""

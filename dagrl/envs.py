@@ -17,6 +17,10 @@ actions at reset, 4 frames repeated per action (max-pooled over the last two), 8
 sticky actions. ``env: {id: "dagrl.envs:Atari-v0", kwargs: {game: Pong}}``. With
 ``episodic_life: true`` a lost life ends the episode (returns are then per life).
 
+``dagrl.envs:LaterPayoff-v0`` is a two-step task whose better path pays only at its second step, hidden
+from a stale, uniformly acting policy's data: learning from such data with V-trace finds it, without an
+off-policy correction does not (``dagrl bench vtrace --env dagrl.envs:LaterPayoff-v0``).
+
 MuJoCo envs: before dagrl makes one it routes MuJoCo's warnings to the ``dagrl`` logger, each distinct
 message once per process (:func:`route_mujoco_warnings`).
 
@@ -40,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["BrightHalf", "CostlyCartPole", "make_atari", "route_mujoco_warnings"]
+__all__ = ["BrightHalf", "CostlyCartPole", "LaterPayoff", "make_atari", "route_mujoco_warnings"]
 
 log = logging.getLogger("dagrl")
 
@@ -136,6 +140,38 @@ class BrightHalf(gym.Env):
         return self._show(), reward, False, self.t >= self.length, {}
 
 
+class LaterPayoff(gym.Env):
+    """Two steps, where the better path pays only at the second, for telling off-policy corrections apart.
+
+    At the first step action 0 goes on (reward 0) and any other ends the episode with 0.5; at the
+    second, action 0 pays 1 and any other 0. The optimal return is 1 (0.98 discounted by 0.98). A policy
+    acting uniformly over ``actions`` earns ``1 / actions`` at the second step, less than the 0.5 of
+    stopping at the first, so a learner that values the second step by that policy's data, as an
+    uncorrected update of stale rollouts does, settles for 0.5. The observation is the step, one-hot.
+    """
+
+    def __init__(self, actions: int = 4):
+        if actions < 3:
+            raise ValueError(f"actions must be >= 3 (a uniform policy must earn under 0.5 later), got {actions}")
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(actions)
+
+    def _obs(self) -> np.ndarray:
+        return np.eye(2, dtype=np.float32)[self.t]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple:
+        if self.t == 0 and int(action) == 0:
+            self.t = 1
+            return self._obs(), 0.0, False, False, {}
+        reward = (0.5 if int(action) else 0.0) if self.t == 0 else float(int(action) == 0)
+        return self._obs(), reward, True, False, {}
+
+
 def make_atari(
     game: str = "Pong",
     noop_max: int = 30,
@@ -171,3 +207,6 @@ if "BrightHalf-v0" not in gym.registry:
 
 if "CostlyCartPole-v0" not in gym.registry:
     gym.register("CostlyCartPole-v0", entry_point=CostlyCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+if "LaterPayoff-v0" not in gym.registry:
+    gym.register("LaterPayoff-v0", entry_point=LaterPayoff)

@@ -79,7 +79,9 @@ def test_replicas_fold_identical_normalisation_statistics(cluster, tmp_path):
 
 
 def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
-    graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["stop.iterations=4", "stop.mean_return=null"])
+    """Also under ``anneal_lr``: each replica trains on half of a batch, and both count the whole of it."""
+    over = ["stop.iterations=4", "stop.mean_return=null", "hyperparameters.anneal_lr=true", "stop.env_steps=2048"]
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", over)
     from dagrl.policies import build_policy
 
     cluster.wait_for_workers(4, timeout=60)
@@ -92,6 +94,9 @@ def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
         assert a.keys() == b.keys() and len(a) > 6
         assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
         assert states[0]["updates"] == states[1]["updates"] == 4
+        assert states[0]["trained_steps"] == states[1]["trained_steps"] == 4 * 256  # 2 samplers x 4 envs x 32
+        lrs = [s["optimizer"]["param_groups"][0]["lr"] for s in states]
+        assert lrs == [pytest.approx(1e-3 * (1 - 3 * 256 / 2048))] * 2  # the 4th batch's rate
     finally:
         policy.close()
 

@@ -81,3 +81,39 @@ def test_impala_learns_cartpole_under_async(client, tmp_path):
     rows = rundir.read_metrics()
     assert max(r["perf/staleness"] for r in rows) > 0  # it did learn from stale rollouts
     assert any(r["losses/rho_clipfrac"] > 0 for r in rows)
+
+
+def _learn_from_the_first_weights(vtrace: bool, updates: int = 100, seed: int = 0) -> tuple[np.ndarray, float]:
+    """IMPALA's update on rollouts all collected with the learner's initial (near-uniform) weights: staleness
+    as high as it goes. The learner's policy at LaterPayoff's first step, and its greedy return."""
+    from dagrl.algos import impala, ppo
+    from dagrl.context import RoleContext
+
+    env_id = "dagrl.envs:LaterPayoff-v0"
+    cfg = impala.Config(vtrace=vtrace, num_steps=8, eval_episodes=8)
+    sampler = ppo.sampler(RoleContext("sampler", 0, 1, seed=seed, env_id=env_id, num_envs=8), cfg)
+    spaces = {
+        "observation_space": sampler.envs.single_observation_space,
+        "action_space": sampler.envs.single_action_space,
+    }
+    learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id=env_id, **spaces), cfg)
+    evaluator = ppo.evaluator(RoleContext("evaluator", 0, 1, seed=seed + 2, env_id=env_id), cfg)
+    first = ppo.publish(learner)
+    for _ in range(updates):
+        impala.update(learner, [ppo.collect(sampler, first)])
+    with torch.no_grad():
+        dist, _ = learner.agent.dist_value(torch.tensor([[1.0, 0.0]]))
+    ppo.evaluate(evaluator, ppo.publish(learner))
+    return dist.probs[0].numpy(), float(np.mean(evaluator.last_returns))
+
+
+def test_vtrace_beats_uncorrected_updates_when_every_rollout_is_stale():
+    """LaterPayoff pays 1 for going on to its second step, 0.5 for stopping at the first; the stale
+    policy, acting uniformly, earns 0.25 at the second. V-trace values the second step by the learner's
+    own policy and goes on; the same update with every ratio taken as 1 values it by the stale policy's
+    data and stops."""
+    for seed in (0, 1):
+        corrected, corrected_return = _learn_from_the_first_weights(True, seed=seed)
+        plain, plain_return = _learn_from_the_first_weights(False, seed=seed)
+        assert corrected.argmax() == 0 and corrected_return == 1.0, (seed, corrected)
+        assert plain.argmax() != 0 and plain_return == 0.5, (seed, plain)

@@ -121,3 +121,27 @@ def test_the_samplers_lean_draw_is_the_distributions_own(space):
             expected = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen)
         assert torch.equal(action, expected)
         assert torch.equal(logp, dist.log_prob(action))
+
+
+def test_anneal_lr_falls_linearly_over_stop_env_steps_and_resumes_where_it_was(tmp_path):
+    """8 batches of 256 env steps in a budget of 2,048: the k-th batch trains at lr x (1 - k / 8). A
+    resumed run goes on from the checkpoint's clock, not from the full rate."""
+    from dagrl.cli import main
+    from dagrl.runtime.rundir import RunDir
+
+    args = ["--set", f"runs_dir={tmp_path}", "--set", "hyperparameters.anneal_lr=true", "--quiet"]
+    args += ["--set", "stop.env_steps=2048", "--set", "stop.mean_return=null", "--set", "checkpoint.every=4"]
+    assert main(["run", "graphs/ppo-cartpole-single.yaml", "--set", "stop.iterations=4", *args]) == 0
+    (path,) = list(tmp_path.iterdir())
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=20", "--quiet"]) == 0
+    rows = RunDir(path).read_metrics()
+    assert [r["env_steps"] for r in rows] == [256 * k for k in range(1, 9)]
+    np.testing.assert_allclose([r["losses/lr"] for r in rows], [1e-3 * (1 - k / 8) for k in range(8)])
+
+
+def test_anneal_lr_needs_stop_env_steps():
+    from dagrl.graph import load_graph
+    from dagrl.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hyperparameters\.anneal_lr.*stop\.env_steps"):
+        load_graph("graphs/ppo-cartpole-single.yaml", ["hyperparameters.anneal_lr=true", "stop.env_steps=null"])

@@ -39,6 +39,10 @@ class Config:
     """Lambda of generalised advantage estimation."""
     lr: float = 1e-3
     """Adam learning rate."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly from ``lr`` towards 0 over the run's ``stop.env_steps``,
+    counted in the env steps the learner has trained on (CleanRL's and rl-zoo's MuJoCo setting);
+    logged as ``losses/lr``. Needs ``stop.env_steps``."""
     clip_coef: float = 0.2
     """PPO ratio clipping."""
     update_epochs: int = 20
@@ -264,6 +268,8 @@ class LearnerState:
     ctx: RoleContext
     """Averages gradients over data-parallel learner replicas (``dp-learners``); else a no-op."""
     updates: int = 0
+    trained_steps: int = 0
+    """Env steps of the batches trained on, over all data-parallel replicas (``anneal_lr``'s clock)."""
 
     def state_dict(self) -> dict:
         return {
@@ -271,6 +277,7 @@ class LearnerState:
             "optimizer": self.optimizer.state_dict(),
             "gen": self.gen.get_state(),
             "updates": self.updates,
+            "trained_steps": self.trained_steps,
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -278,6 +285,7 @@ class LearnerState:
         self.optimizer.load_state_dict(sd["optimizer"])
         self.gen.set_state(sd["gen"])
         self.updates = sd["updates"]
+        self.trained_steps = sd.get("trained_steps", 0)  # checkpoints written before anneal_lr
 
 
 @role("sampler", many=True)
@@ -397,6 +405,10 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
     mb = min(cfg.minibatch_size, batch)
     stats = {"policy": 0.0, "value": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clipfrac": 0.0}
     steps = 0
+    if cfg.anneal_lr:
+        lr = annealed_lr(cfg, state.trained_steps, state.ctx.env_steps_budget)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
     for _ in range(cfg.update_epochs):
         order = torch.randperm(batch, generator=state.gen).to(dev)
         for start in range(0, batch - mb + 1, mb):
@@ -429,9 +441,27 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             break
     agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     state.updates += 1
+    if cfg.anneal_lr:
+        state.trained_steps += int(state.ctx.sum_over_replicas(np.array([sum(r.env_steps for r in rollouts)]))[0])
     metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}
     metrics["perf/frames"] = float(steps * mb)
+    if cfg.anneal_lr:
+        metrics["losses/lr"] = lr
     return metrics
+
+
+def annealed_lr(cfg: Config, trained_steps: int, budget: int | None) -> float:
+    """The learning rate of the next batch under ``anneal_lr``: ``lr`` times the share of the run's
+    env-step budget not yet trained on (0 past it).
+
+    >>> annealed_lr(Config(lr=1e-3, anneal_lr=True), 250, 1000)
+    0.00075
+    >>> annealed_lr(Config(lr=1e-3, anneal_lr=True), 1200, 1000)
+    0.0
+    """
+    if budget is None:
+        raise ValueError("anneal_lr needs the run's stop.env_steps")
+    return cfg.lr * max(0.0, 1.0 - trained_steps / budget)
 
 
 # ---------------------------------------------------------------------------------------------------

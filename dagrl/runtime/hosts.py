@@ -150,6 +150,7 @@ def role_context(
         path=role_path(graph, role, index, run_dir),
         memory_bytes=rspec.memory_bytes,
         env_steps=env_steps,
+        env_steps_budget=graph.spec.stop.env_steps,
         inference=inference,
     )
 
