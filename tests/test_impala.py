@@ -61,17 +61,20 @@ def test_target_kl_stops_a_batchs_steps_once_the_policy_moved_that_far(tmp_path)
 
 def test_kl_adaptive_lr_follows_each_batchs_move_within_its_bounds(tmp_path):
     """A tiny KL target shrinks the rate every batch (down to lr / 100), a huge one grows it (up to
-    lr x 10); without one the rate stays ``lr``."""
+    lr x 10, or x ``kl_adaptive_lr_max``); without one the rate stays ``lr``."""
     lrs = {}
-    for target in ("null", "1.0e-12", "10.0"):
-        overrides = ["policy=single", "stop.iterations=14", f"hyperparameters.kl_adaptive_lr={target}"]
-        _, rundir = train("graphs/impala-cartpole.yaml", tmp_path / target, overrides)
+    for target in ("null", "1.0e-12", "10.0 max 10", "10.0 max 3"):
+        kl, _, most = target.partition(" max ")
+        overrides = ["policy=single", "stop.iterations=14", f"hyperparameters.kl_adaptive_lr={kl}"]
+        overrides += [f"hyperparameters.kl_adaptive_lr_max={most}"] if most else []
+        _, rundir = train("graphs/impala-cartpole.yaml", tmp_path / target.replace(" ", "-"), overrides)
         lrs[target] = [r["losses/lr"] for r in rundir.read_metrics()]
     np.testing.assert_allclose(lrs["null"], 5e-4)
     np.testing.assert_allclose(lrs["1.0e-12"][:3], [5e-4 / 1.5, 5e-4 / 1.5**2, 5e-4 / 1.5**3])
     np.testing.assert_allclose(lrs["1.0e-12"][-1], 5e-6)
-    np.testing.assert_allclose(lrs["10.0"][:2], [5e-4 * 1.5, 5e-4 * 1.5**2])
-    np.testing.assert_allclose(lrs["10.0"][-1], 5e-3)
+    np.testing.assert_allclose(lrs["10.0 max 10"][:2], [5e-4 * 1.5, 5e-4 * 1.5**2])
+    np.testing.assert_allclose(lrs["10.0 max 10"][-1], 5e-3)
+    np.testing.assert_allclose(lrs["10.0 max 3"][:3], [5e-4 * 1.5, 5e-4 * 1.5**2, 1.5e-3])
 
 
 @pytest.mark.slow

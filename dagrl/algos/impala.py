@@ -69,10 +69,12 @@ class Config:
     """A KL per batch to hold the step size to: after each batch, the policy's move over it (mean KL
     estimate, the batch's start against after its last step) sets the next batch's learning rate,
     divided by 1.5 above twice this, multiplied by 1.5 below half of it, within ``lr / 100`` and
-    ``lr * 10`` (the adaptive schedule of rl_games' PPO); ``None``: ``lr`` throughout. The rate is the
+    ``lr * kl_adaptive_lr_max`` (the adaptive schedule of rl_games' PPO); ``None``: ``lr`` throughout. The rate is the
     optimizer's, so a checkpoint keeps it. The CartPole graphs use 0.004: over 12 seeds under ``async``
     475 came after ~52k env steps at the median instead of ~115-125k at a constant 5e-4, and none
     collapsed (BENCHMARKS.md)."""
+    kl_adaptive_lr_max: float = 10.0
+    """The highest rate ``kl_adaptive_lr`` may reach, as a multiple of ``lr``."""
     update_epochs: int = 2
     """Gradient steps per batch of rollouts, each with targets recomputed from the current critic. On
     CartPole four steps per batch at ``lr`` 1e-3 collapsed the policy more often than two."""
@@ -103,7 +105,7 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "num_steps", "update_epochs", "hidden", "eval_episodes")
+        at_least(self, 1, "num_steps", "update_epochs", "hidden", "eval_episodes", "kl_adaptive_lr_max")
         at_least(self, 0, "ent_coef", "vf_coef")
         positive(self, "lr", "max_grad_norm", "rho_bar", "c_bar", "target_kl", "kl_adaptive_lr")
         unit_interval(self, "gamma", "vtrace_lambda")
@@ -209,7 +211,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
         with torch.no_grad():
             logratio = agent.dist(flat_obs).log_prob(flat_act).reshape(T, n) - start
             moved = state.ctx.mean_over_replicas(((logratio.exp() - 1) - logratio).mean().item())
-        adapt_lr(state.optimizer, moved, cfg.kl_adaptive_lr, cfg.lr)
+        adapt_lr(state.optimizer, moved, cfg.kl_adaptive_lr, cfg.lr, cfg.kl_adaptive_lr_max)
     agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     state.updates += 1
     metrics = {f"losses/{k}": v / steps for k, v in stats.items()}
@@ -219,13 +221,13 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
     return metrics
 
 
-def adapt_lr(optimizer: torch.optim.Optimizer, kl: float, target: float, base: float) -> None:
+def adapt_lr(optimizer: torch.optim.Optimizer, kl: float, target: float, base: float, most: float = 10.0) -> None:
     """The next batch's learning rate from this batch's move ``kl`` (:attr:`Config.kl_adaptive_lr`)."""
     for group in optimizer.param_groups:
         if kl > 2.0 * target:
             group["lr"] = max(group["lr"] / 1.5, base / 100)
         elif kl < 0.5 * target:
-            group["lr"] = min(group["lr"] * 1.5, base * 10)
+            group["lr"] = min(group["lr"] * 1.5, base * most)
 
 
 @iteration
