@@ -60,7 +60,8 @@ class Config:
     c_bar: float = 1.0
     """Truncation of the importance ratio in the traces."""
     vtrace: bool = True
-    """False: ratios taken as 1 (no off-policy correction), for comparison."""
+    """False: ratios taken as 1 (no off-policy correction), for comparison. On stale enough rollouts of
+    ``dagrl.envs:LaterPayoff-v0`` that goes wrong where V-trace does not (``dagrl bench vtrace``)."""
     lr: float = 5e-4
     """Adam learning rate. Nothing bounds how far a step moves the policy (no ratio clip, unlike PPO): on
     CartPole under ``async``, 1e-3 let 5 of 12 runs collapse for good (one action always, entropy near 0)
@@ -69,12 +70,14 @@ class Config:
     """A KL per batch to hold the step size to: after each batch, the policy's move over it (mean KL
     estimate, the batch's start against after its last step) sets the next batch's learning rate,
     divided by 1.5 above twice this, multiplied by 1.5 below half of it, within ``lr / 100`` and
-    ``lr * kl_adaptive_lr_max`` (the adaptive schedule of rl_games' PPO); ``None``: ``lr`` throughout. The rate is the
-    optimizer's, so a checkpoint keeps it. The CartPole graphs use 0.004: over 12 seeds under ``async``
-    475 came after ~52k env steps at the median instead of ~115-125k at a constant 5e-4, and none
-    collapsed (BENCHMARKS.md)."""
+    ``lr * kl_adaptive_lr_max`` (the adaptive schedule of rl_games' PPO); ``None``: ``lr`` throughout.
+    The rate is the optimizer's, so a checkpoint keeps it. The CartPole graphs use 0.004: 475 came
+    after ~40-60k env steps at the median instead of ~115-125k at a constant 5e-4 (BENCHMARKS.md)."""
     kl_adaptive_lr_max: float = 10.0
-    """The highest rate ``kl_adaptive_lr`` may reach, as a multiple of ``lr``."""
+    """The highest rate ``kl_adaptive_lr`` may reach, as a multiple of ``lr``. A rate grown high while
+    batches moved the policy little lets one batch move it far: on CartPole under ``async``, 10 x left 3
+    of 8 runs under 475 at the end (one collapsed for good), 3 x one of 8, at 1.5 x the env steps to
+    first reach 475 (BENCHMARKS.md); ``graphs/impala-cartpole.yaml`` uses 3."""
     update_epochs: int = 2
     """Gradient steps per batch of rollouts, each with targets recomputed from the current critic. On
     CartPole four steps per batch at ``lr`` 1e-3 collapsed the policy more often than two."""
