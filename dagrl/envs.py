@@ -144,7 +144,7 @@ class LaterPayoff(gym.Env):
     """Two steps, where the better path pays only at the second, for telling off-policy corrections apart.
 
     At the first step action 0 goes on (reward 0) and any other ends the episode with 0.5; at the
-    second, action 0 pays 1 and any other 0. The optimal return is 1 (0.98 discounted by 0.98). A policy
+    second, action 0 pays 1 and any other 0. The optimal return is 1 (0.98 at a discount of 0.98). A policy
     acting uniformly over ``actions`` earns ``1 / actions`` at the second step, less than the 0.5 of
     stopping at the first, so a learner that values the second step by that policy's data, as an
     uncorrected update of stale rollouts does, settles for 0.5. The observation is the step, one-hot.
