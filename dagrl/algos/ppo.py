@@ -441,11 +441,10 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
             break
     agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     state.updates += 1
-    if cfg.anneal_lr:
-        state.trained_steps += int(state.ctx.sum_over_replicas(np.array([sum(r.env_steps for r in rollouts)]))[0])
     metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}
     metrics["perf/frames"] = float(steps * mb)
     if cfg.anneal_lr:
+        state.trained_steps += int(state.ctx.sum_over_replicas(np.array([sum(r.env_steps for r in rollouts)]))[0])
         metrics["losses/lr"] = lr
     return metrics
 
