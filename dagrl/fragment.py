@@ -220,6 +220,9 @@ class Algorithm:
     fragments: dict[str, Fragment]
     iteration: Callable[[], Any]
     evaluation: Callable[[], Any] | None = None
+    action_spaces: tuple[type, ...] = ()
+    """The gymnasium space classes it acts in (the module's ``ACTION_SPACES``; empty: any), checked
+    against the env before anything starts."""
     graph: FragmentGraph = field(init=False)
     eval_graph: FragmentGraph | None = field(init=False)
 
@@ -276,4 +279,8 @@ def load_algorithm(name: str) -> Algorithm:
         raise TypeError(f"algorithm module {modname} must define exactly one @iteration function")
     if len(evaluations) > 1:
         raise TypeError(f"algorithm module {modname} defines more than one @evaluation function")
-    return Algorithm(name, module, config_cls, roles, fragments, iterations[0], (evaluations or [None])[0])
+    action_spaces = tuple(getattr(module, "ACTION_SPACES", ()))
+    if not all(isinstance(t, type) for t in action_spaces):
+        raise TypeError(f"algorithm module {modname}: ACTION_SPACES must hold space classes, got {action_spaces!r}")
+    evaluation_fn = (evaluations or [None])[0]
+    return Algorithm(name, module, config_cls, roles, fragments, iterations[0], evaluation_fn, action_spaces)

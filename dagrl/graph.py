@@ -347,6 +347,13 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
+    if algo.action_spaces and not isinstance(act_space, algo.action_spaces):
+        kinds = " or ".join(t.__name__ for t in algo.action_spaces)
+        raise ConfigError(
+            where,
+            "env.id",
+            f"{spec.env.id}'s action space is {act_space}; algorithm {spec.algorithm} acts in {kinds} spaces",
+        )
     for name, rspec in spec.roles.items():
         if rspec.vector == "envpool" and name in algo.roles:
             _check_envpool(spec.env, (obs_space, act_space), where, f"roles.{name}.vector")
@@ -403,7 +410,11 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     try:
         gym.spec(name)
     except gym.error.Error as err:
-        raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err})") from None
+        hint = ""
+        if not module and isinstance(err, gym.error.NamespaceNotFound):  # "ALE/Pong-v5": ale_py registers ALE
+            package = {"ALE": "ale_py"}.get(name.partition("/")[0], "<package>")
+            hint = f"; a package's envs register when it is imported: env.id: '{package}:{name}'"
+        raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err}{hint})") from None
     from dagrl.envs import route_mujoco_warnings
 
     route_mujoco_warnings(env.id)
@@ -413,6 +424,13 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
             probe = gym.make(env.id, **env.kwargs)
     except (TypeError, ValueError, gym.error.Error) as err:
         raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
+    from dagrl.vector import vector_observations
+
+    try:
+        probe = vector_observations(probe)  # what the samplers' envs give (dagrl.vector.make_vector)
+    except ValueError as err:
+        probe.close()
+        raise ConfigError(where, "env.id", f"{env.id}: {err}") from None
     spaces = probe.observation_space, probe.action_space
     probe.close()
     return spaces

@@ -1,7 +1,8 @@
 """Training from a notebook: the same driver as ``dagrl run``, with a learning curve that redraws in place.
 
->>> from dagrl.notebook import train                     # doctest: +SKIP
->>> summary, run = train(load_graph("graphs/ppo-cartpole-sync.yaml"), client)
+>>> from dagrl.graph import load_graph
+>>> from dagrl.notebook import train
+>>> summary, run = train(load_graph("graphs/ppo-cartpole-sync.yaml"), client)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvPoolVector", "ThreadVectorEnv", "envpool_task"]
+__all__ = ["EnvPoolVector", "ThreadVectorEnv", "envpool_task", "make_env", "vector_observations"]
 
 ATARI_OPTIONS = {  # dagrl.envs.make_atari's keyword -> EnvPool's Atari option
     "noop_max": "noop_max",
@@ -201,12 +201,51 @@ def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
     return obs, reward, terminated, truncated, info, final
 
 
+def vector_observations(env: gym.Env) -> gym.Env:
+    """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
+    own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
+    ``FlattenObservation``) or are integers other than an image (an Atari console's ``uint8`` RAM);
+    ``uint8`` images (:func:`dagrl.networks.is_image`) and float ``Box`` observations unchanged.
+
+    >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
+    Box(0.0, 1.0, (16,), float32)
+
+    Raises ``ValueError`` for a space of no fixed size (``Sequence``, ``Graph``).
+    """
+    from dagrl.networks import is_image
+
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box) and (is_image(space) or np.issubdtype(space.dtype, np.floating)):
+        return env
+    if not isinstance(space, gym.spaces.Box):
+        try:
+            flat = gym.spaces.flatten_space(space)
+        except (NotImplementedError, TypeError, ValueError):
+            flat = None
+        if not isinstance(flat, gym.spaces.Box):  # a Sequence flattens to a Sequence
+            raise ValueError(f"observation space {space} has no fixed-size vector form")
+        env = gym.wrappers.FlattenObservation(env)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flattened bounds are float64: gymnasium warns on the cast
+        return gym.wrappers.DtypeObservation(env, np.float32)
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id, **kwargs)`` with :func:`vector_observations`."""
+    return vector_observations(gym.make(env_id, **kwargs))
+
+
 def make_vector(env_id: str, num_envs: int, vector: str, **kwargs: Any) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``env_id`` on gymnasium's ``sync`` or ``async`` vector env, or on threads;
-    same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
+    """``num_envs`` copies of ``env_id`` (:func:`make_env`) on gymnasium's ``sync`` or ``async`` vector
+    env, or on threads; same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
     same_step = gym.vector.AutoresetMode.SAME_STEP
     if vector == "threads":
-        return ThreadVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)])
+        return ThreadVectorEnv([lambda: make_env(env_id, **kwargs) for _ in range(num_envs)])
     return gym.make_vec(
-        env_id, num_envs=num_envs, vectorization_mode=vector, vector_kwargs={"autoreset_mode": same_step}, **kwargs
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode=vector,
+        vector_kwargs={"autoreset_mode": same_step},
+        wrappers=[vector_observations],
+        **kwargs,
     )

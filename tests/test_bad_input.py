@@ -74,6 +74,7 @@ GRAPH_CASES = [
     ("env-module-missing", s("env.id=nomodule_xyz:Env-v0"), ["env.id", "nomodule_xyz"]),
     ("env-kwarg-unknown", s("env.kwargs.colour=red"), ["env.kwargs", "colour"]),
     ("env-costly-bad-cost", s("env.id=dagrl.envs:CostlyCartPole-v0", "env.kwargs.cost=spin"), ["env", "spin"]),
+    ("env-namespace-not-imported", s("env.id=ALE/Pong-v5"), ["env.id", "ALE/Pong-v5", "'ale_py:ALE/Pong-v5'"]),
     # policy
     ("policy-unknown", s("policy=warp"), ["policy", "warp"]),
     ("policy-apex-for-ppo", s("policy=apex"), ["policy", "on-policy"]),
@@ -122,6 +123,16 @@ OTHER_CASES = [
     ("run-dir-missing", [SYNC, "--run-dir", "{tmp}/nope"], ["--run-dir", "does not exist"]),
     ("scheduler-unreachable", [SYNC, "--scheduler", "tcp://127.0.0.1:1", "--quiet"], ["tcp://127.0.0.1:1"]),
     ("scheduler-not-an-address", [SYNC, "--scheduler", "not an address"], ["not an address"]),
+    (
+        "dqn-continuous-actions",
+        ["graphs/dqn-cartpole-apex.yaml", "--set", "env.id=Pendulum-v1"],
+        ["env.id", "Pendulum-v1", "Box(-2.0, 2.0, (1,), float32)", "dqn acts in Discrete spaces"],
+    ),
+    (
+        "sac-discrete-actions",
+        ["graphs/sac-pendulum-apex.yaml", "--set", "env.id=CartPole-v1"],
+        ["env.id", "CartPole-v1", "Discrete(2)", "sac acts in Box spaces"],
+    ),
 ]
 
 

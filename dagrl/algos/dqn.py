@@ -24,6 +24,8 @@ from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample
 from dagrl.schema import at_least, positive, unit_interval
 
+ACTION_SPACES = (gym.spaces.Discrete,)  # one Q-value per action
+
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
 # ---------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch import nn
 
 from dagrl.algos import ppo
 from dagrl.algos.ppo import (
+    ACTION_SPACES,
     LearnerState,
     Rollout,
     collect,
@@ -41,9 +42,9 @@ from dagrl.algos.ppo import (
 from dagrl.fragment import fragment, iteration
 from dagrl.schema import at_least, positive, unit_interval
 
-__all__ = [  # PPO's roles, publish and evaluator are this algorithm's too
-    "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish", "sampler",
-    "train_iteration", "update", "vtrace",
+__all__ = [  # PPO's roles, publish, evaluator and action spaces are this algorithm's too
+    "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",
+    "publish", "sampler", "train_iteration", "update", "vtrace",
 ]  # fmt: skip
 
 

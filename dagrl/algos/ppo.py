@@ -24,6 +24,8 @@ from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
+ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)  # categorical or diagonal-Gaussian policy
+
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
 # ---------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
 from dagrl.schema import at_least, positive, unit_interval
 
+ACTION_SPACES = (gym.spaces.Box,)  # a squashed Gaussian scaled to the bounds
+
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
 # ---------------------------------------------------------------------------------------------------
