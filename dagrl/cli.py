@@ -391,8 +391,18 @@ def os_error(err: OSError) -> str:
     return text
 
 
+def _import_from_working_directory() -> None:
+    """Let a graph name modules beside it, as ``python -m dagrl`` does (``algorithm: my_algo``,
+    ``env.id: my_envs:Corridor-v0``); last on the path, so a file there cannot shadow a package. The
+    embedded cluster's workers start with this path too (multiprocessing's spawn passes it on)."""
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
+    _import_from_working_directory()
     if rest and args.command != "bench":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
     _setup_logging(getattr(args, "quiet", False))

@@ -196,3 +196,46 @@ def test_graph_tasks_draws_one_iteration_as_dask_tasks(tmp_path, capsys):
     ]:
         assert edge in dot
     assert dot.count("->") == 4 and 'label="worker of sampler[1]"' in dot
+
+
+CORRIDOR = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk right along 6 cells to a reward of 1; the cell and the time as a Dict observation."""
+
+    observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(6), "t": gym.spaces.Box(0, 1, (1,))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell, self.t = 0, 0
+        return self.obs(), {}
+
+    def obs(self):
+        return {"cell": self.cell, "t": np.array([self.t / 50], np.float32)}
+
+    def step(self, action):
+        self.cell, self.t = max(0, self.cell + (1 if action == 1 else -1)), self.t + 1
+        return self.obs(), float(self.cell == 5), self.cell == 5, self.t >= 50, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor)
+'''
+
+
+def test_the_dagrl_command_finds_an_env_module_in_its_working_directory(tmp_path, graphs_dir):
+    """The console script (unlike ``python -m``) has no working directory on its path; a user's env
+    module beside them is imported by the driver and by the embedded cluster's workers."""
+    (tmp_path / "corridor_envs.py").write_text(CORRIDOR)
+    dagrl = os.path.join(os.path.dirname(sys.executable), "dagrl")
+    sets = ["env.id=corridor_envs:Corridor-v0", "stop.mean_return=0.99", "stop.env_steps=20000", "runs_dir=runs"]
+    argv = [dagrl, "run", f"{graphs_dir}/ppo-cartpole-sync.yaml", "--quiet"]
+    done = subprocess.run(
+        [*argv, *[x for s in sets for x in ("--set", s)]], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())
+    assert summary["stop_reason"] == "mean_return", summary  # learnt, on the cluster's workers
