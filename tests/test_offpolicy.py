@@ -29,6 +29,19 @@ def test_dqn_reaches_195(policy, client, graphs_dir, tmp_path):
     assert (rundir.path / "replay-0" / "meta.json").exists()  # the replay role lived in the run dir
 
 
+@pytest.mark.slow
+def test_dqn_learns_from_n_step_rows_through_replay_shards(client, graphs_dir, tmp_path):
+    """3-step rows with their discount, from the samplers through the replay role to the learner."""
+    summary, rundir = train(
+        f"{graphs_dir}/dqn-cartpole-apex.yaml", tmp_path,
+        ["hyperparameters.n_step=3", f"stop.env_steps={BUDGET}", "stop.wall_time_s=240", "stop.mean_return=195"],
+        client,
+    )  # fmt: skip
+    assert summary["stop_reason"] == "mean_return", summary
+    meta = (rundir.path / "replay-0" / "meta.json").read_text()
+    assert '"discount"' in meta  # the store's schema holds the field
+
+
 def test_apex_holds_its_update_ratio(client, graphs_dir, tmp_path):
     over = [f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3", "hyperparameters.learning_starts=0"]
     graph = load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml", over)

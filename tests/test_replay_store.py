@@ -316,6 +316,31 @@ def test_nstep_matches_a_hand_computation():
     assert sorted(np.round(d, 3)) == sorted([0.81, 0.9, 0.729, 0.729])
 
 
+def test_recorder_folds_n_steps_per_env_across_calls():
+    """CartPole pays 1 a step, so a row that folds m steps has reward (1 - g^m) / (1 - g) and
+    discount g^m; rows still open at the end of a call come out in the next."""
+    from dagrl.context import RoleContext
+    from dagrl.replay.record import Recorder
+
+    envs = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2).make_envs()
+    rec, (obs, _) = Recorder(2, n_step=3, gamma=0.5), envs.reset(seed=0)
+    rng, taken = np.random.default_rng(0), []
+    for _ in range(3):
+        for _ in range(40):
+            obs = rec.step(envs, obs, rng.integers(0, 2, 2))
+        taken.append(rec.take(envs))
+    assert [t.env_steps for t in taken] == [80, 80, 80]
+    data = {k: np.concatenate([t.data[k] for t in taken]) for k in taken[0].data}
+    pending = sum(len(q) for q in rec.nstep.pending)
+    assert len(data["reward"]) == 240 - pending and pending <= 4
+    m = np.round(np.log(data["discount"]) / np.log(0.5)).astype(int)
+    assert set(m) <= {1, 2, 3} and (m == 3).mean() > 0.5
+    np.testing.assert_allclose(data["reward"], (1 - 0.5**m) / 0.5, rtol=1e-6)
+    ended = data["terminated"] | data["truncated"]
+    assert ended[m < 3].all()  # a row folds fewer than 3 steps only when its episode ended
+    assert data["obs"].shape == data["next_obs"].shape == (len(m), 4)
+
+
 def test_a_sigkilled_writer_loses_nothing_it_flushed(tmp_path):
     """A real SIGKILL while the writer is adding and spilling; everything flushed before is intact."""
     script = f"""

@@ -3,7 +3,9 @@
 Samplers act epsilon-greedily with the weights they were given and return transitions; the replay
 role stores them (``dagrl.replay.role``); the learner samples and makes ``gradient_steps`` updates.
 With ``per_sampler_epsilon`` every sampler keeps a fixed epsilon of its own, as in Ape-X:
-``eps_i = apex_eps ** (1 + apex_alpha * i / (N - 1))``.
+``eps_i = apex_eps ** (1 + apex_alpha * i / (N - 1))``. With ``n_step`` > 1 the samplers fold n steps
+of reward into each row (:class:`dagrl.replay.record.Recorder`), and the learner bootstraps with the
+discount the row carries, as Ape-X's and Rainbow's multi-step targets.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Config:
     """Env steps per env per ``collect`` call."""
     gamma: float = 0.99
     """Discount factor."""
+    n_step: int = 1
+    """Steps of reward each replay row folds before bootstrapping (Ape-X and Rainbow use 3)."""
     lr: float = 1e-3
     """Adam learning rate."""
     batch_size: int = 64
@@ -73,7 +77,7 @@ class Config:
     """Sample calls over which the importance-weight exponent anneals to 1."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "steps", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
+        at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
         at_least(self, 1, "eval_episodes", "eps_steps", "per_beta_steps")
         at_least(self, 0, "learning_starts", "per_alpha")
         positive(self, "lr", "max_grad_norm")
@@ -162,12 +166,14 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
-    return SamplerState(cfg, envs, q, rng, obs, Recorder(envs.num_envs), ctx.index, ctx.replicas, done)
+    recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)
+    return SamplerState(cfg, envs, q, rng, obs, recorder, ctx.index, ctx.replicas, done)
 
 
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    discount = {"discount": ("float32", ())} if cfg.n_step > 1 else {}  # gamma ** steps a row folds
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space, **discount)
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
         learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
@@ -236,7 +242,8 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         with torch.no_grad():
             next_action = state.q(b["next_obs"].float()).argmax(1, keepdim=True)
             next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
-            target = b["reward"] + cfg.gamma * (1.0 - b["terminated"].float()) * next_q
+            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+            target = b["reward"] + discount * (1.0 - b["terminated"].float()) * next_q
         q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
         w = weights[start : start + cfg.batch_size]
         loss = (w * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()

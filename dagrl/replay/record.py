@@ -1,4 +1,5 @@
-"""Recording vector-env steps as replay rows, with the true last observation of finished episodes."""
+"""Recording vector-env steps as replay rows, with the true last observation of finished episodes,
+as one-step or n-step transitions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from dagrl.episodes import EpisodeTracker
+from dagrl.replay.nstep import NStep
 from dagrl.replay.role import Transitions
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -17,6 +19,12 @@ class Recorder:
 
     ``next_obs`` of a step that ended an episode is ``info["final_obs"]`` (the env already shows the
     next episode's first observation); episode returns and lengths run across calls.
+
+    With ``n_step > 1`` each row folds up to ``n_step`` steps of one env (:class:`NStep`) and has a
+    ``discount`` field, ``gamma ** steps folded``; a row leaves once its ``n_step`` steps are taken or
+    its episode ends, so a call returns rows for the steps it took, some of them begun in the call
+    before, and rows still open when a sampler is replaced are lost with it. ``env_steps`` counts the
+    env steps taken either way.
 
     Examples
     --------
@@ -29,12 +37,15 @@ class Recorder:
     6
     """
 
-    def __init__(self, num_envs: int):
+    def __init__(self, num_envs: int, n_step: int = 1, gamma: float = 0.99):
         self.episodes = EpisodeTracker(num_envs)
+        self.nstep = NStep(n_step, gamma, num_envs) if n_step > 1 else None
+        self.fields = (*FIELDS, "discount") if self.nstep is not None else FIELDS
         self._reset_batch()
 
     def _reset_batch(self) -> None:
-        self.rows: dict[str, list] = {k: [] for k in FIELDS}
+        self.rows: dict[str, list] = {k: [] for k in self.fields}
+        self.env_steps = 0
 
     def step(self, envs: Any, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Take one step of every env; return the observations to act on next."""
@@ -43,8 +54,11 @@ class Recorder:
         next_obs = new_obs.copy()
         for i in np.flatnonzero(done):
             next_obs[i] = info["final_obs"][i]
-        for k, v in zip(FIELDS, (obs, action, reward, next_obs, terminated, truncated), strict=True):
-            self.rows[k].append(v)
+        step = (obs, action, reward, next_obs, terminated, truncated)
+        rows = dict(zip(FIELDS, step, strict=True)) if self.nstep is None else self.nstep.push(*step)
+        for k in self.fields:
+            self.rows[k].append(rows[k])
+        self.env_steps += len(reward)
         self.episodes.step(reward, done)
         return new_obs
 
@@ -59,6 +73,8 @@ class Recorder:
             "terminated": np.concatenate(self.rows["terminated"]),
             "truncated": np.concatenate(self.rows["truncated"]),
         }
-        out = Transitions(data, self.episodes.take(), len(data["reward"]))
+        if self.nstep is not None:
+            data["discount"] = np.concatenate(self.rows["discount"])
+        out = Transitions(data, self.episodes.take(), self.env_steps)
         self._reset_batch()
         return out
