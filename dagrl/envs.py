@@ -21,6 +21,11 @@ sticky actions. ``env: {id: "dagrl.envs:Atari-v0", kwargs: {game: Pong}}``. With
 from a stale, uniformly acting policy's data: learning from such data with V-trace finds it, without an
 off-policy correction does not (``dagrl bench vtrace --env dagrl.envs:LaterPayoff-v0``).
 
+``dagrl.envs:Combination-v0`` asks for several choices at once, for algorithms acting in ``MultiDiscrete``
+(or, with ``binary: true``, ``MultiBinary``) spaces: each step shows a target combination, one-hot, and
+pays the share of its entries the action matches; 8 steps an episode, so guessing earns ``8 / choices``
+and matching earns 8.
+
 MuJoCo envs: before dagrl makes one it routes MuJoCo's warnings to the ``dagrl`` logger, each distinct
 message once per process (:func:`route_mujoco_warnings`).
 
@@ -44,7 +49,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["BrightHalf", "CostlyCartPole", "LaterPayoff", "make_atari", "route_mujoco_warnings"]
+__all__ = ["BrightHalf", "Combination", "CostlyCartPole", "LaterPayoff", "make_atari", "route_mujoco_warnings"]
 
 log = logging.getLogger("dagrl")
 
@@ -172,6 +177,34 @@ class LaterPayoff(gym.Env):
         return self._obs(), reward, True, False, {}
 
 
+class Combination(gym.Env):
+    """Each step a target of ``entries`` values in ``0..choices-1`` (one-hot in the observation); the
+    action's entries that match it pay ``1 / entries`` each. ``binary: true``: two choices per entry, as a
+    ``MultiBinary`` action space. 8 steps an episode."""
+
+    def __init__(self, entries: int = 3, choices: int = 4, binary: bool = False, length: int = 8):
+        choices = 2 if binary else choices
+        if entries < 1 or choices < 2:
+            raise ValueError(f"needs entries >= 1 and choices >= 2, got {entries} and {choices}")
+        self.entries, self.choices, self.length = entries, choices, length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (entries * choices,), np.float32)
+        self.action_space = gym.spaces.MultiBinary(entries) if binary else gym.spaces.MultiDiscrete([choices] * entries)
+
+    def _draw(self) -> np.ndarray:
+        self.target = self.np_random.integers(0, self.choices, self.entries)
+        return np.eye(self.choices, dtype=np.float32)[self.target].ravel()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action: Any) -> tuple:
+        reward = float(np.mean(np.asarray(action) == self.target))
+        self.t += 1
+        return self._draw(), reward, False, self.t >= self.length, {}
+
+
 def make_atari(
     game: str = "Pong",
     noop_max: int = 30,
@@ -207,6 +240,9 @@ if "BrightHalf-v0" not in gym.registry:
 
 if "CostlyCartPole-v0" not in gym.registry:
     gym.register("CostlyCartPole-v0", entry_point=CostlyCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+if "Combination-v0" not in gym.registry:
+    gym.register("Combination-v0", entry_point=Combination)
 
 if "LaterPayoff-v0" not in gym.registry:
     gym.register("LaterPayoff-v0", entry_point=LaterPayoff)

@@ -20,9 +20,11 @@ def first_iterations(graph, client, n=3):
         policy.close()
 
 
-@pytest.mark.parametrize("samplers", [1, 2])
-def test_sync_reproduces_single_exactly(client, graphs_dir, samplers):
-    over = [f"roles.sampler.replicas={samplers}", "roles.sampler.envs=4"]
+@pytest.mark.parametrize(
+    ("samplers", "env"), [(1, "CartPole-v1"), (2, "CartPole-v1"), (2, "dagrl.envs:Combination-v0")]
+)  # Combination: MultiDiscrete actions, a categorical head per entry
+def test_sync_reproduces_single_exactly(client, graphs_dir, samplers, env):
+    over = [f"roles.sampler.replicas={samplers}", "roles.sampler.envs=4", f"env.id={env}"]
     single = first_iterations(load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", over), None)
     sync = first_iterations(load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", over), client)
     for a, b in zip(single, sync, strict=True):

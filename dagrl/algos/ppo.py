@@ -24,7 +24,8 @@ from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
-ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)  # categorical or diagonal-Gaussian policy
+ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Box)
+"""One categorical head, one per entry (``MultiDiscrete``, ``MultiBinary``), or a diagonal Gaussian."""
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -83,6 +84,7 @@ class Config:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         if self.norm_obs and is_image(obs_space):
             raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
+        _heads(act_space)  # a MultiDiscrete space it cannot act in
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -110,7 +112,9 @@ class ActorCritic(nn.Module):
         if norm_obs and is_image(obs_space):
             raise ValueError("norm_obs is for vector observations; the CNN scales uint8 images itself")
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
-        n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        self.heads = _heads(act_space)  # MultiDiscrete / MultiBinary: the choices per entry
+        self.box = not self.discrete and self.heads is None
+        n_act = int(act_space.n) if self.discrete else sum(self.heads) if self.heads else int(np.prod(act_space.shape))
         self.obs_norm = RunningNorm(obs_space.shape) if norm_obs else None
         self.return_norm = RunningNorm(()) if norm_reward else None
         self.trunk, width = encoder(obs_space, hidden)
@@ -123,7 +127,7 @@ class ActorCritic(nn.Module):
             self.actor = nn.Sequential(
                 _layer(width, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, n_act, 0.01)
             )
-        self.log_std = None if self.discrete else nn.Parameter(torch.zeros(n_act))
+        self.log_std = nn.Parameter(torch.zeros(n_act)) if self.box else None
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         return self.trunk(obs if self.obs_norm is None else self.obs_norm(obs))
@@ -134,6 +138,8 @@ class ActorCritic(nn.Module):
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The most likely action (evaluation)."""
         out = self.actor(self.features(obs))
+        if self.heads is not None:
+            return torch.stack([h.argmax(-1) for h in out.split(self.heads, -1)], -1)
         return out.argmax(-1) if self.discrete else out
 
     def dist_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
@@ -164,6 +170,8 @@ class ActorCritic(nn.Module):
     def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
+        if self.heads is not None:
+            return MultiCategorical(out, self.heads)
         normal = torch.distributions.Normal(out, self.log_std.exp(), validate_args=False)
         return torch.distributions.Independent(normal, 1, validate_args=False)
 
@@ -178,12 +186,53 @@ class ActorCritic(nn.Module):
             logits = out - out.logsumexp(-1, keepdim=True)  # as Categorical(logits=...) normalises them
             action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
             return action.squeeze(-1), logits.gather(-1, action).squeeze(-1)
+        if self.heads is not None:
+            dist = MultiCategorical(out, self.heads)
+            action = dist.sample(gen)
+            return action, dist.log_prob(action)
         log_std = self.log_std.expand_as(out)
         scale = log_std.exp()
         action = out + scale * torch.randn(out.shape, generator=gen, device=out.device)
         # Normal.log_prob, summed over the action's dimensions as Independent(..., 1) does
         logp = -((action - out) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
         return action, logp.sum(-1)
+
+
+def _heads(space: gym.Space) -> list[int] | None:
+    """The number of choices of each entry of a ``MultiDiscrete`` or ``MultiBinary`` space, else ``None``."""
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if np.any(space.start != 0):
+            raise ValueError(f"{space}: MultiDiscrete with a start other than 0 is not supported")
+        return [int(n) for n in space.nvec.ravel()]
+    if isinstance(space, gym.spaces.MultiBinary):
+        return [2] * int(np.prod(space.shape))
+    return None
+
+
+class MultiCategorical:
+    """Independent categorical heads over one logits vector split ``heads`` ways (torch has no such
+    distribution): log-prob and entropy are the heads' sums. Actions are ``[..., len(heads)]``.
+
+    >>> d = MultiCategorical(torch.zeros(1, 5), [2, 3])
+    >>> d.log_prob(torch.tensor([[1, 2]])).exp()  # 1/2 x 1/3
+    tensor([0.1667])
+    """
+
+    def __init__(self, logits: torch.Tensor, heads: list[int]):
+        self.logits = [h - h.logsumexp(-1, keepdim=True) for h in logits.split(heads, -1)]  # as Categorical
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        action = action.long().reshape(*action.shape[:-1], len(self.logits))
+        logps = [h.gather(-1, action[..., i : i + 1]).squeeze(-1) for i, h in enumerate(self.logits)]
+        return torch.stack(logps, -1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.stack([-(h.exp() * h).sum(-1) for h in self.logits], -1).sum(-1)
+
+    def sample(self, gen: torch.Generator) -> torch.Tensor:
+        flat = [h.reshape(-1, h.shape[-1]) for h in self.logits]
+        draws = [torch.multinomial(h.exp(), 1, generator=gen) for h in flat]
+        return torch.cat(draws, -1).reshape(*self.logits[0].shape[:-1], len(self.logits))
 
 
 class Acting:
@@ -362,9 +411,8 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
         for t in range(T):
             obs_buf[t] = state.obs
             act, logp = state.acting(state.obs)
-            env_act = (
-                act if agent.discrete else np.clip(act, envs.single_action_space.low, envs.single_action_space.high)
-            )
+            space = envs.single_action_space
+            env_act = np.clip(act, space.low, space.high) if agent.box else act
             state.obs, reward, terminated, truncated, info = envs.step(env_act)
             act_buf[t], logp_buf[t] = act, logp
             rew_buf[t] = reward
