@@ -22,10 +22,17 @@ def mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
     )
 
 
+MIN_IMAGE_SIDE = 36
+"""The smallest height and width :class:`NatureCNN`'s three convolutions take."""
+
+
 def is_image(space) -> bool:
     """A ``uint8`` observation of shape ``(C, H, W)`` (stacked frames first, as gymnasium's
-    ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``)."""
-    return len(getattr(space, "shape", ()) or ()) == 3 and np.dtype(space.dtype) == np.uint8
+    ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``), at least
+    :data:`MIN_IMAGE_SIDE` pixels high and wide. (Channels-last images are turned channels-first
+    where envs are made: :func:`dagrl.vector.vector_observations`.)"""
+    shape = tuple(getattr(space, "shape", ()) or ())
+    return len(shape) == 3 and np.dtype(space.dtype) == np.uint8 and min(shape[1:]) >= MIN_IMAGE_SIDE
 
 
 class NatureCNN(nn.Module):

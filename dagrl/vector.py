@@ -204,8 +204,10 @@ def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
 def vector_observations(env: gym.Env) -> gym.Env:
     """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
     own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
-    ``FlattenObservation``) or are integers other than an image (an Atari console's ``uint8`` RAM);
-    ``uint8`` images (:func:`dagrl.networks.is_image`) and float ``Box`` observations unchanged.
+    ``FlattenObservation``) or are integers other than an image (an Atari console's ``uint8`` RAM, an
+    image too small for the CNN); a channels-last ``uint8`` image ``(H, W, C)``, ``C <= 4``, channels
+    first (an ALE game's RGB screen, CarRacing's); ``uint8`` ``(C, H, W)`` images
+    (:func:`dagrl.networks.is_image`) and float ``Box`` observations unchanged.
 
     >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
     Box(0.0, 1.0, (16,), float32)
@@ -217,6 +219,10 @@ def vector_observations(env: gym.Env) -> gym.Env:
     space = env.observation_space
     if isinstance(space, gym.spaces.Box) and (is_image(space) or np.issubdtype(space.dtype, np.floating)):
         return env
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.shape[2] <= 4 < space.shape[0]:
+        chw = gym.spaces.Box(0, 255, (space.shape[2], *space.shape[:2]), np.uint8)
+        if space.dtype == np.uint8 and is_image(chw):
+            return gym.wrappers.TransformObservation(env, _channels_first, chw)
     if not isinstance(space, gym.spaces.Box):
         try:
             flat = gym.spaces.flatten_space(space)
@@ -228,6 +234,10 @@ def vector_observations(env: gym.Env) -> gym.Env:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flattened bounds are float64: gymnasium warns on the cast
         return gym.wrappers.DtypeObservation(env, np.float32)
+
+
+def _channels_first(obs: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(obs.transpose(2, 0, 1))
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dagrl.graph import load_graph
+from dagrl.networks import is_image
 from dagrl.vector import make_vector, vector_observations
 from tests.helpers import train
 
@@ -59,6 +60,16 @@ def test_integer_vectors_become_float_and_images_and_float_vectors_stay():
         assert vector_observations(env) is env
 
 
+def test_channels_last_images_turn_channels_first_and_small_ones_become_vectors():
+    rgb = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)  # CarRacing's screen
+    env = vector_observations(Fixed(rgb))
+    assert env.observation_space.shape == (3, 96, 96) and is_image(env.observation_space)
+    raw, _ = Fixed(rgb).reset(seed=4)
+    assert np.array_equal(env.reset(seed=4)[0], raw.transpose(2, 0, 1))
+    small = vector_observations(Fixed(gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)))  # under the CNN's 36 pixels
+    assert small.observation_space.dtype == np.float32 and not is_image(small.observation_space)
+
+
 def test_a_space_that_is_no_vector_is_refused_with_its_name():
     with pytest.raises(ValueError, match="Sequence"):
         vector_observations(Fixed(gym.spaces.Sequence(gym.spaces.Discrete(3))))
@@ -102,3 +113,20 @@ def test_ppo_acts_on_an_atari_consoles_ram(graphs_dir, tmp_path):
         ["env.id=ale_py:ALE/Pong-v5", "env.kwargs.obs_type=ram", "stop.env_steps=512", "roles.sampler.envs=2"],
     )
     assert summary["env_steps"] >= 512 and summary["iterations"] >= 8
+
+
+def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_path):
+    """ALE's own (210, 160, 3) frames, no preprocessing: channels first, the Nature CNN over 210 x 160."""
+    pytest.importorskip("ale_py")
+    overrides = [
+        "env.id=ale_py:ALE/Pong-v5",
+        "roles.sampler.envs=2",
+        "hyperparameters.num_steps=16",
+        "hyperparameters.update_epochs=1",
+        "hyperparameters.minibatch_size=32",
+        "stop.env_steps=64",
+    ]
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", overrides)
+    assert graph.observation_space.shape == (3, 210, 160) and is_image(graph.observation_space)
+    summary, rundir = train(f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path, overrides)
+    assert summary["iterations"] == 2 and np.isfinite(rundir.read_metrics()[-1]["losses/value"])
