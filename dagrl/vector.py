@@ -217,12 +217,6 @@ def vector_observations(env: gym.Env) -> gym.Env:
     from dagrl.networks import is_image
 
     space = env.observation_space
-    if isinstance(space, gym.spaces.Box) and (is_image(space) or np.issubdtype(space.dtype, np.floating)):
-        return env
-    if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.shape[2] <= 4 < space.shape[0]:
-        chw = gym.spaces.Box(0, 255, (space.shape[2], *space.shape[:2]), np.uint8)
-        if space.dtype == np.uint8 and is_image(chw):
-            return gym.wrappers.TransformObservation(env, _channels_first, chw)
     if not isinstance(space, gym.spaces.Box):
         try:
             flat = gym.spaces.flatten_space(space)
@@ -231,6 +225,12 @@ def vector_observations(env: gym.Env) -> gym.Env:
         if not isinstance(flat, gym.spaces.Box):  # a Sequence flattens to a Sequence
             raise ValueError(f"observation space {space} has no fixed-size vector form")
         env = gym.wrappers.FlattenObservation(env)
+    elif is_image(space) or np.issubdtype(space.dtype, np.floating):
+        return env
+    elif space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] <= 4 < space.shape[0]:
+        chw = gym.spaces.Box(0, 255, (space.shape[2], *space.shape[:2]), np.uint8)
+        if is_image(chw):  # channels last: turned, not flattened
+            return gym.wrappers.TransformObservation(env, _channels_first, chw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flattened bounds are float64: gymnasium warns on the cast
         return gym.wrappers.DtypeObservation(env, np.float32)

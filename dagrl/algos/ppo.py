@@ -114,7 +114,12 @@ class ActorCritic(nn.Module):
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         self.heads = _heads(act_space)  # MultiDiscrete / MultiBinary: the choices per entry
         self.box = not self.discrete and self.heads is None
-        n_act = int(act_space.n) if self.discrete else sum(self.heads) if self.heads else int(np.prod(act_space.shape))
+        if self.discrete:
+            n_act = int(act_space.n)
+        elif self.heads is not None:  # the logits of every head
+            n_act = sum(self.heads)
+        else:  # the Gaussian's means
+            n_act = int(np.prod(act_space.shape))
         self.obs_norm = RunningNorm(obs_space.shape) if norm_obs else None
         self.return_norm = RunningNorm(()) if norm_reward else None
         self.trunk, width = encoder(obs_space, hidden)
@@ -407,11 +412,11 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     rew_buf = np.zeros((T, N), np.float32)
     done_buf = np.zeros((T, N), np.float32)
     disc_buf = np.zeros((T, N), np.float32) if agent.return_norm is not None else None
+    space = envs.single_action_space
     with torch.no_grad():
         for t in range(T):
             obs_buf[t] = state.obs
             act, logp = state.acting(state.obs)
-            space = envs.single_action_space
             env_act = np.clip(act, space.low, space.high) if agent.box else act
             state.obs, reward, terminated, truncated, info = envs.step(env_act)
             act_buf[t], logp_buf[t] = act, logp
