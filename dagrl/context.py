@@ -43,6 +43,8 @@ class RoleContext:
     seed: int
     env_id: str
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_wrappers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """The graph's ``env.wrappers``, each ``(import path, kwargs)`` (:mod:`dagrl.wrappers`)."""
     num_envs: int = 1
     vector: str = "sync"
     """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess;
@@ -156,7 +158,7 @@ class RoleContext:
             return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
         from dagrl.vector import make_vector
 
-        envs = make_vector(self.env_id, self.num_envs, self.vector, **self.env_kwargs)
+        envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
         return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
 
 

@@ -41,6 +41,9 @@ class EnvSpec:
     """Gymnasium env id, e.g. ``CartPole-v1``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make``."""
+    wrappers: list[Any] = field(default_factory=list)
+    """Gymnasium wrappers around each env, innermost first: import paths, or one-key mappings of an
+    import path to its keyword arguments (:mod:`dagrl.wrappers`)."""
 
 
 VECTOR_MODES = ("sync", "async", "threads", "envpool")
@@ -424,6 +427,7 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
             probe = gym.make(env.id, **env.kwargs)
     except (TypeError, ValueError, gym.error.Error) as err:
         raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
+    probe = _wrap_probe(probe, env.wrappers, where)
     from dagrl.vector import vector_observations
 
     try:
@@ -436,6 +440,21 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     return spaces
 
 
+def _wrap_probe(probe: Any, entries: list[Any], where: str) -> Any:
+    """``probe`` inside the graph's ``env.wrappers``, each imported and built as a sampler will."""
+    from dagrl import wrappers
+
+    for i, entry in enumerate(entries):
+        key = f"env.wrappers[{i}]"
+        try:
+            ((path, kwargs),) = wrappers.parse([entry])
+            probe = wrappers.wrap(probe, [(path, kwargs)])
+        except ValueError as err:
+            probe.close()
+            raise ConfigError(where, key, str(err).removeprefix("[0]: ")) from None
+    return probe
+
+
 def _check_envpool(env: EnvSpec, spaces: tuple[Any, Any], where: str, key: str) -> None:
     """EnvPool is installed, has the env's task, and gives the spaces gymnasium's env does."""
     from dagrl.vector import envpool_task
@@ -444,6 +463,10 @@ def _check_envpool(env: EnvSpec, spaces: tuple[Any, Any], where: str, key: str) 
         import envpool
     except ImportError:
         raise ConfigError(where, key, "envpool: EnvPool is not installed (pip install envpool)") from None
+    if env.wrappers:
+        raise ConfigError(
+            where, key, "envpool: EnvPool steps its envs in C++ and takes no env.wrappers (use sync, async or threads)"
+        )
     try:
         task, options = envpool_task(env.id, env.kwargs)
     except ValueError as err:

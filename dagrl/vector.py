@@ -47,6 +47,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from dagrl.wrappers import Wrapper, as_functions, wrap
+
 __all__ = ["EnvPoolVector", "ThreadVectorEnv", "envpool_task", "make_env", "vector_observations"]
 
 ATARI_OPTIONS = {  # dagrl.envs.make_atari's keyword -> EnvPool's Atari option
@@ -240,22 +242,25 @@ def _channels_first(obs: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(obs.transpose(2, 0, 1))
 
 
-def make_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gym.make(env_id, **kwargs)`` with :func:`vector_observations`."""
-    return vector_observations(gym.make(env_id, **kwargs))
+def make_env(env_id: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id, **kwargs)`` inside the graph's ``env.wrappers`` (:mod:`dagrl.wrappers`), then
+    :func:`vector_observations`."""
+    return vector_observations(wrap(gym.make(env_id, **kwargs), wrappers))
 
 
-def make_vector(env_id: str, num_envs: int, vector: str, **kwargs: Any) -> gym.vector.VectorEnv:
+def make_vector(
+    env_id: str, num_envs: int, vector: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any
+) -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``env_id`` (:func:`make_env`) on gymnasium's ``sync`` or ``async`` vector
     env, or on threads; same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
     same_step = gym.vector.AutoresetMode.SAME_STEP
     if vector == "threads":
-        return ThreadVectorEnv([lambda: make_env(env_id, **kwargs) for _ in range(num_envs)])
+        return ThreadVectorEnv([lambda: make_env(env_id, wrappers, **kwargs) for _ in range(num_envs)])
     return gym.make_vec(
         env_id,
         num_envs=num_envs,
         vectorization_mode=vector,
         vector_kwargs={"autoreset_mode": same_step},
-        wrappers=[vector_observations],
+        wrappers=[*as_functions(wrappers), vector_observations],
         **kwargs,
     )

@@ -75,6 +75,23 @@ GRAPH_CASES = [
     ("env-kwarg-unknown", s("env.kwargs.colour=red"), ["env.kwargs", "colour"]),
     ("env-costly-bad-cost", s("env.id=dagrl.envs:CostlyCartPole-v0", "env.kwargs.cost=spin"), ["env", "spin"]),
     ("env-namespace-not-imported", s("env.id=ALE/Pong-v5"), ["env.id", "ALE/Pong-v5", "'ale_py:ALE/Pong-v5'"]),
+    # ({{ }}: argv is str.format-ted with {tmp})
+    ("env-wrapper-module-missing", s("env.wrappers=[nomodule_xyz.Wrap]"), ["env.wrappers[0]", "nomodule_xyz"]),
+    ("env-wrapper-name-unknown", s("env.wrappers=[gymnasium.wrappers.Nope]"), ["env.wrappers[0]", "'Nope'"]),
+    ("env-wrapper-not-callable", s("env.wrappers=[numpy.pi]"), ["env.wrappers[0]", "numpy.pi", "not a wrapper"]),
+    (
+        "env-wrapper-kwarg-unknown",
+        s("env.wrappers=[gymnasium.wrappers.RecordEpisodeStatistics, {{gymnasium.wrappers.TimeLimit: {{steps: 5}}}}]"),
+        ["env.wrappers[1]", "TimeLimit", "steps=5"],
+    ),
+    ("env-wrapper-two-keys", s("env.wrappers=[{{a.B: {{}}, c.D: {{}}}}]"), ["env.wrappers[0]", "a mapping of one"]),
+    ("env-wrapper-kwargs-scalar", s("env.wrappers=[{{gymnasium.wrappers.TimeLimit: 5}}]"), ["env.wrappers[0]", "5"]),
+    ("env-wrappers-scalar", s("env.wrappers=gymnasium.wrappers.TimeLimit"), ["env.wrappers", "expected a list"]),
+    (
+        "env-wrappers-on-envpool",
+        s("roles.sampler.vector=envpool", "env.wrappers=[gymnasium.wrappers.RecordEpisodeStatistics]"),
+        ["roles.sampler.vector", "envpool", "env.wrappers"],
+    ),
     # policy
     ("policy-unknown", s("policy=warp"), ["policy", "warp"]),
     ("policy-apex-for-ppo", s("policy=apex"), ["policy", "on-policy"]),

@@ -14,6 +14,7 @@ from dagrl.context import RoleContext
 from dagrl.graph import Graph
 from dagrl.runtime.host import RoleHost
 from dagrl.runtime.placement import place
+from dagrl.wrappers import parse as parse_wrappers
 
 log = logging.getLogger("dagrl")
 
@@ -142,6 +143,7 @@ def role_context(
         seed=role_seed(graph, role, index, seed_offset),
         env_id=graph.spec.env.id,
         env_kwargs=dict(graph.spec.env.kwargs),
+        env_wrappers=parse_wrappers(graph.spec.env.wrappers),
         num_envs=rspec.envs,
         vector=rspec.vector,
         vector_threads=rspec.vector_threads,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from dagrl.tune.model import Costs
+from dagrl.wrappers import parse as parse_wrappers
 
 __all__ = ["Measurements", "load_counts", "probe_cluster", "probe_env", "probe_fragments", "probe_loaded"]
 
@@ -236,9 +237,12 @@ def busy(policy: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, vector: str = "sync") -> dict[str, Any]:
-    """Step ``envs`` copies of an env with random actions for about ``seconds`` in a ``vector`` env
-    (``sync``, ``threads`` or ``envpool``): wall seconds per vector step and the share of them that took a core.
+def probe_env(
+    env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, vector: str = "sync", wrappers: list[Any] = ()
+) -> dict[str, Any]:
+    """Step ``envs`` copies of an env (inside the graph's ``env.wrappers`` entries ``wrappers``) with random
+    actions for about ``seconds`` in a ``vector`` env (``sync``, ``threads`` or ``envpool``): wall seconds
+    per vector step and the share of them that took a core.
 
     The CPU counted is this thread's for ``sync``, and the whole process's for ``threads`` and
     ``envpool``, whose own threads step the envs (the probe is the only task on its worker meanwhile),
@@ -247,7 +251,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
 
     from dagrl.graph import EnvSpec, _probe_env
 
-    _probe_env(EnvSpec(id=env_id, kwargs=kwargs), "env")  # imports the env's module, like a sampler
+    _probe_env(EnvSpec(env_id, kwargs, list(wrappers)), "env")  # imports the env's module, like a sampler
     if vector == "envpool":
         from dagrl.vector import EnvPoolVector
 
@@ -255,7 +259,7 @@ def probe_env(env_id: str, kwargs: dict[str, Any], envs: int, seconds: float, ve
     else:
         from dagrl.vector import make_vector
 
-        vec = make_vector(env_id.rpartition(":")[2], envs, vector, **kwargs)
+        vec = make_vector(env_id.rpartition(":")[2], envs, vector, parse_wrappers(wrappers), **kwargs)
     threaded = vector in ("threads", "envpool")  # the envs step in threads of their own
     clock, idle = (time.process_time, idle_cpu_rate()) if threaded else (time.thread_time, 0.0)
     try:

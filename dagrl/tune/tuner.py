@@ -287,13 +287,13 @@ def measure(
     worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
-    env_id, kwargs = graph.spec.env.id, graph.spec.env.kwargs
+    env_id, kwargs, wrappers = graph.spec.env.id, graph.spec.env.kwargs, graph.spec.env.wrappers
     probes: dict[str, list[dict[str, Any]]] = {}
     for backend in backends if len(backends) > 1 else [shape.vector]:
         probes[backend] = []
         for envs, _ in points:
             bar.set_postfix_str(f"{env_id}: {envs} envs, {backend} vector env")
-            args = (env_id, kwargs, envs, min(2.0, each / 4), backend)
+            args = (env_id, kwargs, envs, min(2.0, each / 4), backend, wrappers)
             probes[backend].append(client.submit(probe_env, *args, pure=False, workers=worker).result())
             bar.update(1)
     vector = shape.vector
