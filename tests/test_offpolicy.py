@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -27,6 +28,32 @@ def test_dqn_reaches_195(policy, client, graphs_dir, tmp_path):
     assert summary["stop_reason"] == "mean_return", summary
     assert summary["env_steps"] <= BUDGET
     assert (rundir.path / "replay-0" / "meta.json").exists()  # the replay role lived in the run dir
+
+
+@pytest.mark.slow
+def test_dueling_dqn_reaches_195(graphs_dir, tmp_path):
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    summary, rundir = train(
+        f"{graphs_dir}/dqn-cartpole-single.yaml", tmp_path,
+        ["hyperparameters.dueling=true", f"stop.env_steps={BUDGET}", "stop.wall_time_s=240", "stop.mean_return=195"],
+    )  # fmt: skip
+    assert summary["stop_reason"] == "mean_return", summary
+    q = load_checkpoint(rundir.path)["roles"]["learner"][0]["q"]
+    assert q["5.value.weight"].shape == (1, 128) and q["5.advantage.weight"].shape == (2, 128)  # the two streams
+
+
+def test_a_dueling_head_on_the_cnn_gives_centred_advantages():
+    from dagrl.networks import NatureCNN
+
+    q = dqn.q_network(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), 64, dueling=True)
+    assert isinstance(q[0], NatureCNN) and isinstance(q[1], dqn.DuelingHead)
+    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        h = q[0](x)
+        values, advantages = q[1].value(h), q[1].advantage(h)
+        np.testing.assert_allclose(q(x), values + advantages - advantages.mean(-1, keepdim=True), atol=1e-6)
+        np.testing.assert_allclose(q(x).mean(-1), values.squeeze(-1), atol=1e-5)  # mean Q is V
 
 
 @pytest.mark.slow

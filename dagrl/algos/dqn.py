@@ -65,6 +65,9 @@ class Config:
     apex_alpha: float = 7.0
     hidden: int = 128
     """Width of the two hidden layers."""
+    dueling: bool = False
+    """Dueling head: a state value and action advantages, ``Q = V + A - mean(A)`` (Wang et al., 2016;
+    Ape-X's network)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
     max_grad_norm: float = 10.0
@@ -89,18 +92,39 @@ class Config:
 # ---------------------------------------------------------------------------------------------------
 
 
-def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int) -> nn.Module:
-    """An MLP over vector observations; over ``uint8`` images the Nature CNN and one linear layer."""
+def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: bool = False) -> nn.Module:
+    """An MLP over vector observations; over ``uint8`` images the Nature CNN; then one linear layer,
+    or with ``dueling`` a :class:`DuelingHead`.
+
+    >>> q = q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), 16, dueling=True)
+    >>> x = torch.randn(5, 4)
+    >>> torch.allclose(q(x).mean(-1), q[-1].value(q[:-1](x)).squeeze(-1), atol=1e-6)  # mean Q is V
+    True
+    """
     if not isinstance(act_space, gym.spaces.Discrete):
         raise TypeError(f"DQN needs a discrete action space, got {act_space}")
+    n = int(act_space.n)
     if is_image(obs_space):
         trunk, width = encoder(obs_space, hidden)
-        return nn.Sequential(trunk, nn.Linear(width, int(act_space.n)))
+        return nn.Sequential(trunk, DuelingHead(width, n) if dueling else nn.Linear(width, n))
     n_obs = int(np.prod(obs_space.shape))
     return nn.Sequential(
         nn.Flatten(), nn.Linear(n_obs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-        nn.Linear(hidden, int(act_space.n)),
+        DuelingHead(hidden, n) if dueling else nn.Linear(hidden, n),
     )  # fmt: skip
+
+
+class DuelingHead(nn.Module):
+    """Q-values from a state value and action advantages: ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``
+    (Wang et al., 2016); subtracting the mean makes ``V`` and ``A`` identifiable."""
+
+    def __init__(self, width: int, actions: int):
+        super().__init__()
+        self.value, self.advantage = nn.Linear(width, 1), nn.Linear(width, actions)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=-1, keepdim=True)
 
 
 Weights = dict[str, np.ndarray]
@@ -163,7 +187,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+        q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling)
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
     recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)
@@ -186,8 +210,8 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     device = torch.device(ctx.device)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
-        target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden).to(device)
+        q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
+        target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
     target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     return LearnerState(cfg, q, target, optimizer, device, ctx)
@@ -196,7 +220,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 @role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
-    q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling)
     return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
 
 
