@@ -171,9 +171,10 @@ def test_apex_epsilons_follow_the_apex_formula():
     assert sched.epsilon() == pytest.approx(1.0 + 0.5 * (0.05 - 1.0))
 
 
-# Seed 1 reached -250 over 10 episodes at 5.0k env steps (SAC single), 5.6k (apex), 6.4k (split), TD3 7.0k and
-# 8.4k (apex). The shipped graphs' 128-unit networks learn as well at 64 units, in half the time on 2 cores; a
-# 10-episode mean of -250 is still far from random play (-1200) and from one lucky episode.
+# Seed 1 reached -250 over 10 episodes at 5.0k env steps (SAC single), 5.6-6.0k (apex), 4.9k (split, 3-step rows),
+# TD3 5.8k (single, 3-step rows) and 8.3-8.4k (apex). The shipped graphs' 128-unit networks learn as well at 64
+# units, in half the time on 2 cores; a 10-episode mean of -250 is still far from random play (-1200) and from
+# one lucky episode.
 SAC_TEST = [
     "stop.env_steps=25000", "stop.wall_time_s=280", "stop.mean_return=-250", "stop.window=10",
     "hyperparameters.hidden=64",
@@ -182,13 +183,18 @@ SAC_TEST = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("algo", "variant"), [("sac", "single"), ("sac", "apex"), ("sac", "split"), ("td3", "single"), ("td3", "apex")]
+    ("algo", "variant", "n_step"),
+    [("sac", "single", 1), ("sac", "apex", 1), ("sac", "split", 3), ("td3", "single", 3), ("td3", "apex", 1)],
 )
-def test_sac_and_td3_reach_minus_250_on_pendulum(algo, variant, client, graphs_dir, tmp_path):
+def test_sac_and_td3_reach_minus_250_on_pendulum(algo, variant, n_step, client, graphs_dir, tmp_path):
+    """Each algorithm learns from one-step rows and from 3-step rows (their discount through replay to the
+    critic, on its own worker under ``split``)."""
     graph_file = f"{graphs_dir}/{algo}-pendulum-{variant}.yaml"
-    summary, _ = train(graph_file, tmp_path, SAC_TEST, client if variant != "single" else None)
+    overrides = [*SAC_TEST, f"hyperparameters.n_step={n_step}"]
+    summary, rundir = train(graph_file, tmp_path, overrides, client if variant != "single" else None)
     assert summary["stop_reason"] == "mean_return", summary
     assert summary["mean_return"] >= -250
+    assert ('"discount"' in (rundir.path / "replay-0" / "meta.json").read_text()) == (n_step > 1)
 
 
 def test_split_learner_delays_only_the_critic_to_actor_edge(graphs_dir):

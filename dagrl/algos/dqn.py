@@ -196,8 +196,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    discount = {"discount": ("float32", ())} if cfg.n_step > 1 else {}  # gamma ** steps a row folds
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space, **discount)
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
         learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,

@@ -38,6 +38,8 @@ class Config:
     """Env steps per env per ``collect`` call."""
     gamma: float = 0.99
     """Discount factor."""
+    n_step: int = 1
+    """Steps of reward each replay row folds before bootstrapping (as DQN's ``n_step``)."""
     tau: float = 0.005
     """Polyak factor of the target Q networks."""
     policy_lr: float = 1e-3
@@ -60,7 +62,7 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "steps", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
+        at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
         at_least(self, 0, "learning_starts")
         positive(self, "policy_lr", "q_lr", "alpha")
         unit_interval(self, "gamma", "tau")
@@ -201,12 +203,12 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     random_steps = ctx.per_replica(cfg.learning_starts)
     gen = torch.Generator().manual_seed(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
-    return SamplerState(cfg, envs, policy, gen, obs, Recorder(envs.num_envs), random_steps, done)
+    return SamplerState(cfg, envs, policy, gen, obs, Recorder(envs.num_envs, cfg.n_step, cfg.gamma), random_steps, done)
 
 
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
         learning_starts=cfg.learning_starts,
@@ -286,7 +288,8 @@ def update_critic(state: CriticState, samples: list[Sample | None], actor_weight
             next_action, next_logp = state.policy(b["next_obs"], state.gen)
             tq1, tq2 = state.target(b["next_obs"], next_action)
             soft = torch.min(tq1, tq2) - actor_weights.alpha * next_logp
-            target = b["reward"] + cfg.gamma * (1 - b["terminated"]) * soft
+            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+            target = b["reward"] + discount * (1 - b["terminated"]) * soft
         q1, q2 = state.q(b["obs"], b["action"])
         loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
         state.optimizer.zero_grad()

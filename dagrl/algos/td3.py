@@ -37,6 +37,8 @@ class Config:
     """Env steps per env per ``collect`` call."""
     gamma: float = 0.98
     """Discount factor."""
+    n_step: int = 1
+    """Steps of reward each replay row folds before bootstrapping (as DQN's ``n_step``)."""
     tau: float = 0.005
     """Polyak factor of the target networks."""
     lr: float = 1e-3
@@ -64,7 +66,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden")
-        at_least(self, 1, "eval_episodes")
+        at_least(self, 1, "eval_episodes", "n_step")
         at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip")
         positive(self, "lr")
         unit_interval(self, "gamma", "tau")
@@ -173,12 +175,12 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     random_steps = ctx.per_replica(cfg.learning_starts)
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
-    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs), random_steps, done)
+    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs, cfg.n_step, cfg.gamma), random_steps, done)
 
 
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space)
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
         learning_starts=cfg.learning_starts,
@@ -264,7 +266,8 @@ def update_critic(state: CriticState, samples: list[Sample | None], policy_weigh
             low, high = policy.bias - half, policy.bias + half
             next_action = torch.max(torch.min(policy(b["next_obs"]) + noise, high), low)
             tq1, tq2 = state.target(b["next_obs"], next_action)
-            target = b["reward"] + cfg.gamma * (1 - b["terminated"]) * torch.min(tq1, tq2)
+            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+            target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
         q1, q2 = state.q(b["obs"], b["action"])
         loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
         state.optimizer.zero_grad()

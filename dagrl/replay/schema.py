@@ -49,9 +49,13 @@ class Schema(Mapping[str, Field]):
             raise ReplayError("a schema needs at least one field")
 
     @classmethod
-    def transitions(cls, observation_space: Any, action_space: Any, **extras: Any) -> Schema:
-        """obs, action, reward, next_obs, terminated, truncated for gymnasium spaces, plus extras."""
+    def transitions(cls, observation_space: Any, action_space: Any, n_step: int = 1, **extras: Any) -> Schema:
+        """obs, action, reward, next_obs, terminated, truncated for gymnasium spaces, plus extras; rows
+        folding ``n_step`` > 1 steps of reward also carry the ``discount`` to bootstrap with
+        (:class:`dagrl.replay.record.Recorder`)."""
         obs = (observation_space.dtype, observation_space.shape)
+        if n_step > 1:
+            extras = {"discount": ("float32", ()), **extras}  # gamma ** steps the row folds
         return cls(
             {
                 "obs": obs,
