@@ -366,8 +366,12 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             check(obs_space, act_space)
         except ValueError as err:
             raise ConfigError(where, "hyperparameters", f"{err} (env {spec.env.id})") from None
-    if getattr(config, "anneal_lr", False) and spec.stop.env_steps is None:
-        raise ConfigError(where, "hyperparameters.anneal_lr", "true needs stop.env_steps (the rate falls to 0 there)")
+    check = getattr(config, "check_budget", None)  # hyperparameters that depend on the run's length
+    if check is not None:
+        try:
+            check(spec.stop.env_steps)
+        except ValueError as err:
+            raise ConfigError(where, "hyperparameters", str(err)) from None
     if spec.policy == "async":
         _warn_idle_samplers(spec, algo, options, where)
     return Graph(spec, algo, config, obs_space, act_space, where, options)

@@ -143,7 +143,7 @@ def test_anneal_lr_needs_stop_env_steps():
     from dagrl.graph import load_graph
     from dagrl.schema import ConfigError
 
-    with pytest.raises(ConfigError, match=r"hyperparameters\.anneal_lr.*stop\.env_steps"):
+    with pytest.raises(ConfigError, match=r"hyperparameters: anneal_lr: .*stop\.env_steps"):
         load_graph("graphs/ppo-cartpole-single.yaml", ["hyperparameters.anneal_lr=true", "stop.env_steps=null"])
 
 

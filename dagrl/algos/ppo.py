@@ -86,6 +86,11 @@ class Config:
             raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
         _heads(act_space)  # a MultiDiscrete space it cannot act in
 
+    def check_budget(self, env_steps: int | None) -> None:
+        """Refuse, before any cluster starts, what the run's ``stop.env_steps`` (``None``: none) rules out."""
+        if self.anneal_lr and env_steps is None:
+            raise ValueError("anneal_lr: true needs stop.env_steps (the rate falls to 0 there)")
+
 
 # ---------------------------------------------------------------------------------------------------
 # Networks
