@@ -177,6 +177,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from dagrl.export import export_policy
+
+    print(export_policy(args.run, args.out, args.set).line())
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from dagrl.graph import load_graph
     from dagrl.inspect import describe, to_dot, to_task_dot
@@ -338,6 +345,13 @@ def parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
+    ex = sub.add_parser("export", help="save a run's greedy policy as TorchScript, to act with torch alone")
+    ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
+    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt)")
+    ex.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
+    )
+
     graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
     graph.add_argument("graph")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -418,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_graph(args)
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "export":
+            return cmd_export(args)
         if args.command == "sweep":
             return cmd_sweep(args)
         if args.command == "tune":

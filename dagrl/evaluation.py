@@ -71,21 +71,21 @@ class EvalResult:
         return {**dataclasses.asdict(self), "return_mean": self.mean, "return_std": self.std}
 
 
-def load_run(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def load_run(path: str | Path, command: str = "dagrl eval") -> tuple[Path, dict[str, Any]]:
     """The run directory and the checkpoint that ``path`` names: a run directory (its newest readable
-    checkpoint) or one checkpoint file inside ``<run>/checkpoints/``."""
+    checkpoint) or one checkpoint file inside ``<run>/checkpoints/``; errors name ``command``."""
     from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
 
     path = Path(path)
     if not path.exists():
-        raise ConfigError("dagrl eval", "RUN", f"{path} does not exist")
+        raise ConfigError(command, "RUN", f"{path} does not exist")
     run = path if path.is_dir() else path.parent.parent
     if not (run / "config.yaml").exists():
-        raise ConfigError("dagrl eval", "RUN", f"{run} is not a dagrl run directory (no config.yaml)")
+        raise ConfigError(command, "RUN", f"{run} is not a dagrl run directory (no config.yaml)")
     try:
         return run, load_checkpoint(path)
     except (FileNotFoundError, CheckpointError) as err:
-        raise ConfigError("dagrl eval", "RUN", str(err)) from None
+        raise ConfigError(command, "RUN", str(err)) from None
 
 
 def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str], video: bool) -> Any:

@@ -27,9 +27,15 @@ class EpisodeRunner:
     last_returns: list[float] = field(default_factory=list)
     """The returns of the last call's episodes, in the order they ended (``dagrl eval`` lists them)."""
     last_lengths: list[int] = field(default_factory=list)
+    capture: bool = False
+    """``run`` keeps the action function it is given in :attr:`captured` and plays nothing (``dagrl export``)."""
+    captured: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def run(self, act: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """``episodes`` whole episodes from fresh resets (new seeds each call); their mean and spread."""
+        if self.capture:
+            self.captured = act
+            return {}
         envs = self.envs
         self.calls += 1
         obs, _ = envs.reset(seed=[self.seed + 10_000 * self.calls + i for i in range(envs.num_envs)])

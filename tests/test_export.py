@@ -1,0 +1,79 @@
+"""``dagrl export``: the greedy policy, as a ``torch.export`` file, plays what ``dagrl eval`` plays with torch alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dagrl.cli import main
+from dagrl.evaluation import eval_graph, evaluate_checkpoint
+from dagrl.runtime.hosts import role_seed
+from tests.helpers import train
+
+PLAY = """
+import json, sys
+import gymnasium as gym
+import torch
+
+path, seed, episodes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+extra = {"dagrl.json": ""}
+policy = torch.export.load(path, extra_files=extra).module()
+info = json.loads(extra["dagrl.json"])
+env = gym.make(info["env"]["id"], **info["env"]["kwargs"])
+returns, (obs, _) = [], env.reset(seed=seed)
+while len(returns) < episodes:  # as dagrl's evaluator: one env, seeded once, then reset unseeded
+    total, done = 0.0, False
+    while not done:
+        action = policy(torch.as_tensor(obs)[None])[0].numpy()
+        obs, reward, terminated, truncated, _ = env.step(action if action.shape else action.item())
+        total, done = total + float(reward), terminated or truncated
+    returns.append(total)
+    obs, _ = env.reset()
+print(json.dumps({"returns": returns, "dagrl_imported": "dagrl" in sys.modules, "info": info}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("graph_file", "overrides"),
+    [
+        ("graphs/ppo-cartpole-single.yaml", ["hyperparameters.norm_obs=true", "stop.iterations=4"]),
+        ("graphs/dqn-cartpole-single.yaml", ["stop.iterations=8", "hyperparameters.learning_starts=256"]),
+        ("graphs/sac-pendulum-single.yaml", ["stop.iterations=12", "hyperparameters.learning_starts=64"]),
+    ],
+    ids=["ppo-norm-obs", "dqn", "sac"],
+)
+def test_the_exported_policy_plays_the_episodes_dagrl_eval_plays(tmp_path, capsys, graph_file, overrides):
+    summary, rundir = train(graph_file, tmp_path, [*overrides, "stop.mean_return=null"])
+    out = tmp_path / "policy.pt2"
+    assert main(["export", str(rundir.path), "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    one_env = ["roles.evaluator.envs=1"]
+    expected = evaluate_checkpoint(rundir.path, episodes=3, overrides=one_env)
+    graph = eval_graph(rundir.path, 3, None, one_env, False)
+    seed = role_seed(graph, "evaluator", 0) + 10_000  # the evaluator's first call's reset seed
+    played = subprocess.run(
+        [sys.executable, "-c", PLAY, str(out), str(seed), "3"], capture_output=True, text=True, timeout=120, check=True
+    )
+    result = json.loads(played.stdout.strip().splitlines()[-1])
+    assert not result["dagrl_imported"]  # torch and the env alone
+    np.testing.assert_allclose(result["returns"], expected.returns, rtol=1e-5)
+    assert result["info"]["iteration"] == summary["iterations"]
+
+
+def test_an_image_policy_takes_uint8_frames_and_a_missing_run_is_one_line(tmp_path, capsys):
+    _, rundir = train("graphs/ppo-brighthalf.yaml", tmp_path, ["stop.iterations=2", "stop.mean_return=null"])
+    assert main(["export", str(rundir.path)]) == 0
+    (path,) = (rundir.path / "export").glob("*.pt2")
+    policy = torch.export.load(path).module()
+    frames = torch.randint(0, 256, (8, 1, 84, 84), dtype=torch.uint8)  # the env's own frames
+    actions = policy(frames)
+    assert actions.shape == (8,) and actions.dtype == torch.int64
+    assert torch.equal(actions[:1], policy(frames[:1]))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "nope")]) == 2
+    assert "dagrl export: RUN: " in (err := capsys.readouterr().err) and "nope does not exist" in err
