@@ -66,7 +66,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     if resume is not None:
         changes = changed_keys(read_yaml(rundir.config_path), graph.to_dict())
         try:
-            check_fits(graph, resume["roles"])
+            check_fits(graph, resume["roles"], str(rundir.path))
         except ValueError as err:
             used = Path(resume["path"]).name
             raise ConfigError(

@@ -91,6 +91,26 @@ def test_resume_with_overrides_that_do_not_fit_changes_nothing(tmp_path, graphs_
     assert change["iteration"] == 2 and change["changes"] == {"stop.iterations": [2, 3]}
 
 
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ("hyperparameters.n_step=3", "discount: float32[]"),  # rows that would carry a field the store lacks
+        ("hyperparameters.buffer_size=1000", "stored capacity is 50000, asked for 1000"),
+    ],
+)
+def test_a_resume_that_changes_what_replay_stores_changes_nothing(tmp_path, graphs_dir, capsys, change, says):
+    graph = f"{graphs_dir}/dqn-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=2", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    before = {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main(["run", "--resume", str(path), "--set", change, "--set", "stop.iterations=3", *BASE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "role replay[0]" in err[0] and says in err[0], err
+    assert {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} == before  # not a byte written
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=3", *BASE]) == 0
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     with tmpfs(tmp_path / "disk", "3M") as disk:

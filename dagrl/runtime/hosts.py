@@ -182,12 +182,17 @@ def start_local(graph: Graph, start: Start | None = None) -> dict[str, list[Hand
     return hosts
 
 
-def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
-    """Raise ``ValueError`` naming the role if checkpointed role states ``roles`` cannot load into ``graph``.
+def check_fits(graph: Graph, roles: dict[str, Any], run_dir: str | None = None) -> None:
+    """Raise ``ValueError`` naming the role if checkpointed role states ``roles`` cannot load into ``graph``,
+    or if data a role keeps in ``run_dir`` cannot be reopened by it.
 
     Learner-side roles (one instance each) are built here, on the CPU, and loaded: a resume whose
     ``--set`` changed a network's shape fails in one line before any cluster starts, not in a worker.
+    So is every replica whose directory exists in the run (a replay store): one whose ``--set`` changed
+    what it stores (``n_step``'s discount field, ``buffer_size``) refuses to open it, before writing.
     """
+    from dagrl.replay.schema import ReplayError
+
     algo = graph.algorithm
     extra = sorted(set(roles) - set(algo.roles))
     if extra:
@@ -196,6 +201,15 @@ def check_fits(graph: Graph, roles: dict[str, Any]) -> None:
         if algo.roles[role].many or not any(s is not None for s in states or []):
             continue
         cpu_host(graph, role, 0, Start(), states[0])
+    for role in graph.active_roles if run_dir is not None else ():
+        for i in range(graph.role(role).replicas if algo.roles[role].many else 0):
+            path = role_path(graph, role, i, run_dir)
+            if path is None or not os.path.isdir(path):
+                continue
+            try:
+                cpu_host(graph, role, i, Start(run_dir=run_dir), None)  # reopens the role's data, or refuses
+            except ReplayError as err:
+                raise ValueError(f"role {role}[{i}]: {err}") from None
 
 
 def cpu_host(graph: Graph, role: str, index: int, start: Start, state: Any) -> RoleHost:
