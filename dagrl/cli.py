@@ -345,9 +345,9 @@ def parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
-    ex = sub.add_parser("export", help="save a run's greedy policy as TorchScript, to act with torch alone")
+    ex = sub.add_parser("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
     ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
-    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt)")
+    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2)")
     ex.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
     )

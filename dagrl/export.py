@@ -45,10 +45,10 @@ class GreedyPolicy(nn.Module):
     def __init__(self, net: nn.Module, act: Any, action_space: gym.Space):
         super().__init__()
         self.net, self.act = net, act
-        box = isinstance(action_space, gym.spaces.Box)
-        self.clip = box
-        self.register_buffer("low", torch.as_tensor(action_space.low if box else 0.0, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(action_space.high if box else 0.0, dtype=torch.float32))
+        self.clip = isinstance(action_space, gym.spaces.Box)
+        if self.clip:
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         action = self.act(obs.to(torch.float32))

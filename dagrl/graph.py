@@ -448,14 +448,12 @@ def _wrap_probe(probe: Any, entries: list[Any], where: str) -> Any:
     """``probe`` inside the graph's ``env.wrappers``, each imported and built as a sampler will."""
     from dagrl import wrappers
 
-    for i, entry in enumerate(entries):
-        key = f"env.wrappers[{i}]"
+    for i, given in enumerate(entries):
         try:
-            ((path, kwargs),) = wrappers.parse([entry])
-            probe = wrappers.wrap(probe, [(path, kwargs)])
+            probe = wrappers.wrap(probe, [wrappers.entry(given)])
         except ValueError as err:
             probe.close()
-            raise ConfigError(where, key, str(err).removeprefix("[0]: ")) from None
+            raise ConfigError(where, f"env.wrappers[{i}]", str(err)) from None
     return probe
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["Wrapper", "as_functions", "parse", "resolve", "wrap"]
+__all__ = ["Wrapper", "as_functions", "entry", "parse", "resolve", "wrap"]
 
 Wrapper = tuple[str, dict[str, Any]]
 """A wrapper's import path and its keyword arguments."""
@@ -47,18 +47,26 @@ def parse(entries: Sequence[Any]) -> list[Wrapper]:
     Raises ``ValueError`` starting ``[i]`` for entry ``i`` of another shape.
     """
     out: list[Wrapper] = []
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and len(entry) == 1:
-            ((path, kwargs),) = entry.items()
-            kwargs = {} if kwargs is None else kwargs
-        else:
-            path, kwargs = entry, {}
-        if not isinstance(path, str) or not path.strip():
-            raise ValueError(f"[{i}]: expected an import path, or a mapping of one to its arguments, got {entry!r}")
-        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-            raise ValueError(f"[{i}]: {path}: expected a mapping of keyword arguments, got {kwargs!r}")
-        out.append((path, dict(kwargs)))
+    for i, given in enumerate(entries):
+        try:
+            out.append(entry(given))
+        except ValueError as err:
+            raise ValueError(f"[{i}]: {err}") from None
     return out
+
+
+def entry(given: Any) -> Wrapper:
+    """The ``(path, kwargs)`` of one ``env.wrappers`` entry; ``ValueError`` saying what is wrong with it."""
+    if isinstance(given, dict) and len(given) == 1:
+        ((path, kwargs),) = given.items()
+        kwargs = {} if kwargs is None else kwargs
+    else:
+        path, kwargs = given, {}
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"expected an import path, or a mapping of one to its arguments, got {given!r}")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"{path}: expected a mapping of keyword arguments, got {kwargs!r}")
+    return path, dict(kwargs)
 
 
 def resolve(path: str) -> Callable[..., gym.Env]:

@@ -201,8 +201,10 @@ def check_fits(graph: Graph, roles: dict[str, Any], run_dir: str | None = None) 
         if algo.roles[role].many or not any(s is not None for s in states or []):
             continue
         cpu_host(graph, role, 0, Start(), states[0])
-    for role in graph.active_roles if run_dir is not None else ():
-        for i in range(graph.role(role).replicas if algo.roles[role].many else 0):
+    if run_dir is None:
+        return
+    for role in graph.active_roles:
+        for i in range(graph.role(role).replicas):
             path = role_path(graph, role, i, run_dir)
             if path is None or not os.path.isdir(path):
                 continue
