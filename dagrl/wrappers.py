@@ -77,7 +77,7 @@ def resolve(path: str) -> Callable[..., gym.Env]:
 
     Raises ``ValueError`` saying what could not be imported or found.
     """
-    module, sep, name = path.partition(":") if ":" in path else path.rpartition(".")
+    module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
     if not module or not name:
         raise ValueError(f"{path!r} is not an import path (package.module.Name or package.module:Name)")
     try:
