@@ -82,6 +82,40 @@ def test_apex_holds_its_update_ratio(client, graphs_dir, tmp_path):
         policy.close()
 
 
+@pytest.mark.slow
+def test_apex_submits_each_round_behind_the_one_in_flight(client, graphs_dir, tmp_path):
+    """Asked to run ahead (as the driver does between checkpoints), ``apex`` submits round k+1 as soon as
+    the limiter allows it while round k runs, so the learner's tasks queue back to back; the ratio
+    still holds, counting the round submitted ahead, and a last step without ``ahead`` leaves nothing
+    in flight. Each round's ``update`` starts after the one before it ends, and the round submitted
+    ahead takes the weights that one publishes (``publish`` runs after each ``update``)."""
+    over = [f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3", "hyperparameters.learning_starts=0"]
+    graph = load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml", over)
+    policy = build_policy(graph, client, run_dir=tmp_path)
+    ahead = 0
+    try:
+        with get_task_stream(client) as stream:
+            for rounds in range(1, 21):
+                collects = policy.step(ahead=rounds < 20).metrics["perf/collects"]
+                ahead += policy.pending
+                assert rounds + policy.pending <= 0.25 * collects  # the round ahead was allowed too
+                assert collects <= (rounds + policy.pending + 1) / 0.25 + 3
+            assert not policy.pending
+    finally:
+        policy.close()
+    assert ahead >= 15, ahead  # the limiter let the next round start while nearly every round ran
+    tasks = sorted(
+        (t["startstops"][-1]["start"], t["startstops"][-1]["stop"], t["key"].split("-")[0])
+        for t in stream.data
+        if t["key"].startswith(("update-", "publish-"))
+    )
+    updates = [t for t in tasks if t[2] == "update"]
+    assert len(updates) == 20
+    assert all(b[0] >= a[1] for a, b in zip(updates, updates[1:], strict=False))  # one at a time, in order
+    names = [name for *_, name in tasks]
+    assert all(names[i + 1] == "publish" for i, name in enumerate(names[:-1]) if name == "update")
+
+
 def test_apex_runs_no_learner_round_before_learning_starts(client, graphs_dir, tmp_path):
     """Until replay holds ``learning_starts`` env steps, an iteration counts a round's collects and
     no learner task runs; the first learner round then learns, and the ratio counts from there."""

@@ -68,6 +68,24 @@ def test_cancelled_inserts_free_their_slot():
     assert limiter.try_start_insert()
 
 
+def test_a_wait_for_the_next_round_ends_when_told_to_and_a_cancelled_round_is_owed_again():
+    """The learner waits for its next round *or* for the round in flight to end (``stop``, checked when
+    woken); a round counted and then cancelled is owed again and frees no insert."""
+    limiter = RateLimiter(ratio=1.0, max_lead=0)
+    ended = threading.Event()
+    threading.Timer(0.05, lambda: (ended.set(), limiter.wake())).start()
+    t0 = time.monotonic()
+    assert not limiter.start_round(timeout=5, stop=ended.is_set)  # woken by the end, not the timeout
+    assert time.monotonic() - t0 < 2
+    assert limiter.try_start_insert() and not limiter.try_start_insert()
+    limiter.insert_done()
+    assert limiter.start_round(timeout=0, stop=ended.is_set)
+    limiter.round_done()
+    assert limiter.try_start_insert() and not limiter.start_round(timeout=0)  # round 2 owes an insert
+    limiter.round_cancelled()  # round 1 failed: it is owed again, on the insert already done
+    assert limiter.start_round(timeout=0) and not limiter.try_start_insert()
+
+
 def test_unlimited_runs_free():
     limiter = RateLimiter(0.01, 0, limited=False)
     assert all(limiter.try_start_insert() for _ in range(1000))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ import numpy as np
 from dagrl.distribution import delayed_edges, stream_shape, warmup_steps
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult, learn_time
-from dagrl.runtime.executor import Call, Executor, Report, route
+from dagrl.runtime.executor import Call, Executor, Report, route, when_done
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.ratelimit import RateLimiter
 from dagrl.runtime.supervisor import RoleFailure
@@ -71,6 +72,24 @@ class _Pending:
     watch: list[Call]
 
 
+@dataclass
+class _Round:
+    """One learner round, submitted: the arrivals it took (counted into ``res``), its calls, and the
+    ``publish`` calls of the version it ends (``None`` when it ends none)."""
+
+    res: StepResult
+    taken: list[Arrival]
+    version: int
+    """The weights version its learner tasks start from."""
+    calls: dict[int, list[Call]]
+    learn: list[Call]
+    watch: list[Call]
+    publish: dict[int, list[Call]] | None
+    previous: dict[int, list[Call]]
+    """The delayed edges' values before it was submitted (what a redo takes)."""
+    t0: float
+
+
 class Streaming(Policy):
     """Samplers stream; the learner runs rate-limited rounds on what arrived (see the module docstring)."""
 
@@ -83,6 +102,8 @@ class Streaming(Policy):
     batch: int | None = None
     """Arrivals one round consumes (``async``); ``None``: all that arrived."""
     in_flight: int = 2
+    runs_ahead: bool = False
+    """Whether the next learner round may be submitted behind the one in flight (:meth:`step`)."""
 
     def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Executor | None = None):
         super().__init__(graph, hosts, executor)
@@ -107,7 +128,11 @@ class Streaming(Policy):
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.rounds = self.collects = self.dropped = 0
-        self.last_step_end = 0.0
+        self.submitted = 0
+        """Learner rounds submitted (those in flight included, abandoned ones not)."""
+        self.ahead: _Round | None = None
+        """The next round, submitted while this one ran (``step(ahead=True)``)."""
+        self.last_step_end = self.last_round_end = 0.0
 
     def configure(self) -> None:
         """Set the class attributes above from ``self.options`` (each policy its own)."""
@@ -115,8 +140,18 @@ class Streaming(Policy):
     # -- weights versions --------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Submit the fragments before the stream (``publish``) for a new version; they are not waited for."""
-        calls = self.executor.run_nodes(self.shape.before, self.hosts, self.roles, calls={}, inputs=self._input)
+        """Submit the fragments before the stream (``publish``) for a new version and use it at once."""
+        self._use(self._publish())
+
+    def _publish(self, after: list[Call] | None = None) -> dict[int, list[Call]]:
+        """Submit ``publish`` (not waited for); ``after``: the calls it must follow (a round's learner tasks)."""
+        order = (lambda node, calls: after) if after else None
+        return self.executor.run_nodes(
+            self.shape.before, self.hosts, self.roles, calls={}, inputs=self._input, after=order
+        )
+
+    def _use(self, calls: dict[int, list[Call]]) -> None:
+        """Make a version's ``publish`` calls the weights the samplers' next calls take."""
         with self.cond:
             self.current = calls
             self.cond.notify_all()
@@ -298,67 +333,140 @@ class Streaming(Policy):
         return res
 
     def step(self, ahead: bool = False) -> StepResult:
+        """One learner round. ``ahead`` (the driver's word that it asks for the next one right after,
+        with nothing due in between): where the policy :attr:`runs_ahead`, the next round is submitted
+        now, behind this one, if the limiter allows it, so the learner's tasks run back to back
+        without a round trip through the driver between rounds."""
         if not self.threads:
             self.start()
         if self.warmup > 0:
             return self._warmup_step()
-        res = StepResult()
         while True:
-            while not self.limiter.start_round(timeout=0.2):
-                self._raise_posted()
-            self._raise_posted()
-            taken = self._take(res)
-            if taken is None:
-                continue
+            current, self.ahead = self.ahead or self._start_round(), None
             try:
-                calls, out, t0 = self._round(taken)
+                if ahead and self.runs_ahead and self.executor.remote:
+                    self.ahead = self._start_round(prev=current, ended=self._ended(current))
+                out = self._finish_round(current)
                 break
             except RoleFailure as failure:
+                self.drop_ahead()
+                self._abandon(current)
                 if self.roles[failure.handle.role].recover != "replace":
                     raise  # a learner: the driver rolls back
                 self._on_failure(failure)  # a replay shard or the sampler of a taken rollout: redo the round
-                kept = [a for a in taken if a.call.handle is not failure.handle]
-                self.limiter.insert_discarded(len(taken) - len(kept))
+                kept = [a for a in current.taken if a.call.handle is not failure.handle]
+                self.limiter.insert_discarded(len(current.taken) - len(kept))
                 with self.cond:
                     self.arrivals[:0] = kept
-        self.report_lag(res, [self.version - a.version for a in taken])
+        res = current.res
+        self.report_lag(res, [current.version - a.version for a in current.taken])
         self.rounds += 1
-        self.limiter.round_done()
-        if self.rounds % self.publish_every == 0:
+        if current.publish is not None:
             with self.cond:
                 self.version += 1
-            self._refresh()
-        res.update_time = learn_time(self.graph.algorithm.graph, self.roles, calls, t0)
+            self._use(current.publish)
+        res.update_time = learn_time(self.graph.algorithm.graph, self.roles, current.calls, current.t0)
         if isinstance(out, dict):
             res.metrics = {**out, **res.metrics}
         now = time.perf_counter()
         res.sample_time, self.last_step_end = now - self.last_step_end, now  # samplers never pause for us
         return res
 
+    @property
+    def pending(self) -> bool:
+        return self.ahead is not None
+
     def report_lag(self, res: StepResult, lags: list[int]) -> None:
         res.metrics["perf/weights_lag"] = float(np.mean(lags)) if lags else 0.0
         res.metrics["perf/collects"] = float(self.collects)
 
-    def _round(self, taken: list[Arrival]) -> tuple[dict[int, list[Call]], Any, float]:
-        """Submit one learner round as a whole and wait for its output."""
+    def _start_round(self, prev: _Round | None = None, ended: Callable[[], bool] | None = None) -> _Round | None:
+        """Wait for the limiter, take the arrivals of the next round and submit it as a whole.
+
+        ``prev``, a round still in flight: this one follows it. It takes the weights ``prev`` publishes,
+        and its tasks queue behind ``prev``'s on each learner worker (a role's tasks run in submission
+        order). ``ended`` says whether ``prev`` has ended: then no round is submitted ahead (``None``).
+        A round that ends a weights version submits that version's ``publish`` at once, ordered after
+        the round's learner tasks, rather than when the driver learns that the round ended.
+        """
+        res = StepResult()
+        while True:
+            while not self.limiter.start_round(timeout=0.2, stop=ended):
+                if ended is not None and ended():
+                    return None
+                self._raise_posted()
+            self._raise_posted()
+            taken = self._take(res)
+            if taken is not None:
+                break
+            if ended is not None:
+                return None
+        with self.cond:
+            weights = prev.publish if prev is not None and prev.publish is not None else self.current
+            version = self.version + (prev is not None and prev.publish is not None)
         t0 = time.perf_counter()
         stream = self.shape.stream
         calls: dict[int, list[Call]] = {stream.id: [a.call for a in taken]}
-        self.executor.run_nodes(self.shape.learn, self.hosts, self.roles, calls=calls, inputs=self._input)
+
+        def inputs(arg: Node, node: Node) -> list[Any] | None:
+            return weights[arg.id] if arg.id in weights else self._input(arg, node)
+
+        def after(node: Node, calls: dict[int, list[Call]]) -> list[Call]:
+            return prev.calls[node.id] if prev is not None else []  # in order on each role, whatever arrives first
+
+        self.executor.run_nodes(self.shape.learn, self.hosts, self.roles, calls=calls, inputs=inputs, after=after)
         learn = [c for n in self.shape.learn for c in calls[n.id]]
-        inputs = [c for cs in (*self.latest.values(), *self.previous.values()) for c in cs if c is not None]
-        out_node = self.graph.algorithm.graph.output
-        wanted = [calls[out_node.id][0]] if out_node is not None else learn[-1:]
-        try:
-            (out,) = self.executor.wait(wanted, [*calls[stream.id], *inputs, *learn])
-        except RoleFailure:
-            self.executor.cancel(learn)
-            raise
+        self.submitted += 1
+        publish = None
+        if self.submitted % self.publish_every == 0:
+            publishers = {n.role for n in self.shape.before}
+            publish = self._publish(after=[c for c in learn if c.handle.role in publishers] or learn)
+        self.limiter.round_done()  # counted as submitted: the next round may be decided on now
+        watch = [
+            *calls[stream.id],
+            *(c for cs in weights.values() for c in cs),
+            *(c for cs in (*self.latest.values(), *self.previous.values()) for c in cs if c is not None),
+            *learn,
+        ]
+        previous = dict(self.previous)
         for src, _ in self.delayed:
-            self.previous[src] = calls[src]
-        return calls, out, t0
+            self.previous[src] = calls[src]  # the next round's value of the delayed edge
+        return _Round(res, taken, version, calls, learn, watch, publish, previous, t0)
+
+    def _output(self, r: _Round) -> Call:
+        out_node = self.graph.algorithm.graph.output
+        return r.calls[out_node.id][0] if out_node is not None else r.learn[-1]
+
+    def _ended(self, r: _Round) -> Callable[[], bool]:
+        """Whether round ``r``'s output is done (finished, erred, cancelled); the limiter is woken then."""
+        future = self._output(r).future
+        when_done(future, lambda _f: self.limiter.wake())
+        return lambda: future.status != "pending"
+
+    def _finish_round(self, r: _Round) -> Any:
+        """Wait for round ``r``'s output."""
+        r.t0 = max(r.t0, self.last_round_end)  # a round submitted ahead starts when the one before ends
+        (out,) = self.executor.wait([self._output(r)], r.watch)
+        self.last_round_end = time.perf_counter()
+        return out
+
+    def _abandon(self, r: _Round) -> None:
+        """Forget a round that will not finish (it failed, or it followed one that did)."""
+        self.executor.cancel([*r.learn, *(c for cs in (r.publish or {}).values() for c in cs)])
+        self.limiter.round_cancelled()
+        self.submitted -= 1
+        self.previous = r.previous  # a redone round takes the delayed edges' values this one took
+
+    def drop_ahead(self) -> None:
+        """Cancel a round submitted ahead; its arrivals go back to the front of the queue."""
+        if self.ahead is not None:
+            r, self.ahead = self.ahead, None
+            self._abandon(r)
+            with self.cond:
+                self.arrivals[:0] = r.taken
 
     def after_restore(self) -> None:
+        self.drop_ahead()
         with self.cond:
             self.version += 1
             self.posted = None
@@ -366,6 +474,7 @@ class Streaming(Policy):
         self._refresh()
 
     def close(self) -> None:
+        self.drop_ahead()
         self.stopping.set()
         self.limiter.wake()
         with self.cond:
@@ -404,6 +513,7 @@ class Apex(Streaming):
     updates in rounds, ``update_ratio`` rounds per collect both ways (``rate_limit: false``: free)."""
 
     name = "apex"
+    runs_ahead = True
 
     def configure(self) -> None:
         o, samplers = self.options, len(self.hosts[self.shape.stream.role])

@@ -71,8 +71,9 @@ class Trainer:
         self.progress = progress or Progress()
         self.stop = graph.spec.stop
         self.counters = Counters()
-        self._last_env_steps = 0
-        """Env steps of the last iteration (what :meth:`may_run_ahead` expects of the next)."""
+        self._most_env_steps = 0
+        """The most env steps one iteration has counted (what :meth:`may_run_ahead` expects of the next at
+        most: a streaming policy's iterations count what arrived, which varies)."""
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
@@ -237,7 +238,7 @@ class Trainer:
     def may_run_ahead(self) -> bool:
         """Whether the iteration after the one about to run may be submitted with it: nothing is due
         between the two (a checkpoint, a blocking evaluation) and no stop the driver can foresee
-        (``iterations``, ``env_steps`` at the last iteration's count) falls after this one. A stop it
+        (``iterations``, ``env_steps`` at the largest iteration's count) falls after this one. A stop it
         cannot foresee (``mean_return``, ``eval_return``, ``wall_time_s``, Ctrl-C) lets the iteration already
         submitted finish, and counts it."""
         c, s = self.counters, self.stop
@@ -247,14 +248,14 @@ class Trainer:
             return False
         if s.iterations is not None and now >= s.iterations:
             return False
-        last = self._last_env_steps
-        return s.env_steps is None or (last > 0 and c.env_steps + last < s.env_steps)
+        most = self._most_env_steps
+        return s.env_steps is None or (most > 0 and c.env_steps + most < s.env_steps)
 
     def _count(self, res: Any, start: float) -> None:
         c = self.counters
         c.iteration += 1
         c.env_steps += res.env_steps
-        self._last_env_steps = res.env_steps
+        self._most_env_steps = max(self._most_env_steps, res.env_steps)
         c.episodes += len(res.episodes)
         c.frames += int(res.metrics.get("perf/frames", 0))
         if self.policy.supervisor is not None:

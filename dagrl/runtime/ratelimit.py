@@ -113,14 +113,22 @@ class RateLimiter:
             return True
         return self.ratio * (self.done - self.offset) >= self.rounds + 1 - 1e-9
 
-    def start_round(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds until the next round may start; ``False`` if it may not yet."""
+    def start_round(self, timeout: float | None = None, stop: Callable[[], bool] | None = None) -> bool:
+        """Wait up to ``timeout`` seconds until the next round may start; ``False`` if it may not yet.
+        ``stop``: stop waiting once it holds (checked whenever the limiter is woken, :meth:`wake`)."""
         with self.cond:
-            return self.cond.wait_for(self._round_allowed, timeout)
+            self.cond.wait_for(lambda: self._round_allowed() or (stop is not None and stop()), timeout)
+            return self._round_allowed()
 
     def round_done(self) -> None:
         with self.cond:
             self.rounds += 1
+            self.cond.notify_all()
+
+    def round_cancelled(self) -> None:
+        """A round counted by :meth:`round_done` that will not run after all (it failed and is redone)."""
+        with self.cond:
+            self.rounds -= 1
             self.cond.notify_all()
 
     def wake(self) -> None:
