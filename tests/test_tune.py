@@ -165,14 +165,25 @@ def test_a_rounds_time_is_its_critical_path(graphs_dir):
     shape = shape_of(load_graph(f"{graphs_dir}/td3-halfcheetah-apex.yaml"))
     assert [s.key for s in shape.learn] == ["replay.sample", "critic.update_critic", "actor.update_actor"]
     assert shape.learn[2].inputs == (0,) and shape.learn[2].delayed == (1,) and shape.out == 2
+    assert [s.weights for s in shape.learn] == [False, True, False] and shape.publisher == "actor"
     work = {"replay.sample": 0.001, "critic.update_critic": 0.08, "actor.update_actor": 0.02}
     c = costs(hop_s=0.01, fragment_s=work)
     chain = round_period(shape, c, delayed=False, rollouts_s=0.0)  # sample -> critic -> actor -> driver
     assert chain == pytest.approx(0.001 + 0.08 + 0.02 + 4 * 0.01)
     assert round_period(shape, c, delayed=True, rollouts_s=0.0) == pytest.approx(0.08)  # critic-bound
+    # Running ahead: the next round's critic waits for publish after this round's actor (a hop to start
+    # publish, one to move the weights) and for its own call before (a hop), not for the driver
+    ahead = round_period(shape, c, delayed=False, rollouts_s=0.0, ahead=True)
+    assert ahead == pytest.approx(0.08 + 0.02 + 3 * 0.01)
+    assert round_period(shape, c, delayed=True, rollouts_s=0.0, ahead=True) == pytest.approx(0.08 + 0.01)
     split, apex = Candidate("split-learner", 1, 2, 8, 1), Candidate("apex", 1, 2, 8, 1)
-    assert predict(split, shape, c).round_s == pytest.approx(0.08)
-    assert predict(apex, shape, c).round_s == pytest.approx(chain)
+    assert predict(split, shape, c).round_s == pytest.approx(0.08 + 0.01)
+    assert predict(apex, shape, c).round_s == pytest.approx(ahead)
+    dqn = shape_of(load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml"))  # sample -> update -> reprioritize
+    work = costs(hop_s=0.01, fragment_s={"replay.sample": 0.001, "learner.update": 0.05, "replay.reprioritize": 0.001})
+    assert round_period(dqn, work, delayed=False, rollouts_s=0.0) == pytest.approx(0.05 + 0.002 + 4 * 0.01)
+    assert round_period(dqn, work, delayed=False, rollouts_s=0.0, ahead=True) == pytest.approx(0.05 + 0.01)
+    assert not any(s.weights for s in dqn.learn) and dqn.publisher == "learner"
     ppo = replace(PPO, learn=(LearnStep("learner.update", "learner", rollouts=True),), out=0)
     two = Candidate("async", 2, 8, 32, 2)  # each arrival's hop and bytes, then the update and the driver's hop
     move = 0.005 + 8 * 32 * 40 / 5e8
@@ -180,6 +191,15 @@ def test_a_rounds_time_is_its_critical_path(graphs_dir):
     assert got == pytest.approx(0.05 + 2 * 0.005 + 2 * move)
     series = replace(PPO, round_hops=2)  # one step: the same as the hops in series
     assert got == pytest.approx(predict(two, series, costs()).round_s)
+
+
+def test_the_models_policies_that_run_ahead_are_the_engines():
+    from dagrl.policies import POLICIES
+    from dagrl.policies.streaming import Streaming
+    from dagrl.tune.model import RUNS_AHEAD
+
+    streaming = {name for name, cls in POLICIES.items() if issubclass(cls, Streaming)}
+    assert {name for name in streaming if POLICIES[name].runs_ahead} == set(RUNS_AHEAD)
 
 
 def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir, capsys):

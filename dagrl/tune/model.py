@@ -40,9 +40,10 @@ and scales every distributed candidate.
   scheduler's and driver's CPU per task. A round's time is its critical path
   (:func:`round_period`): each fragment of the round waits for the hop that brings its inputs and
   for its role's previous fragment, so a hop overlaps with work on another role; the driver submits
-  the next round a hop after the round's output; ``async``'s update also waits for each rollout it
-  takes (its report reaching the driver, its bytes moving in). ``split-learner`` feeds a learner role
-  the other's previous round, so its roles update at once.
+  the next round a hop after the round's output (``apex``, ``split-learner``: while the round
+  runs, so the next round waits only for the weights published after it); ``async``'s update also
+  waits for each rollout it takes (its report reaching the driver, its bytes moving in).
+  ``split-learner`` feeds a learner role the other's previous round, so its roles update at once.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from dataclasses import dataclass, field, replace
 
 __all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
 
+RUNS_AHEAD = ("apex", "split-learner")
+"""Streaming policies that submit the next learner round behind the one in flight (their ``runs_ahead``)."""
 ONPOLICY = ("single", "sync", "async")
 OFFPOLICY = ("single", "sync", "apex", "split-learner")
 SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -75,6 +78,9 @@ class LearnStep:
     ``split-learner`` (its delayed edges), this round's under every other policy."""
     rollouts: bool = False
     """It takes the round's arrived rollouts (``async``'s update): their bytes move in first."""
+    weights: bool = False
+    """It takes the weights ``publish`` made (SAC's critic takes the actor's): under a policy that runs
+    rounds ahead, those of the round before, so it waits for that round's step on the publishing role."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class Shape:
     priced as :attr:`round_hops` hops in series with the learner roles' work)."""
     out: int = -1
     """The step of :attr:`learn` whose end the driver waits for before it submits the next round."""
+    publisher: str = ""
+    """The learner role that ``publish`` reads (its last step of a round is what ``publish`` waits for)."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +286,9 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
         total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
     if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # hops overlap other roles' work
-        round_s = round_period(shape, costs, c.policy == "split-learner", c.collects_per_round * move)
+        round_s = round_period(
+            shape, costs, c.policy == "split-learner", c.collects_per_round * move, ahead=c.policy in RUNS_AHEAD
+        )
         learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
     else:
         learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
@@ -300,7 +310,9 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
     return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
 
 
-def round_period(shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, rounds: int = 24) -> float:
+def round_period(
+    shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, rounds: int = 24, ahead: bool = False
+) -> float:
     """Seconds between learner rounds in steady state: rounds simulated one after another, each
     submitted when the driver learns that the previous one's :attr:`Shape.out` step ended. A step
     starts once its task has reached its worker, its inputs' outputs have (a task hop each: the
@@ -308,25 +320,44 @@ def round_period(shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, r
     (one fragment at a time per role); it takes its probed seconds. ``delayed``: a
     :attr:`LearnStep.delayed` input is the previous round's (``split-learner``). ``rollouts_s``: what
     the arrived rollouts add before a :attr:`LearnStep.rollouts` step (``async``'s update) may start:
-    each one's report reaching the driver, which takes them, and its bytes moving in."""
+    each one's report reaching the driver, which takes them, and its bytes moving in.
+
+    ``ahead`` (:data:`RUNS_AHEAD`): round k+1 is submitted once the driver has round k-1's output, so
+    while round k runs. Each step then waits a hop for its own call of the round before (the order
+    edge on each fragment; what else its role ran in between is not counted: a worker runs whichever
+    of its tasks is ready), and a :attr:`LearnStep.weights` step for the ``publish`` after the round before: a
+    hop for ``publish`` to start after the publishing role's last step, one for its output to move.
+    """
     hop, steps = costs.hop_s, shape.learn
     seconds = [costs.fragment_s.get(s.key, 0.0) for s in steps]
     free: dict[str, float] = {}
     previous: list[float] | None = None
     submitted, starts = 0.0, []
+    weights_at, out_before = 0.0, None
     for _ in range(rounds):
         starts.append(submitted)
         done: list[float] = []
-        for s, took in zip(steps, seconds, strict=True):
+        if ahead:
+            free = {}  # across rounds, each fragment waits for its own call of the round before (below)
+        for i, (s, took) in enumerate(zip(steps, seconds, strict=True)):
             ready = submitted + hop + (rollouts_s if s.rollouts else 0.0)
             ready = max([ready, *(done[j] + hop for j in s.inputs)])
             if delayed:
                 ready = max([ready, *(previous[j] + hop for j in s.delayed if previous is not None)])
             else:
                 ready = max([ready, *(done[j] + hop for j in s.delayed)])
+            if ahead and previous is not None:
+                ready = max(ready, previous[i] + hop, weights_at if s.weights else 0.0)
             done.append(max(ready, free.get(s.role, 0.0)) + took)
             free[s.role] = done[-1]
-        submitted, previous = done[shape.out] + hop, done
+        if ahead:
+            submitted = submitted if out_before is None else max(submitted, out_before + hop)
+            out_before = done[shape.out]
+            mine = [t for s, t in zip(steps, done, strict=True) if s.role == shape.publisher]
+            weights_at = max(mine or done) + 2 * hop
+        else:
+            submitted = done[shape.out] + hop
+        previous = done
     half = rounds // 2
     return (starts[-1] - starts[half]) / (rounds - 1 - half)
 

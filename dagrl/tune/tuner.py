@@ -143,6 +143,7 @@ def shape_of(graph: Graph) -> Shape:
         inserts=len(stream.insert),
         learn=learn_steps(algo, stream),
         out=next((i for i, n in enumerate(stream.learn) if n is algo.graph.output), len(stream.learn) - 1),
+        publisher=next((n.role for n in stream.before), ""),
         max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
         vector=role.vector,
     )
@@ -163,6 +164,7 @@ def learn_steps(algo: Any, stream: Any) -> tuple[LearnStep, ...]:
                 inputs=tuple(index[a.id] for a in args if a.id in index and (a.id, n.id) not in delayed),
                 delayed=tuple(index[a.id] for a in args if (a.id, n.id) in delayed),
                 rollouts=any(a.id == stream.stream.id for a in args),
+                weights=any(a in stream.before for a in args),
             )
         )
     return tuple(steps)

@@ -1,0 +1,97 @@
+"""Learner rounds per second under ``apex``: the next round submitted behind the one in flight, or not.
+
+    dagrl bench rounds-ahead [--graph sac-pendulum-apex] [--repeats 3] [--env-steps 4000] [--set K=V ...]
+
+Each repeat trains the graph twice on one embedded 3-worker LocalCluster, once running rounds ahead
+(as dagrl does) and once with that turned off, in alternating order. Rounds per second count the
+learner rounds after the warm-up, from the Task Stream: how many of the round's last learner task
+ran, over the time from the first one's start to the last one's end. The ratio is taken per repeat,
+so both runs of a pair share the machine's load at the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from _common import emit, table
+from distributed import Client, get_task_stream
+
+from dagrl.clusters import LocalClusterSpec, local_cluster
+from dagrl.distribution import stream_shape
+from dagrl.graph import load_graph
+from dagrl.policies import build_policy
+from dagrl.policies.streaming import Streaming
+from dagrl.runtime.driver import Trainer
+from dagrl.runtime.progress import Progress
+from dagrl.runtime.rundir import RunDir
+
+
+def run(graph_name: str, overrides: list[str], ahead: bool, client: Client, root: str) -> dict:
+    graph = load_graph(f"graphs/{graph_name}.yaml", [*overrides, "checkpoint.every=0", f"runs_dir={root}"])
+    last = stream_shape(graph.algorithm).learn[-1].name
+    rundir = RunDir.create(root, graph.name)
+    policy = build_policy(graph, client, run_dir=rundir.path)
+    if not isinstance(policy, Streaming):
+        raise SystemExit(f"{graph_name}: policy {graph.spec.policy} does not stream (apex, split-learner do)")
+    policy.runs_ahead = ahead
+    t0 = time.perf_counter()
+    try:
+        with get_task_stream(client) as stream:
+            summary = Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
+    finally:
+        policy.close()
+    wall = time.perf_counter() - t0
+    spans = sorted(
+        (t["startstops"][-1]["start"], t["startstops"][-1]["stop"])
+        for t in stream.data
+        if t["key"].startswith(f"{last}-")
+    )
+    rounds = len(spans)
+    rate = rounds / (spans[-1][1] - spans[0][0]) if rounds > 1 else 0.0
+    return {"ahead": ahead, "rounds": rounds, "rounds_s": rate, "wall_s": wall, "env_steps": summary["env_steps"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graph", default="sac-pendulum-apex")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--env-steps", type=int, default=4000)
+    p.add_argument("--set", dest="overrides", action="append", help="a graph override (default: hidden=64)")
+    args = p.parse_args()
+    args.overrides = args.overrides or ["hyperparameters.hidden=64"]
+    overrides = [*args.overrides, f"stop.env_steps={args.env_steps}", "stop.mean_return=null"]
+    root = tempfile.mkdtemp(prefix="dagrl-bench-rounds-")
+    runs = []
+    with (
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), 3) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        for i in range(args.repeats):
+            pair = {}
+            for ahead in (False, True) if i % 2 == 0 else (True, False):
+                pair[ahead] = run(args.graph, overrides, ahead, client, root)
+                r = pair[ahead]
+                print(f"repeat {i + 1} ahead={ahead}: {r['rounds']} rounds, {r['rounds_s']:.2f}/s", flush=True)
+            ratio = pair[True]["rounds_s"] / pair[False]["rounds_s"]
+            runs.append({"off": pair[False], "on": pair[True], "ratio": ratio})
+    rows = [
+        {
+            "repeat": i + 1,
+            "rounds/s not ahead": r["off"]["rounds_s"],
+            "rounds/s ahead": r["on"]["rounds_s"],
+            "ratio": r["ratio"],
+        }
+        for i, r in enumerate(runs)
+    ]
+    ratio = statistics.median(r["ratio"] for r in runs)
+    print(f"\n{args.graph}, {args.env_steps} env steps, overrides {args.overrides}")
+    print(table(rows, list(rows[0])))
+    print(f"median ratio (ahead / not ahead): {ratio:.2f}")
+    emit("rounds-ahead", {"graph": args.graph, "overrides": args.overrides, "runs": runs, "ratio": ratio})
+
+
+if __name__ == "__main__":
+    main()
