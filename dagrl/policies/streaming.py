@@ -10,9 +10,9 @@ The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
   **insert** fragments (a replay ``add``) follow each call on shard ``i % K``, taking the rollout
   straight from the sampler's worker;
 * **learn** fragments (``sample -> update``, or ``update`` on the arrived rollouts) run as one
-  learner *round* at a time, submitted as a whole (under ``apex``, the next one behind it while it
-  runs); a :class:`~dagrl.runtime.ratelimit.RateLimiter` ties rounds to arrivals both ways (its lead
-  is the backpressure on samplers);
+  learner *round* at a time, submitted as a whole (under ``apex`` and ``split-learner``, the next one
+  behind it while it runs); a :class:`~dagrl.runtime.ratelimit.RateLimiter` ties rounds to arrivals
+  both ways (its lead is the backpressure on samplers);
 * **delayed edges** (``split-learner``) feed a round the previous round's value, so two learner
   roles update at once.
 
