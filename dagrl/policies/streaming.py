@@ -89,6 +89,8 @@ class _Round:
     previous: dict[int, list[Call]]
     """The delayed edges' values before it was submitted (what a redo takes)."""
     t0: float
+    counted: bool
+    """Whether the limiter counted it when it was submitted (a policy that runs ahead), not when it ends."""
 
 
 class Streaming(Policy):
@@ -362,6 +364,8 @@ class Streaming(Policy):
         res = current.res
         self.report_lag(res, [current.version - a.version for a in current.taken])
         self.rounds += 1
+        if not current.counted:
+            self.limiter.round_done()
         if current.publish is not None:
             with self.cond:
                 self.version += 1
@@ -422,7 +426,12 @@ class Streaming(Policy):
         if self.submitted % self.publish_every == 0:
             publishers = {n.role for n in self.shape.before}
             publish = self._publish(after=[c for c in learn if c.handle.role in publishers] or learn)
-        self.limiter.round_done()  # counted as submitted: the next round may be decided on now
+        # Running ahead, the limiter counts a round as submitted, so the next one may be decided on now.
+        # Otherwise it counts it when it ends: counted earlier, the samplers' lead would grow by a round
+        # while each round runs, and with it the staleness of what ``async`` learns from.
+        counted = self.runs_ahead and self.executor.remote
+        if counted:
+            self.limiter.round_done()
         watch = [
             *calls[stream.id],
             *(c for cs in weights.values() for c in cs),
@@ -432,7 +441,7 @@ class Streaming(Policy):
         previous = dict(self.previous)
         for src, _ in self.delayed:
             self.previous[src] = calls[src]  # the next round's value of the delayed edge
-        return _Round(res, taken, version, calls, learn, watch, publish, previous, t0)
+        return _Round(res, taken, version, calls, learn, watch, publish, previous, t0, counted)
 
     def _output(self, r: _Round) -> Call:
         out_node = self.graph.algorithm.graph.output
@@ -454,7 +463,8 @@ class Streaming(Policy):
     def _abandon(self, r: _Round) -> None:
         """Forget a round that will not finish (it failed, or it followed one that did)."""
         self.executor.cancel([*r.learn, *(c for cs in (r.publish or {}).values() for c in cs)])
-        self.limiter.round_cancelled()
+        if r.counted:
+            self.limiter.round_cancelled()
         self.submitted -= 1
         self.previous = r.previous  # a redone round takes the delayed edges' values this one took
 
