@@ -206,6 +206,17 @@ class SlurmSpec:
             raise ValueError(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
 
 
+def workers(client: Any) -> dict[str, dict[str, Any]]:
+    """The scheduler's workers now: address -> info (``resources``, ``name``, ``nthreads``, ``status``).
+
+    Not ``client.scheduler_info(n_workers=-1)["workers"]``: that returns the client's shared cached
+    identity, which the client's own periodic refresh (``distributed.client.scheduler-info-interval``,
+    2 s) overwrites with one asked for ``n_workers=0``, whose ``workers`` is empty. A thread reading it
+    just after that refresh sees a cluster with no workers, and every role on it as lost.
+    """
+    return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
+
+
 def parse_memory(text: str, key: str = "memory") -> int:
     from dask.utils import parse_bytes
 

@@ -30,6 +30,7 @@ from typing import Any
 from dask_jobqueue.slurm import SLURMJob
 
 from dagrl.clusters import QUIET_CONFIG, PoolSpec, SlurmError, SlurmSpec, config_environ, quiet_here
+from dagrl.clusters import workers as live_workers
 from dagrl.runtime.rundir import RunDir
 from dagrl.schema import ConfigError
 
@@ -360,7 +361,7 @@ class Resubmitter:
                 log.warning("SLURM resubmission: %s", err)
 
     def check(self) -> None:
-        info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        info = live_workers(self.client)
         live = {w.get("name") for w in info.values()}
         now = time.monotonic()
         for name, pool in list(self.names.items()):
@@ -393,7 +394,7 @@ def _wait_for_workers(client: Any, slurm: Any, n: int, timeout: float) -> None:
     except TimeoutError:
         states = job_states([j.job_id for j in slurm.workers.values() if j.job_id])
         raise SlurmError(
-            f"only {len(client.scheduler_info(n_workers=-1)['workers'])} of {n} worker jobs started in "
+            f"only {len(live_workers(client))} of {n} worker jobs started in "
             f"{timeout:g} s (start_timeout_s); job states: {states or 'none known'}"
         ) from None
 

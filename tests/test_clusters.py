@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dagrl.clusters import LocalClusterSpec, connect, load_cluster
+from dagrl.clusters import workers as live_workers
 from dagrl.graph import load_graph
 from dagrl.schema import ConfigError
 
@@ -116,7 +117,7 @@ def test_desktop_gpu_layout_puts_learners_on_gpu_workers():
     graph = load_graph("graphs/sac-pendulum-split.yaml")
     spec = LocalClusterSpec(gpu_workers=2, dashboard_address=":0")
     with connect(spec, graph) as client:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = live_workers(client)
         gpu = {a for a, w in workers.items() if w["resources"].get("GPU")}
         assert len(gpu) == 2 and len(workers) == 5  # one per role replica
         # without Dask's eager malloc trimming, which made torch updates ~2 x slower (clusters.WORKER_ENVIRON_NOTE)
@@ -208,3 +209,26 @@ def test_a_run_on_a_cluster_with_dasks_trim_threshold_says_how_to_start_it(tmp_p
         assert bool(warning) == expect, actors
         if expect:
             assert "learner[0]" in warning and "sampler[1]" in warning and "untrimmed" in warning
+
+
+def test_the_worker_list_never_reads_empty_under_the_clients_periodic_refresh():
+    """The client refreshes its cached scheduler identity with no workers in it; a liveness check that
+    read that cache saw every role lost (a SIGKILLed sampler was once blamed on the learner)."""
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dagrl.clusters import workers
+
+    with (
+        dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}),
+        LocalCluster(n_workers=2, processes=False, dashboard_address=None) as lc,
+        Client(lc) as client,
+    ):
+        sizes = set()
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            sizes.add(len(workers(client)))
+        assert sizes == {2}
+        assert all("nthreads" in w for w in workers(client).values())

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from dagrl.clusters import workers as live_workers
 from dagrl.graph import load_graph, resolve_graph
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore
@@ -69,7 +70,7 @@ def four_workers(client) -> None:
     try:
         client.wait_for_workers(4, timeout=30)
     except WorkerStartTimeoutError:
-        running = sum(1 for w in client.scheduler_info()["workers"].values() if w["status"] == "running")
+        running = sum(1 for w in live_workers(client).values() if w["status"] == "running")
         client.cluster.scale(len(client.cluster.worker_spec) + 4 - running)
         client.wait_for_workers(4, timeout=60)
 
@@ -151,8 +152,8 @@ def test_a_worker_whose_nanny_is_gone_is_started_afresh_and_the_run_finishes(clu
     run.wait_iteration(3)
     lc = cluster.cluster
     address = run.policy.hosts["sampler"][1].address
-    name = cluster.scheduler_info(n_workers=-1)["workers"][address]["name"]
-    before = set(cluster.scheduler_info(n_workers=-1)["workers"])
+    name = live_workers(cluster)[address]["name"]
+    before = set(live_workers(cluster))
     lc.sync(lc.workers[name].close)  # the nanny and its worker: nothing will bring this one back
     summary = run.finish()
     assert summary["iterations"] == 25
@@ -160,7 +161,7 @@ def test_a_worker_whose_nanny_is_gone_is_started_afresh_and_the_run_finishes(clu
     assert (restart["role"], restart["index"], restart["kind"]) == ("sampler", 1, "lost")
     assert restart["new_worker"] not in before  # a fresh worker, not one shared with another role
     assert name not in lc.worker_spec and f"{name}-r1" in lc.worker_spec
-    assert len(cluster.scheduler_info(n_workers=-1)["workers"]) == 4
+    assert len(live_workers(cluster)) == 4
 
 
 def test_killed_learner_rolls_back_to_the_checkpoint_and_finishes(cluster, tmp_path):

@@ -10,6 +10,7 @@ import yaml
 from distributed import get_task_stream
 
 from dagrl.cli import main
+from dagrl.clusters import workers as live_workers
 from dagrl.dashboard import METRICS
 from dagrl.schema import ConfigError
 from dagrl.sweep import parse_grid, plan, run_sweep, table
@@ -87,7 +88,7 @@ def test_trials_run_as_tasks_on_the_workers_and_the_table_sums_them_per_setting(
         returns[(rec["setting"], rec["seed"])] = [m.get("losses/value") for m in metrics]
     assert returns[("lr=1e-3", 1)] != returns[("lr=1e-3", 2)]  # the seeds are the trials' own
     assert returns[("lr=1e-3", 1)] != returns[("lr=3e-3", 1)]
-    workers = set(client.scheduler_info()["workers"])
+    workers = set(live_workers(client))
     ran = [t for t in stream.data if t["key"].startswith("trial-lr-")]
     assert len(ran) == 4 and {t["worker"] for t in ran} <= workers  # on the cluster's workers
     assert len({t["worker"] for t in ran}) >= 2  # side by side

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from dagrl.clusters import workers as live_workers
 from dagrl.context import RoleContext
 from dagrl.graph import Graph
 from dagrl.runtime.host import RoleHost
@@ -233,7 +234,7 @@ def start_actors(
 ) -> dict[str, list[Handle]]:
     """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
     start = start or Start()
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
     placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
     futures = {key: _submit(client, graph, *key, addr, start) for key, addr in placement.items()}
@@ -257,7 +258,7 @@ def _started(client: Any, fut: Any, address: str, what: str) -> Any:
         try:
             return fut.result(timeout=2.0)
         except TimeoutError:
-            if address not in client.scheduler_info(n_workers=-1)["workers"]:
+            if address not in live_workers(client):
                 raise RuntimeError(f"{what}: worker {address} left before the role's actor started") from None
             if time.monotonic() > end:
                 raise RuntimeError(f"{what}: actor not started on {address} in {ACTOR_START_TIMEOUT_S:g} s") from None

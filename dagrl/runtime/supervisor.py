@@ -30,6 +30,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagrl.clusters import workers as live_workers
+
 log = logging.getLogger("dagrl")
 
 
@@ -145,11 +147,12 @@ class Supervisor:
     def workers(self, max_age: float = 0.5) -> dict[str, Any]:
         stamp, workers = self._workers
         if time.monotonic() - stamp > max_age:
-            info = self.client.scheduler_info(n_workers=-1)
-            if "workers" in info:  # a client that is reconnecting has no scheduler identity yet
-                workers = info["workers"]
-                self._workers = (time.monotonic(), workers)
-                self.names.update((addr, w.get("name")) for addr, w in workers.items())
+            try:
+                workers = live_workers(self.client)
+            except OSError:  # a client that is reconnecting: the last list stands
+                return workers
+            self._workers = (time.monotonic(), workers)
+            self.names.update((addr, w.get("name")) for addr, w in workers.items())
         return workers
 
     def alive(self, address: str | None, fresh: bool = False) -> bool:

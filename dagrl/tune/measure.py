@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from dagrl.clusters import workers as live_workers
 from dagrl.tune.model import Costs
 from dagrl.wrappers import parse as parse_wrappers
 
@@ -311,7 +312,7 @@ def probe_loaded(
     Median seconds per vector step (the sampler's busy time, acting included) in each window."""
     from distributed import Queue, Variable
 
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(live_workers(client))
     if not counts or len(workers) < 2:
         return {}
     first = learner if learner in workers else workers[0]
@@ -414,7 +415,7 @@ def probe_cluster(client: Any, transfer_bytes: int = 64 * 2**20) -> dict[str, An
         ) else os.cpu_count()
 
     hosts = dict(client.run(where).values())
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     gpus = sum(w.get("resources", {}).get("GPU", 0) for w in workers.values())
     addresses = sorted(workers)
     hops = []

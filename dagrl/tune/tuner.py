@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from dagrl import distribution
+from dagrl.clusters import workers as live_workers
 from dagrl.fragment import Node
 from dagrl.graph import Graph, resolve_graph
 from dagrl.schema import ConfigError
@@ -286,7 +287,7 @@ def measure(
     bar.set_postfix_str("cluster: cores, task round trip, bandwidth")
     m.cluster = probe_cluster(client)
     bar.update(1)
-    worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
+    worker = sorted(live_workers(client))[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
     env_id, kwargs, wrappers = graph.spec.env.id, graph.spec.env.kwargs, graph.spec.env.wrappers
@@ -329,7 +330,7 @@ def learner_worker(graph: Graph, client: Any) -> str | None:
     gpu = max((graph.role(r).gpus for r in learner_roles(graph)), default=0.0)
     if not gpu:
         return None
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     return next((a for a, w in sorted(workers.items()) if w.get("resources", {}).get("GPU", 0) >= gpu), None)
 
 
