@@ -158,8 +158,8 @@ class StreamingCentralInference(Acting, Async):
         self._attach()
         super().start()
 
-    def _use(self, calls: dict[int, list[Call]]) -> None:
-        super()._use(calls)
+    def _use(self, calls: dict[int, list[Call]], new_version: bool = False) -> None:
+        super()._use(calls, new_version)
         self._load(wait=self.loaded is None)  # the first version before any sampler acts
 
     def _load(self, wait: bool) -> None:

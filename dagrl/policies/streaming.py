@@ -142,9 +142,9 @@ class Streaming(Policy):
 
     # -- weights versions --------------------------------------------------------------------------
 
-    def _refresh(self) -> None:
+    def _refresh(self, new_version: bool = False) -> None:
         """Submit the fragments before the stream (``publish``) for a new version and use it at once."""
-        self._use(self._publish())
+        self._use(self._publish(), new_version)
 
     def _publish(self, after: list[Call] | None = None) -> dict[int, list[Call]]:
         """Submit ``publish`` (not waited for); ``after``: the calls it must follow (a round's learner tasks)."""
@@ -153,9 +153,12 @@ class Streaming(Policy):
             self.shape.before, self.hosts, self.roles, calls={}, inputs=self._input, after=order
         )
 
-    def _use(self, calls: dict[int, list[Call]]) -> None:
-        """Make a version's ``publish`` calls the weights the samplers' next calls take."""
+    def _use(self, calls: dict[int, list[Call]], new_version: bool = False) -> None:
+        """Make a version's ``publish`` calls the weights the samplers' next calls take; ``new_version``:
+        count the version up with it, under the same lock, so that no sampler call is tagged with the
+        new version and submitted with the old weights (or, after a rollback, a dead learner's)."""
         with self.cond:
+            self.version += new_version
             self.current = calls
             self.cond.notify_all()
 
@@ -367,9 +370,7 @@ class Streaming(Policy):
         if not current.counted:
             self.limiter.round_done()
         if current.publish is not None:
-            with self.cond:
-                self.version += 1
-            self._use(current.publish)
+            self._use(current.publish, new_version=True)
         res.update_time = learn_time(self.graph.algorithm.graph, self.roles, current.calls, current.t0)
         if isinstance(out, dict):
             res.metrics = {**out, **res.metrics}
@@ -479,10 +480,9 @@ class Streaming(Policy):
     def after_restore(self) -> None:
         self.drop_ahead()
         with self.cond:
-            self.version += 1
             self.posted = None
         self.previous.clear()
-        self._refresh()
+        self._refresh(new_version=True)
 
     def close(self) -> None:
         self.drop_ahead()
