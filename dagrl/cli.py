@@ -24,8 +24,22 @@ from dagrl.schema import ConfigError, changed_keys, read_yaml
 log = logging.getLogger("dagrl")
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when the handler was made
+    (``main`` called again in one process, under a test's or a notebook's replaced stderr, would
+    otherwise log to a stream closed since)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _setup_logging(quiet: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter("dagrl: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.WARNING if quiet else logging.INFO)

@@ -240,3 +240,20 @@ def test_the_dagrl_command_finds_an_env_module_in_its_working_directory(tmp_path
     assert done.returncode == 0, done.stderr
     summary = json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())
     assert summary["stop_reason"] == "mean_return", summary  # learnt, on the cluster's workers
+
+
+def test_dagrl_logs_to_stderr_as_it_is_now_not_as_it_was(monkeypatch):
+    """``main`` sets the log handler once per call; a later run in the same process (tests, a notebook)
+    under another stderr logs there, not to the stream of the call that made the handler."""
+    import io
+    import logging
+
+    from dagrl.cli import _setup_logging
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    _setup_logging(quiet=True)
+    first.close()  # as a test's capture is closed when it ends
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("dagrl").warning("sampler[1] restarted")
+    assert second.getvalue() == "dagrl: sampler[1] restarted\n"
