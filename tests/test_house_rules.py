@@ -1,11 +1,13 @@
-"""Rules that keep the code livable: algorithms never import dask or the distribution layers."""
+"""Rules that keep the code livable: algorithms never import dask or the distribution layers; the
+worker list is read one way."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
 
-ALGOS = pathlib.Path(__file__).resolve().parent.parent / "dagrl" / "algos"
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dagrl"
+ALGOS = PACKAGE / "algos"
 FORBIDDEN = ("dask", "distributed", "dagrl.runtime", "dagrl.policies", "dagrl.clusters")
 
 
@@ -33,3 +35,28 @@ def test_the_check_itself_catches_an_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import numpy\nfrom distributed import Client\n")
     assert "distributed" in imported_modules(bad)
+
+
+def scheduler_info_calls(path: pathlib.Path) -> list[int]:
+    """Lines of ``path`` calling ``<anything>.scheduler_info(...)``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "scheduler_info"
+    ]
+
+
+def test_the_worker_list_is_read_through_dagrl_clusters_workers():
+    """``client.scheduler_info()`` returns the client's cached identity, which the client's periodic
+    refresh empties of workers now and then (``dagrl.clusters.workers`` says more): a liveness check
+    that read it took live roles as lost."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    assert len(files) > 50
+    offenders = {str(f.relative_to(PACKAGE)): scheduler_info_calls(f) for f in files}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_worker_list_check_itself_finds_a_call(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(client):\n    return client.scheduler_info(n_workers=-1)['workers']\n")
+    assert scheduler_info_calls(bad) == [2]
