@@ -213,8 +213,13 @@ def workers(client: Any) -> dict[str, dict[str, Any]]:
     identity, which the client's own periodic refresh (``distributed.client.scheduler-info-interval``,
     2 s) overwrites with one asked for ``n_workers=0``, whose ``workers`` is empty. A thread reading it
     just after that refresh sees a cluster with no workers, and every role on it as lost.
+
+    Raises ``OSError`` where the client has no scheduler to ask (closed, or its scheduler gone).
     """
-    return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
+    scheduler = client.scheduler
+    if scheduler is None or client.status not in ("running", "connecting"):
+        raise OSError(f"the Dask client is {client.status}: no scheduler to ask for its workers")
+    return dict(client.sync(scheduler.identity, n_workers=-1).get("workers", {}))
 
 
 def parse_memory(text: str, key: str = "memory") -> int:

@@ -232,3 +232,5 @@ def test_the_worker_list_never_reads_empty_under_the_clients_periodic_refresh():
             sizes.add(len(workers(client)))
         assert sizes == {2}
         assert all("nthreads" in w for w in workers(client).values())
+    with pytest.raises(OSError, match="the Dask client is closed"):
+        workers(client)  # the supervisor keeps its last list on this

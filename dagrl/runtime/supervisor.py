@@ -149,7 +149,7 @@ class Supervisor:
         if time.monotonic() - stamp > max_age:
             try:
                 workers = live_workers(self.client)
-            except OSError:  # a client that is reconnecting: the last list stands
+            except OSError:  # a client reconnecting, or closed under a thread still watching: the last list stands
                 return workers
             self._workers = (time.monotonic(), workers)
             self.names.update((addr, w.get("name")) for addr, w in workers.items())
