@@ -6,12 +6,15 @@ Each repeat trains the graph twice on one embedded 3-worker LocalCluster, once r
 (as dagrl does) and once with that turned off, in alternating order. Rounds per second count the
 learner rounds after the warm-up, from the Task Stream: how many of the round's last learner task
 ran, over the time from the first one's start to the last one's end. The ratio is taken per repeat,
-so both runs of a pair share the machine's load at the time.
+so both runs of a pair share the machine's load at the time. Then, per task (fragment and role): the
+median time computing, and the median time fetching its inputs from other workers, over each run's
+tasks (the medians of the repeats' medians), where the round's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import tempfile
 import time
@@ -51,7 +54,35 @@ def run(graph_name: str, overrides: list[str], ahead: bool, client: Client, root
     )
     rounds = len(spans)
     rate = rounds / (spans[-1][1] - spans[0][0]) if rounds > 1 else 0.0
-    return {"ahead": ahead, "rounds": rounds, "rounds_s": rate, "wall_s": wall, "env_steps": summary["env_steps"]}
+    return {
+        "ahead": ahead,
+        "rounds": rounds,
+        "rounds_s": rate,
+        "wall_s": wall,
+        "env_steps": summary["env_steps"],
+        "tasks": task_times(stream.data),
+    }
+
+
+def task_times(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per ``fragment-role`` (the executor's task keys are ``fragment-role-index-uuid``): how many
+    tasks ran, and the median milliseconds computing and fetching inputs from other workers."""
+    spent: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: {"compute": [], "transfer": []})
+    for t in records:
+        parts = t["key"].split("-") if isinstance(t["key"], str) else []
+        if len(parts) < 4:
+            continue
+        for s in t["startstops"]:
+            kind = "compute" if s["action"] == "compute" else "transfer"
+            spent[f"{parts[0]}-{parts[1]}"][kind].append(1e3 * (s["stop"] - s["start"]))
+    return {
+        name: {
+            "n": len(v["compute"]),
+            "compute_ms": statistics.median(v["compute"]) if v["compute"] else 0.0,
+            "transfer_ms": statistics.median(v["transfer"]) if v["transfer"] else 0.0,
+        }
+        for name, v in spent.items()
+    }
 
 
 def main() -> None:
@@ -90,7 +121,28 @@ def main() -> None:
     print(f"\n{args.graph}, {args.env_steps} env steps, overrides {args.overrides}")
     print(table(rows, list(rows[0])))
     print(f"median ratio (ahead / not ahead): {ratio:.2f}")
+    print("\nper task, ms (median over each run's tasks, then over the repeats):")
+    columns = ["task", "tasks per run", "compute, not ahead", "compute, ahead", "inputs fetched, ahead"]
+    print(table(breakdown(runs), columns))
     emit("rounds-ahead", {"graph": args.graph, "overrides": args.overrides, "runs": runs, "ratio": ratio})
+
+
+def breakdown(runs: list[dict]) -> list[dict]:
+    def median(mode: str, name: str, key: str) -> float:
+        return statistics.median(r[mode]["tasks"].get(name, {}).get(key, 0.0) for r in runs)
+
+    names = sorted({n for r in runs for mode in ("off", "on") for n in r[mode]["tasks"]})
+    rows = [
+        {
+            "task": name,
+            "tasks per run": median("on", name, "n"),
+            "compute, not ahead": median("off", name, "compute_ms"),
+            "compute, ahead": median("on", name, "compute_ms"),
+            "inputs fetched, ahead": median("on", name, "transfer_ms"),
+        }
+        for name in names
+    ]
+    return sorted(rows, key=lambda r: -r["compute, ahead"] * r["tasks per run"])
 
 
 if __name__ == "__main__":
