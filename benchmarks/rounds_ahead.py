@@ -95,9 +95,10 @@ def main() -> None:
     args.overrides = args.overrides or ["hyperparameters.hidden=64"]
     overrides = [*args.overrides, f"stop.env_steps={args.env_steps}", "stop.mean_return=null"]
     root = tempfile.mkdtemp(prefix="dagrl-bench-rounds-")
+    gpu_actors = load_graph(f"graphs/{args.graph}.yaml", overrides).n_gpu_actors  # a thread each on a GPU worker
     runs = []
     with (
-        local_cluster(LocalClusterSpec(dashboard_address=":0"), 3) as cluster,
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), 3, gpu_actors) as cluster,
         Client(cluster, direct_to_workers=True) as client,
     ):
         for i in range(args.repeats):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -282,7 +283,7 @@ def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) ->
         with slurm.cluster(spec, graph, run_dir) as client:
             yield client
         return
-    cluster = local_cluster(spec, graph.n_actors)
+    cluster = local_cluster(spec, graph.n_actors, graph.n_gpu_actors)
     try:
         with Client(cluster, direct_to_workers=True) as client:
             yield client
@@ -383,8 +384,12 @@ def quiet_here(config: dict[str, Any]) -> Any:
     return dask.config.set(config)
 
 
-def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
+def local_cluster(spec: LocalClusterSpec, n_actors: int, gpu_actors: int = 0) -> Any:
     """A LocalCluster of worker processes for ``n_actors`` role actors (one each with ``workers: auto``).
+
+    ``gpu_actors`` of them ask for a GPU: each GPU worker gets a thread for each it may host
+    (``ceil(gpu_actors / GPUs)``, at least ``threads_per_worker``), so roles sharing a GPU
+    (``GPU: 0.5`` each) run their fragments at the same time, as they would on GPUs of their own.
 
     Workers ignore a terminal's Ctrl-C (see ``dagrl.runtime.preload``), advertise ``GPU`` when
     this machine has CUDA devices, and start without Dask's ``MALLOC_TRIM_THRESHOLD_``
@@ -411,12 +416,14 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int) -> Any:
             preload=["dagrl.runtime.preload"],
         )
         if gpus:
-            add_gpu_workers(cluster, gpus, spec.resources)
+            threads = max(spec.threads_per_worker, math.ceil(gpu_actors / gpus))
+            add_gpu_workers(cluster, gpus, spec.resources, threads)
         return cluster
 
 
-def add_gpu_workers(cluster: Any, count: int, resources: dict[str, float]) -> None:
-    """Add ``count`` workers to a LocalCluster, worker ``i`` seeing only CUDA device ``i`` and advertising ``GPU=1``.
+def add_gpu_workers(cluster: Any, count: int, resources: dict[str, float], threads: int | None = None) -> None:
+    """Add ``count`` workers to a LocalCluster, worker ``i`` seeing only CUDA device ``i`` and advertising ``GPU=1``;
+    ``threads`` each (default: the cluster's threads per worker).
 
     LocalCluster starts identical workers; it is a SpecCluster, so differently shaped workers are
     further entries of its ``worker_spec``.
@@ -425,6 +432,8 @@ def add_gpu_workers(cluster: Any, count: int, resources: dict[str, float]) -> No
     for i in range(count):
         options = dict(template["options"])
         options["resources"] = {**resources, "GPU": 1.0}
+        if threads is not None:
+            options["nthreads"] = threads
         options["env"] = {**options.get("env", {}), "CUDA_VISIBLE_DEVICES": str(i)}
         cluster.worker_spec[f"gpu-{i}"] = {"cls": template["cls"], "options": options}
     cluster.sync(cluster._correct_state)

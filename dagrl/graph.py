@@ -270,6 +270,11 @@ class Graph:
     def n_actors(self) -> int:
         return sum(r.replicas for r in self.active_roles.values())
 
+    @property
+    def n_gpu_actors(self) -> int:
+        """Role replicas asking for a GPU (a share of one or more)."""
+        return sum(r.replicas for r in self.active_roles.values() if r.gpus > 0)
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration, hyperparameters with defaults filled in."""
         data = to_dict(self.spec)

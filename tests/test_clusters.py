@@ -234,3 +234,43 @@ def test_the_worker_list_never_reads_empty_under_the_clients_periodic_refresh():
         assert all("nthreads" in w for w in workers(client).values())
     with pytest.raises(OSError, match="the Dask client is closed"):
         workers(client)  # the supervisor keeps its last list on this
+
+
+def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_path):
+    """``split-learner``'s critic and actor on one GPU (``GPU: 0.5`` each) share its worker, which has
+    a thread for each: their updates overlap, as they would on a GPU each. With one thread they ran
+    one after the other (CPU fallback here; the placement and the threads are what is checked)."""
+    import time
+
+    from distributed import get_task_stream
+
+    from dagrl.policies import build_policy
+
+    graph = load_graph(
+        "graphs/sac-pendulum-split.yaml",
+        ["roles.critic.resources.GPU=0.5", "roles.actor.resources.GPU=0.5", "hyperparameters.learning_starts=256",
+         "hyperparameters.hidden=32"],
+    )  # fmt: skip
+    with connect(LocalClusterSpec(gpu_workers=1, dashboard_address=":0"), graph) as client:
+        workers = live_workers(client)
+        (gpu,) = [a for a, w in workers.items() if w["resources"].get("GPU")]
+        assert workers[gpu]["nthreads"] == 2
+        assert all(w["nthreads"] == 1 for a, w in workers.items() if a != gpu)
+        policy = build_policy(graph, client, run_dir=tmp_path)
+        try:
+            where = {a["role"]: a["address"] for a in policy.actors()}
+            end = time.monotonic() + 120
+            with get_task_stream(client) as stream:
+                while policy.rounds < 12 and time.monotonic() < end:
+                    policy.step()
+        finally:
+            policy.close()
+    assert where["critic"] == where["actor"] == gpu
+    spans = {"update_critic": [], "update_actor": []}
+    for t in stream.data:
+        name = t["key"].split("-")[0]
+        if name in spans:
+            spans[name].append((t["startstops"][-1]["start"], t["startstops"][-1]["stop"]))
+    assert len(spans["update_critic"]) >= 10, spans
+    overlapping = sum(any(a0 < c1 and c0 < a1 for a0, a1 in spans["update_actor"]) for c0, c1 in spans["update_critic"])
+    assert overlapping >= 6, spans
