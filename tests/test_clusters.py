@@ -219,8 +219,6 @@ def test_the_worker_list_never_reads_empty_under_the_clients_periodic_refresh():
     import dask
     from distributed import Client, LocalCluster
 
-    from dagrl.clusters import workers
-
     with (
         dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}),
         LocalCluster(n_workers=2, processes=False, dashboard_address=None) as lc,
@@ -229,11 +227,11 @@ def test_the_worker_list_never_reads_empty_under_the_clients_periodic_refresh():
         sizes = set()
         end = time.monotonic() + 2.0
         while time.monotonic() < end:
-            sizes.add(len(workers(client)))
+            sizes.add(len(live_workers(client)))
         assert sizes == {2}
-        assert all("nthreads" in w for w in workers(client).values())
+        assert all("nthreads" in w for w in live_workers(client).values())
     with pytest.raises(OSError, match="the Dask client is closed"):
-        workers(client)  # the supervisor keeps its last list on this
+        live_workers(client)  # the supervisor keeps its last list on this
 
 
 def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_path):
