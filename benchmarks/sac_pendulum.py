@@ -67,12 +67,13 @@ def dagrl(name: str, seed: int, budget: int, client, root: str) -> dict:
     }
 
 
-def frame_rates(seconds: float, device: str = "cpu", batch: int = BATCH) -> tuple[float, float]:
-    """Transitions/s through 16-step update calls: dagrl's two fragments vs one raw torch loop."""
+def frame_rates(seconds: float, device: str = "cpu", batch: int = BATCH, graphs: bool = False) -> tuple[float, float]:
+    """Transitions/s through 16-step update calls: dagrl's two fragments vs one raw torch loop
+    (``graphs``: dagrl's steps replayed from CUDA graphs, the raw loop as written)."""
     import gymnasium as gym
 
     env = gym.make("Pendulum-v1")
-    cfg = sac.Config(hidden=128, batch_size=batch, gradient_steps=STEPS)
+    cfg = sac.Config(hidden=128, batch_size=batch, gradient_steps=STEPS, cuda_graphs=graphs)
     ctx = RoleContext(
         "critic", 0, 1, 0, "Pendulum-v1", device=device,
         observation_space=env.observation_space, action_space=env.action_space,
@@ -150,6 +151,9 @@ def main() -> None:
         "--frame-batch", type=int, nargs="+", default=[BATCH], help="batch sizes of the frame-rate measurement"
     )
     p.add_argument("--frames-only", action="store_true", help="measure the update frame rate only")
+    p.add_argument(
+        "--cuda-graphs", action="store_true", help="also measure dagrl's steps replayed from CUDA graphs (cuda only)"
+    )
     args = p.parse_args()
     from distributed import Client
 
@@ -161,6 +165,15 @@ def main() -> None:
             f"raw torch {raw_fps:,.0f} /s: {dagrl_fps / raw_fps:.2f} x (target >= 0.95)",
             flush=True,
         )
+        if args.cuda_graphs:
+            graph_fps, raw_fps = frame_rates(args.frame_seconds, args.frame_device, batch, graphs=True)
+            print(
+                f"update frame rate ({args.frame_device}, batch {batch}, CUDA graphs): dagrl {graph_fps:,.0f} /s, "
+                f"raw torch {raw_fps:,.0f} /s: {graph_fps / raw_fps:.2f} x",
+                flush=True,
+            )
+            emit("sac-frames", {"batch": batch, "eager_fps": dagrl_fps, "graphs_fps": graph_fps, "raw_fps": raw_fps,
+                  "graphs_vs_raw": graph_fps / raw_fps, "graphs_vs_eager": graph_fps / dagrl_fps})  # fmt: skip
     if args.frames_only:
         return
     names = ([] if args.skip_sb3 else ["sb3"]) + args.policies

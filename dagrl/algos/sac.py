@@ -10,6 +10,7 @@ live in one process; a distribution policy may put them on two devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
+from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
@@ -58,6 +60,8 @@ class Config:
     """Fixed entropy temperature; ``None`` tunes it toward ``-action_dim`` entropy."""
     hidden: int = 128
     """Width of the two hidden layers of every network."""
+    cuda_graphs: bool = False
+    """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
@@ -144,6 +148,7 @@ class CriticState:
     gen: torch.Generator
     device: torch.device
     steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
 
     def state_dict(self) -> dict:
         return {
@@ -158,6 +163,9 @@ class CriticState:
         self.target.load_state_dict(sd["target"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
+        set_capturable(self.optimizer, wants_graphs(self.cfg.cuda_graphs, self.device))
+        if self.step is not None:
+            self.step.reset()  # the optimizer's state tensors are new ones
 
 
 @dataclass
@@ -172,6 +180,7 @@ class ActorState:
     gen: torch.Generator
     device: torch.device
     steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
 
     def alpha(self) -> float:
         return self.cfg.alpha if self.cfg.alpha is not None else float(self.log_alpha.detach().exp())
@@ -192,6 +201,10 @@ class ActorState:
             self.log_alpha.copy_(sd["log_alpha"])
         self.alpha_optimizer.load_state_dict(sd["alpha_opt"])
         self.steps = sd["steps"]
+        for opt in (self.optimizer, self.alpha_optimizer):
+            set_capturable(opt, wants_graphs(self.cfg.cuda_graphs, self.device))
+        if self.step is not None:
+            self.step.reset()  # the optimizers' state tensors are new ones
 
 
 @role("sampler", many=True)
@@ -224,8 +237,11 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
         policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     target.load_state_dict(q.state_dict())
-    opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr)
-    return CriticState(cfg, q, target, policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr, capturable=graphs)
+    state = CriticState(cfg, q, target, policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+    state.step = CapturedStep(partial(critic_step, state), dev, [state.gen], enabled=graphs)
+    return state
 
 
 @role("actor")
@@ -237,11 +253,14 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     log_alpha = torch.zeros(1, device=dev, requires_grad=True)
-    return ActorState(
-        cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr), log_alpha,
-        torch.optim.Adam([log_alpha], lr=cfg.policy_lr), -float(np.prod(ctx.action_space.shape)),
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    state = ActorState(
+        cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr, capturable=graphs), log_alpha,
+        torch.optim.Adam([log_alpha], lr=cfg.policy_lr, capturable=graphs), -float(np.prod(ctx.action_space.shape)),
         torch.Generator(device=dev).manual_seed(ctx.seed), dev,
     )  # fmt: skip
+    state.step = CapturedStep(partial(actor_step, state), dev, [state.gen], enabled=graphs)
+    return state
 
 
 @role("evaluator", recover="replace")
@@ -277,31 +296,60 @@ def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
     return state.recorder.take(envs)
 
 
+def critic_step(state: CriticState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One twin-Q gradient step on batch ``b`` (``b["alpha"]``: the actor's temperature), then Polyak."""
+    cfg = state.cfg
+    with torch.no_grad():
+        next_action, next_logp = state.policy(b["next_obs"], state.gen)
+        tq1, tq2 = state.target(b["next_obs"], next_action)
+        soft = torch.min(tq1, tq2) - b["alpha"] * next_logp
+        discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+        target = b["reward"] + discount * (1 - b["terminated"]) * soft
+    q1, q2 = state.q(b["obs"], b["action"])
+    loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    with torch.no_grad():
+        for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
+            tp.lerp_(p, cfg.tau)
+    return {"loss": loss.detach()}
+
+
+def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One policy gradient step on batch ``b``; then, unless fixed, one temperature step."""
+    cfg = state.cfg
+    alpha = cfg.alpha if cfg.alpha is not None else state.log_alpha.detach().exp()
+    action, logp = state.policy(b["obs"], state.gen)
+    q1, q2 = state.q(b["obs"], action)
+    loss = (alpha * logp - torch.min(q1, q2)).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    out = {"loss": loss.detach(), "entropy": -logp.detach().mean()}
+    if cfg.alpha is None:
+        alpha_loss = -(state.log_alpha * (logp.detach() + state.target_entropy)).mean()
+        state.alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        state.alpha_optimizer.step()
+        out["alpha_loss"] = alpha_loss.detach()
+    return out
+
+
+def mean_of(outs: list[dict[str, torch.Tensor]], key: str) -> float:
+    """The mean of one output over a call's steps, read back from the device once."""
+    return float(np.mean(torch.stack([o[key] for o in outs]).tolist())) if outs and key in outs[0] else 0.0
+
+
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], actor_weights: ActorWeights) -> CriticOut:
     """Twin-Q regression on soft Bellman targets, computed with the actor's weights as given."""
     cfg = state.cfg
     state.policy.load_state_dict(as_tensors(actor_weights.policy))
-    losses = []
-    for b in minibatches(samples, cfg.batch_size, state.device):
-        with torch.no_grad():
-            next_action, next_logp = state.policy(b["next_obs"], state.gen)
-            tq1, tq2 = state.target(b["next_obs"], next_action)
-            soft = torch.min(tq1, tq2) - actor_weights.alpha * next_logp
-            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
-            target = b["reward"] + discount * (1 - b["terminated"]) * soft
-        q1, q2 = state.q(b["obs"], b["action"])
-        loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
-        state.optimizer.zero_grad()
-        loss.backward()
-        state.optimizer.step()
-        with torch.no_grad():
-            for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
-                tp.lerp_(p, cfg.tau)
-        state.steps += 1
-        losses.append(loss.item())
-    metrics = {"losses/q": float(np.mean(losses))} if losses else {}
-    return CriticOut(to_numpy(state.q), metrics)
+    alpha = torch.tensor(actor_weights.alpha, dtype=torch.float32, device=state.device)
+    outs = [state.step({**b, "alpha": alpha}) for b in minibatches(samples, cfg.batch_size, state.device)]
+    state.steps += len(outs)
+    return CriticOut(to_numpy(state.q), {"losses/q": mean_of(outs, "loss")} if outs else {})
 
 
 @fragment(role="actor")
@@ -312,29 +360,14 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     if not batches:
         return {"perf/frames": 0.0}
     state.q.load_state_dict(as_tensors(critic_out.q))
-    losses, alpha_losses, entropies = [], [], []
-    for b in batches:
-        action, logp = state.policy(b["obs"], state.gen)
-        q1, q2 = state.q(b["obs"], action)
-        loss = (state.alpha() * logp - torch.min(q1, q2)).mean()
-        state.optimizer.zero_grad()
-        loss.backward()
-        state.optimizer.step()
-        if cfg.alpha is None:
-            alpha_loss = -(state.log_alpha * (logp.detach() + state.target_entropy)).mean()
-            state.alpha_optimizer.zero_grad()
-            alpha_loss.backward()
-            state.alpha_optimizer.step()
-            alpha_losses.append(alpha_loss.item())
-        state.steps += 1
-        losses.append(loss.item())
-        entropies.append(-logp.mean().item())
+    outs = [state.step(b) for b in batches]
+    state.steps += len(outs)
     return {
         **critic_out.metrics,
-        "losses/policy": float(np.mean(losses)),
-        "losses/alpha": float(np.mean(alpha_losses)) if alpha_losses else 0.0,
+        "losses/policy": mean_of(outs, "loss"),
+        "losses/alpha": mean_of(outs, "alpha_loss"),
         "charts/alpha": state.alpha(),
-        "charts/entropy": float(np.mean(entropies)),
+        "charts/entropy": mean_of(outs, "entropy"),
         "perf/frames": float(len(batches) * cfg.batch_size),
     }
 

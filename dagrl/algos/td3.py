@@ -9,6 +9,7 @@ They exchange weights once per update call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
+from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
@@ -61,6 +63,8 @@ class Config:
     """Transitions stored before learning begins; samplers act uniformly at random until then."""
     hidden: int = 128
     """Width of the two hidden layers of every network."""
+    cuda_graphs: bool = False
+    """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
 
@@ -124,11 +128,14 @@ class CriticState:
     q: TwinQ
     target: TwinQ
     target_policy: Policy
+    given: Policy  # the policy weights of the current call, which the target policy drifts toward
     optimizer: torch.optim.Optimizer
     gen: torch.Generator
     device: torch.device
     steps: int = 0
     synced: bool = False  # the target policy starts as a copy of the first policy weights received
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    step_and_polyak: CapturedStep | None = None  # the same, then the targets' Polyak step
 
     def state_dict(self) -> dict:
         return {
@@ -146,6 +153,10 @@ class CriticState:
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
         self.synced = True
+        set_capturable(self.optimizer, wants_graphs(self.cfg.cuda_graphs, self.device))
+        for step in (self.step, self.step_and_polyak):
+            if step is not None:
+                step.reset()  # the optimizer's state tensors are new ones
 
 
 @dataclass
@@ -156,6 +167,7 @@ class ActorState:
     optimizer: torch.optim.Optimizer
     device: torch.device
     steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
@@ -164,6 +176,9 @@ class ActorState:
         self.policy.load_state_dict(sd["policy"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
+        set_capturable(self.optimizer, wants_graphs(self.cfg.cuda_graphs, self.device))
+        if self.step is not None:
+            self.step.reset()  # the optimizer's state tensors are new ones
 
 
 @role("sampler", many=True)
@@ -196,8 +211,14 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
         target_policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     target.load_state_dict(q.state_dict())
-    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
-    return CriticState(cfg, q, target, target_policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+    given = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
+    gen = torch.Generator(device=dev).manual_seed(ctx.seed)
+    state = CriticState(cfg, q, target, target_policy, given, opt, gen, dev)
+    state.step = CapturedStep(partial(critic_step, state, polyak=False), dev, [gen], enabled=graphs)
+    state.step_and_polyak = CapturedStep(partial(critic_step, state, polyak=True), dev, [gen], enabled=graphs)
+    return state
 
 
 @role("actor")
@@ -208,7 +229,10 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
         q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
-    return ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr), dev)
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    state = ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr, capturable=graphs), dev)
+    state.step = CapturedStep(partial(actor_step, state), dev, enabled=graphs)
+    return state
 
 
 @role("evaluator", recover="replace")
@@ -248,41 +272,62 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
     return state.recorder.take(envs)
 
 
+def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) -> dict[str, torch.Tensor]:
+    """One clipped double-Q gradient step on batch ``b``; with ``polyak``, then the targets' Polyak step
+    (the target policy toward ``state.given``)."""
+    cfg, policy = state.cfg, state.target_policy
+    half = policy.scale
+    with torch.no_grad():
+        noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
+        noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
+        low, high = policy.bias - half, policy.bias + half
+        next_action = torch.max(torch.min(policy(b["next_obs"]) + noise, high), low)
+        tq1, tq2 = state.target(b["next_obs"], next_action)
+        discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+        target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
+    q1, q2 = state.q(b["obs"], b["action"])
+    loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    if polyak:
+        with torch.no_grad():
+            for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
+                tp.lerp_(p, cfg.tau)
+            for tp, gp in zip(policy.state_dict().values(), state.given.state_dict().values(), strict=True):
+                if tp.is_floating_point():
+                    tp.lerp_(gp, cfg.tau)
+    return {"loss": loss.detach()}
+
+
+def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One deterministic policy-gradient step on batch ``b`` against Q1."""
+    loss = -state.q(b["obs"], state.policy(b["obs"]))[0].mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    return {"loss": loss.detach()}
+
+
+def mean_loss(outs: list[dict[str, torch.Tensor]]) -> float:
+    """The mean loss over a call's steps, read back from the device once."""
+    return float(np.mean(torch.stack([o["loss"] for o in outs]).tolist()))
+
+
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], policy_weights: Weights) -> CriticOut:
     """Clipped double-Q regression; the target policy drifts toward the policy weights as given."""
     cfg = state.cfg
-    given = as_tensors(policy_weights, state.device)
-    policy = state.target_policy
+    state.given.load_state_dict(as_tensors(policy_weights))
     if not state.synced:
-        policy.load_state_dict(given)
+        state.target_policy.load_state_dict(state.given.state_dict())
         state.synced = True
-    half = policy.scale
-    losses = []
+    outs = []
     for b in minibatches(samples, cfg.batch_size, state.device):
-        with torch.no_grad():
-            noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
-            noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
-            low, high = policy.bias - half, policy.bias + half
-            next_action = torch.max(torch.min(policy(b["next_obs"]) + noise, high), low)
-            tq1, tq2 = state.target(b["next_obs"], next_action)
-            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
-            target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
-        q1, q2 = state.q(b["obs"], b["action"])
-        loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
-        state.optimizer.zero_grad()
-        loss.backward()
-        state.optimizer.step()
         state.steps += 1
-        if state.steps % cfg.policy_delay == 0:
-            with torch.no_grad():
-                for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
-                    tp.lerp_(p, cfg.tau)
-                for name, tp in policy.state_dict().items():
-                    if tp.is_floating_point() and name in given:
-                        tp.lerp_(given[name], cfg.tau)
-        losses.append(loss.item())
-    return CriticOut(to_numpy(state.q), {"losses/q": float(np.mean(losses))} if losses else {})
+        step = state.step_and_polyak if state.steps % cfg.policy_delay == 0 else state.step
+        outs.append(step(b))
+    return CriticOut(to_numpy(state.q), {"losses/q": mean_loss(outs)} if outs else {})
 
 
 @fragment(role="actor")
@@ -294,17 +339,11 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     if not batches:
         return {"perf/frames": 0.0}
     state.q.load_state_dict(as_tensors(critic_out.q, state.device))
-    losses = []
-    for b in batches:
-        loss = -state.q(b["obs"], state.policy(b["obs"]))[0].mean()
-        state.optimizer.zero_grad()
-        loss.backward()
-        state.optimizer.step()
-        state.steps += 1
-        losses.append(loss.item())
+    outs = [state.step(b) for b in batches]
+    state.steps += len(outs)
     return {
         **critic_out.metrics,
-        "losses/policy": float(np.mean(losses)),
+        "losses/policy": mean_loss(outs),
         "perf/frames": float(len(every) * cfg.batch_size),
     }
 

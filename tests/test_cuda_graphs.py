@@ -1,0 +1,176 @@
+"""Gradient steps replayed from CUDA graphs (``dagrl/cuda_graphs.py``, SAC's ``cuda_graphs``).
+
+The CUDA cases need a GPU and are skipped without one; the CPU cases check what a CPU learner sees of
+the option: steps run as written, and a checkpoint saved by a learner that captured resumes here.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from dagrl.algos import sac, td3
+from dagrl.context import RoleContext
+from dagrl.cuda_graphs import CapturedStep, set_capturable
+from dagrl.replay.store import Sample
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def pendulum_learners(device: str, graphs: bool, algo=sac, batch: int = 64, steps: int = 4):
+    env = gym.make("Pendulum-v1")
+    cfg = algo.Config(hidden=32, batch_size=batch, gradient_steps=steps, cuda_graphs=graphs)
+    ctx = RoleContext(
+        "critic", 0, 1, 0, "Pendulum-v1", device=device,
+        observation_space=env.observation_space, action_space=env.action_space,
+    )  # fmt: skip
+    return algo.critic(ctx, cfg), algo.actor(ctx, cfg)
+
+
+def pendulum_samples(seed: int, n: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    data = {
+        "obs": rng.standard_normal((n, 3)).astype(np.float32), "action": rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+        "reward": rng.standard_normal(n).astype(np.float32), "next_obs": rng.standard_normal((n, 3)).astype(np.float32),
+        "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
+    }  # fmt: skip
+    return [Sample(data, np.arange(n), np.ones(n, np.float32))]
+
+
+def one_round(crit, act, seed: int, algo=sac) -> dict[str, float]:
+    samples = pendulum_samples(seed, crit.cfg.batch_size * crit.cfg.gradient_steps)
+    return algo.update_actor(act, samples, algo.update_critic(crit, samples, algo.publish(act)))
+
+
+def regression(device: str):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2, capturable=torch.device(device).type == "cuda")
+
+    def step(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        loss = ((net(b["x"]) - b["y"]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return {"loss": loss.detach()}
+
+    return net, step
+
+
+def regression_batches(device: str, n: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(32, 4, generator=g) for _ in range(n)]
+    return [{"x": x.to(device), "y": x.sum(1, keepdim=True).sin().to(device)} for x in xs]
+
+
+def test_on_the_cpu_a_step_runs_as_written_every_call():
+    net, step = regression("cpu")
+    captured = CapturedStep(step, "cpu")
+    losses = [captured(b)["loss"].item() for b in regression_batches("cpu", 20)]
+    assert not captured.enabled and not captured.captured and captured.replays == 0
+    assert losses[-1] < 0.5 * losses[0]  # it did train
+
+
+@pytest.mark.parametrize("algo", [sac, td3], ids=["sac", "td3"])
+def test_a_checkpoint_of_a_capturing_learner_resumes_on_the_cpu(algo):
+    """A GPU run that captured saves Adam with ``capturable=True``; a CPU learner given that state
+    would refuse to step (capturable needs a GPU) unless its load puts the flag back."""
+    crit, act = pendulum_learners("cpu", True, algo)  # asked for, but the device is the CPU
+    one_round(crit, act, 0, algo)
+    saved_crit, saved_act = crit.state_dict(), act.state_dict()
+    for sd in (saved_crit, saved_act):
+        for key in ("opt", "alpha_opt"):
+            for group in sd.get(key, {}).get("param_groups", []):
+                group["capturable"] = True  # as a capturing learner saves it
+    crit2, act2 = pendulum_learners("cpu", False, algo)
+    crit2.load_state_dict(saved_crit)
+    act2.load_state_dict(saved_act)
+    metrics = one_round(crit2, act2, 1, algo)
+    assert np.isfinite(metrics["losses/q"]) and np.isfinite(metrics["losses/policy"])
+    assert not crit2.optimizer.param_groups[0]["capturable"]
+
+
+def test_set_capturable_moves_step_counts_where_each_kind_of_step_wants_them():
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    set_capturable(opt, True)
+    assert opt.param_groups[0]["capturable"]
+    assert all(s["step"].dtype == torch.float32 for s in opt.state.values())
+    set_capturable(opt, False)
+    assert not opt.param_groups[0]["capturable"]
+    opt.step()  # an eager CPU step takes the state as set back
+    assert all(s["step"].item() == 2 for s in opt.state.values())
+
+
+@cuda
+def test_replayed_steps_follow_the_eager_trajectory():
+    eager_net, eager_step = regression("cuda")
+    graph_net, graph_step = regression("cuda")
+    captured = CapturedStep(graph_step, "cuda", warmup=2)
+    batches = regression_batches("cuda", 12)
+    eager = [eager_step(b)["loss"] for b in batches]
+    replayed = [captured(b)["loss"] for b in batches]
+    assert captured.captured and captured.replays == 10
+    torch.testing.assert_close(torch.stack(replayed), torch.stack(eager), rtol=1e-4, atol=1e-6)
+    for p, q in zip(eager_net.parameters(), graph_net.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+@cuda
+def test_each_replay_draws_new_numbers_from_a_registered_generator():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def draw(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"z": torch.randn(b["x"].shape, generator=gen, device="cuda")}
+
+    captured = CapturedStep(draw, "cuda", [gen], warmup=1)
+    x = {"x": torch.zeros(1000, device="cuda")}
+    draws = [captured(x)["z"] for _ in range(5)]
+    assert captured.replays == 4
+    for a, b in zip(draws, draws[1:], strict=False):
+        assert not torch.equal(a, b)
+    z = torch.stack(draws[1:])
+    assert abs(z.mean().item()) < 0.05 and abs(z.std().item() - 1) < 0.05
+
+
+@cuda
+def test_sac_with_cuda_graphs_captures_and_learns_like_the_eager_learner():
+    graphs, eager = pendulum_learners("cuda", True), pendulum_learners("cuda", False)
+    for seed in range(4):
+        m_graphs, m_eager = one_round(*graphs, seed), one_round(*eager, seed)
+    crit, act = graphs
+    assert crit.step.captured and act.step.captured and crit.step.replays > 0
+    assert m_graphs["losses/q"] == pytest.approx(m_eager["losses/q"], rel=1e-3)
+    assert m_graphs["losses/policy"] == pytest.approx(m_eager["losses/policy"], rel=1e-3, abs=1e-4)
+
+
+@cuda
+def test_td3_with_cuda_graphs_captures_both_critic_steps_and_learns_like_the_eager_learner():
+    graphs, eager = pendulum_learners("cuda", True, td3), pendulum_learners("cuda", False, td3)
+    for seed in range(4):
+        m_graphs, m_eager = one_round(*graphs, seed, td3), one_round(*eager, seed, td3)
+    crit, act = graphs
+    assert crit.step.captured and crit.step_and_polyak.captured and act.step.captured
+    for p, q in zip(crit.target_policy.parameters(), eager[0].target_policy.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5)
+    assert m_graphs["losses/q"] == pytest.approx(m_eager["losses/q"], rel=1e-3)
+    assert m_graphs["losses/policy"] == pytest.approx(m_eager["losses/policy"], rel=1e-3, abs=1e-4)
+
+
+@cuda
+def test_sac_with_cuda_graphs_captures_again_after_a_checkpoint_load():
+    crit, act = pendulum_learners("cuda", True)
+    for seed in range(2):
+        one_round(crit, act, seed)
+    assert crit.step.captured
+    crit.load_state_dict(crit.state_dict())
+    act.load_state_dict(act.state_dict())
+    assert not crit.step.captured and crit.optimizer.param_groups[0]["capturable"]
+    for seed in range(2, 4):
+        metrics = one_round(crit, act, seed)
+    assert crit.step.captured and act.step.captured
+    assert np.isfinite(metrics["losses/q"]) and np.isfinite(metrics["losses/policy"])
