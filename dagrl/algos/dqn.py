@@ -11,6 +11,7 @@ discount the row carries, as Ape-X's and Rainbow's multi-step targets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
+from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import encoder, is_image
@@ -78,6 +80,9 @@ class Config:
     per_beta: float = 0.4
     per_beta_steps: int = 10_000
     """Sample calls over which the importance-weight exponent anneals to 1."""
+    cuda_graphs: bool = False
+    """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU,
+    nor on data-parallel learner replicas, which step as written)."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
@@ -165,6 +170,7 @@ class LearnerState:
     ctx: RoleContext
     """Averages gradients over data-parallel learner replicas (``dp-learners``); else a no-op."""
     gradient_steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
 
     def state_dict(self) -> dict:
         return {
@@ -179,6 +185,9 @@ class LearnerState:
         self.target.load_state_dict(sd["target"])
         self.optimizer.load_state_dict(sd["optimizer"])
         self.gradient_steps = sd["gradient_steps"]
+        set_capturable(self.optimizer, self.step is not None and self.step.enabled)
+        if self.step is not None:
+            self.step.reset()  # the optimizer's state tensors are new ones
 
 
 @role("sampler", many=True)
@@ -212,8 +221,11 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
         q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
         target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
     target.load_state_dict(q.state_dict())
-    optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr)
-    return LearnerState(cfg, q, target, optimizer, device, ctx)
+    graphs = wants_graphs(cfg.cuda_graphs, device) and ctx.replicas == 1  # no all-reduce inside a graph
+    optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
+    state = LearnerState(cfg, q, target, optimizer, device, ctx)
+    state.step = CapturedStep(partial(learner_step, state), device, enabled=graphs)
+    return state
 
 
 @role("evaluator", recover="replace")
@@ -248,6 +260,25 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
     return state.recorder.take(envs)
 
 
+def learner_step(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One Double-DQN gradient step on batch ``b`` (``b["weight"]``: importance weights); returns the
+    loss, the mean Q and |TD error| per row."""
+    cfg = state.cfg
+    with torch.no_grad():
+        next_action = state.q(b["next_obs"].float()).argmax(1, keepdim=True)
+        next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
+        discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
+        target = b["reward"] + discount * (1.0 - b["terminated"].float()) * next_q
+    q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
+    loss = (b["weight"] * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.ctx.average_gradients(state.q.parameters())
+    nn.utils.clip_grad_norm_(state.q.parameters(), cfg.max_grad_norm)
+    state.optimizer.step()
+    return {"loss": loss.detach(), "q_mean": q.detach().mean(), "td": (q - target).detach().abs()}
+
+
 @fragment(role="learner")
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts);
@@ -257,34 +288,20 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         return UpdateResult({"perf/frames": 0.0})
     cfg, dev = state.cfg, state.device
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
-    weights = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
-    td = np.zeros(len(weights), np.float64)
-    losses, qs = [], []
+    data["weight"] = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
+    outs = []
     for start in range(0, len(data["reward"]) - cfg.batch_size + 1, cfg.batch_size):
-        b = {k: v[start : start + cfg.batch_size] for k, v in data.items()}
-        with torch.no_grad():
-            next_action = state.q(b["next_obs"].float()).argmax(1, keepdim=True)
-            next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
-            discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
-            target = b["reward"] + discount * (1.0 - b["terminated"].float()) * next_q
-        q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
-        w = weights[start : start + cfg.batch_size]
-        loss = (w * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
-        td[start : start + cfg.batch_size] = (q - target).abs().detach().cpu().numpy()
-        state.optimizer.zero_grad()
-        loss.backward()
-        state.ctx.average_gradients(state.q.parameters())
-        nn.utils.clip_grad_norm_(state.q.parameters(), cfg.max_grad_norm)
-        state.optimizer.step()
+        outs.append(state.step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))
         state.gradient_steps += 1
         if state.gradient_steps % cfg.target_update == 0:
-            state.target.load_state_dict(state.q.state_dict())
-        losses.append(loss.item())
-        qs.append(q.mean().item())
+            state.target.load_state_dict(state.q.state_dict())  # in place: a captured step still reads it
+    td = np.zeros(len(data["weight"]), np.float64)
+    if outs:  # each read back from the device once
+        td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
     metrics = {
-        "losses/td": float(np.mean(losses)),
-        "losses/q_mean": float(np.mean(qs)),
-        "perf/frames": float(len(losses) * cfg.batch_size),
+        "losses/td": float(np.mean(torch.stack([o["loss"] for o in outs]).tolist())) if outs else float("nan"),
+        "losses/q_mean": float(np.mean(torch.stack([o["q_mean"] for o in outs]).tolist())) if outs else float("nan"),
+        "perf/frames": float(len(outs) * cfg.batch_size),
     }
     priorities, at = {}, 0
     for s in present:  # by the shard that drew the rows
