@@ -10,6 +10,10 @@ core is free meanwhile), ``cost: busy`` spins (a CPU-bound one: the core is take
 right). 16 steps an episode: guessing earns 8, seeing earns 16. It checks that an image pipeline
 (uint8 through samplers, transport and replay, a CNN encoder) learns at all, in seconds on a CPU.
 
+``dagrl.envs:BrightHalfFlip-v0`` is the same task as a ``Dict`` of the image (channels last) and a
+state: a ``flip`` of +-1 that, at +1, asks for the dark half instead. Either entry alone earns 8; it
+checks that a ``Dict`` observation holding an image reaches the networks as a CNN input and a vector.
+
 ``dagrl.envs:Atari-v0`` is an Atari game of the Arcade Learning Environment (``pip install
 "dagrl[atari]"``) with the usual preprocessing, by gymnasium's own wrappers: up to 30 no-op
 actions at reset, 4 frames repeated per action (max-pooled over the last two), 84x84 grayscale,
@@ -116,12 +120,12 @@ class BrightHalf(gym.Env):
             raise ValueError(f"size must be >= 36, got {size}")
         self.observation_space = gym.spaces.Box(0, 255, (channels, size, size), np.uint8)
         self.action_space = gym.spaces.Discrete(2)
-        self.length, self.size = length, size
+        self.length, self.size, self.channels = length, size, channels
         self.render_mode = render_mode
 
     def _show(self) -> np.ndarray:
         self.side = int(self.np_random.integers(2))
-        img = self.np_random.integers(0, 120, self.observation_space.shape, dtype=np.uint8)
+        img = self.np_random.integers(0, 120, (self.channels, self.size, self.size), dtype=np.uint8)
         half = self.size // 2
         cols = slice(half, None) if self.side else slice(0, half)
         img[:, :, cols] += 100
@@ -141,6 +145,31 @@ class BrightHalf(gym.Env):
 
     def step(self, action: Any) -> tuple:
         reward = float(int(action) == self.side)
+        self.t += 1
+        return self._show(), reward, False, self.t >= self.length, {}
+
+
+class BrightHalfFlip(BrightHalf):
+    """:class:`BrightHalf` as a ``Dict``: the image channels last under ``"pixels"`` and a ``"flip"`` of
+    +-1 under ``"state"``; the action names the bright half, or with ``flip`` +1 the other one. Either
+    entry alone earns 8 of 16: a policy must read both (:mod:`dagrl.mixed_obs`)."""
+
+    def __init__(self, size: int = 84, length: int = 16, render_mode: str | None = None):
+        super().__init__(size, 1, length, render_mode)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pixels": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
+                "state": gym.spaces.Box(-1.0, 1.0, (1,), np.float32),
+            }
+        )
+
+    def _show(self) -> dict[str, np.ndarray]:
+        img = super()._show()
+        self.flip = int(self.np_random.integers(2))
+        return {"pixels": np.moveaxis(img, 0, -1), "state": np.array([2.0 * self.flip - 1.0], np.float32)}
+
+    def step(self, action: Any) -> tuple:
+        reward = float(int(action) == self.side ^ self.flip)
         self.t += 1
         return self._show(), reward, False, self.t >= self.length, {}
 
@@ -237,6 +266,9 @@ if "Atari-v0" not in gym.registry:
 
 if "BrightHalf-v0" not in gym.registry:
     gym.register("BrightHalf-v0", entry_point=BrightHalf)
+
+if "BrightHalfFlip-v0" not in gym.registry:
+    gym.register("BrightHalfFlip-v0", entry_point=BrightHalfFlip)
 
 if "CostlyCartPole-v0" not in gym.registry:
     gym.register("CostlyCartPole-v0", entry_point=CostlyCartPole, max_episode_steps=500, reward_threshold=475.0)

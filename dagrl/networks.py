@@ -75,7 +75,13 @@ def obs_tensor(obs: np.ndarray, device: torch.device | str = "cpu") -> torch.Ten
 
 def encoder(space, hidden: int) -> tuple[nn.Module, int]:
     """The trunk for an observation space and its output width: a :class:`NatureCNN` for images
-    (:func:`is_image`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""
+    (:func:`is_image`), a CNN per image and the rest as it is for a ``Dict`` holding images
+    (:class:`dagrl.mixed_obs.MixedEncoder`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""
+    from dagrl.mixed_obs import MixedBox, MixedEncoder
+
+    if isinstance(space, MixedBox):
+        mixed = MixedEncoder(space)
+        return mixed, mixed.features
     if is_image(space):
         cnn = NatureCNN(space.shape[0], tuple(space.shape[1:]))
         return cnn, cnn.features

@@ -206,9 +206,10 @@ def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
 def vector_observations(env: gym.Env) -> gym.Env:
     """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
     own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
-    ``FlattenObservation``) or are integers other than an image (an Atari console's ``uint8`` RAM, an
-    image too small for the CNN); a channels-last ``uint8`` image ``(H, W, C)``, ``C <= 4``, channels
-    first (an ALE game's RGB screen, CarRacing's); ``uint8`` ``(C, H, W)`` images
+    ``FlattenObservation``; a ``Dict`` holding an image the same way, but laid out so that the networks
+    give the image a CNN: :mod:`dagrl.mixed_obs`) or are integers other than an image (an Atari
+    console's ``uint8`` RAM, an image too small for the CNN); a channels-last ``uint8`` image
+    ``(H, W, C)``, ``C <= 4``, channels first (an ALE game's RGB screen, CarRacing's); ``uint8`` ``(C, H, W)`` images
     (:func:`dagrl.networks.is_image`) and float ``Box`` observations unchanged.
 
     >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
@@ -216,9 +217,13 @@ def vector_observations(env: gym.Env) -> gym.Env:
 
     Raises ``ValueError`` for a space of no fixed size (``Sequence``, ``Graph``).
     """
+    from dagrl.mixed_obs import MixedObservation, mixed_space
     from dagrl.networks import is_image
 
     space = env.observation_space
+    mixed = mixed_space(space)
+    if mixed is not None:  # a Dict holding an image: one vector, which the networks cut apart again
+        return MixedObservation(env, mixed)
     if not isinstance(space, gym.spaces.Box):
         try:
             flat = gym.spaces.flatten_space(space)

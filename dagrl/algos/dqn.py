@@ -22,6 +22,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.mixed_obs import MixedBox
 from dagrl.networks import encoder, is_image
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
@@ -112,6 +113,10 @@ def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: 
     if is_image(obs_space):
         trunk, width = encoder(obs_space, hidden)
         return nn.Sequential(trunk, DuelingHead(width, n) if dueling else nn.Linear(width, n))
+    if isinstance(obs_space, MixedBox):  # a Dict holding images: their CNNs and the rest, then a layer
+        trunk, width = encoder(obs_space, hidden)
+        head = DuelingHead(hidden, n) if dueling else nn.Linear(hidden, n)
+        return nn.Sequential(trunk, nn.Linear(width, hidden), nn.ReLU(), head)
     n_obs = int(np.prod(obs_space.shape))
     return nn.Sequential(
         nn.Flatten(), nn.Linear(n_obs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),

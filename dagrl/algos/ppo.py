@@ -21,6 +21,7 @@ from dagrl.context import RoleContext
 from dagrl.episodes import Episodes, EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.mixed_obs import MixedBox
 from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
@@ -82,7 +83,7 @@ class Config:
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
-        if self.norm_obs and is_image(obs_space):
+        if self.norm_obs and (is_image(obs_space) or isinstance(obs_space, MixedBox)):
             raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
         _heads(act_space)  # a MultiDiscrete space it cannot act in
 
@@ -114,7 +115,7 @@ class ActorCritic(nn.Module):
         self, obs_space: gym.Space, act_space: gym.Space, hidden: int, norm_obs: bool = False, norm_reward: bool = False
     ):
         super().__init__()
-        if norm_obs and is_image(obs_space):
+        if norm_obs and (is_image(obs_space) or isinstance(obs_space, MixedBox)):
             raise ValueError("norm_obs is for vector observations; the CNN scales uint8 images itself")
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         self.heads = _heads(act_space)  # MultiDiscrete / MultiBinary: the choices per entry
