@@ -77,3 +77,18 @@ def test_an_image_policy_takes_uint8_frames_and_a_missing_run_is_one_line(tmp_pa
     capsys.readouterr()
     assert main(["export", str(tmp_path / "nope")]) == 2
     assert "dagrl export: RUN: " in (err := capsys.readouterr().err) and "nope does not exist" in err
+
+
+def test_a_policy_over_a_dict_holding_an_image_takes_the_packed_vector(tmp_path):
+    """What ``dagrl.vector.make_env`` gives for the Dict (``dagrl.mixed_obs``) is what the export takes."""
+    import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
+    from dagrl.vector import make_env
+
+    _, rundir = train("graphs/ppo-brighthalf-flip.yaml", tmp_path, ["stop.iterations=2", "stop.mean_return=null"])
+    assert main(["export", str(rundir.path)]) == 0
+    (path,) = (rundir.path / "export").glob("*.pt2")
+    policy = torch.export.load(path).module()
+    env = make_env("BrightHalfFlip-v0", size=36)
+    obs = np.stack([env.reset(seed=s)[0] for s in range(5)])
+    actions = policy(torch.as_tensor(obs))
+    assert actions.shape == (5,) and actions.dtype == torch.int64
