@@ -254,6 +254,15 @@ class Graph:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def env_id(self) -> str:
+        """``spec.env.id`` as workers, evaluators and exported policies make it: with the module that
+        registered it in front when this process imported that module itself
+        (:func:`dagrl.vector.importable_env_id`)."""
+        from dagrl.vector import importable_env_id
+
+        return importable_env_id(self.spec.env.id)
+
     def role(self, name: str) -> RoleSpec:
         return self.spec.roles[name]
 
@@ -355,6 +364,8 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     obs_space, act_space = _probe_env(spec.env, where)
+    if spec.policy != "single":
+        _check_workers_can_make(spec.env, where)
     if algo.action_spaces and not isinstance(act_space, algo.action_spaces):
         kinds = " or ".join(t.__name__ for t in algo.action_spaces)
         raise ConfigError(
@@ -447,6 +458,25 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     spaces = probe.observation_space, probe.action_space
     probe.close()
     return spaces
+
+
+def _check_workers_can_make(env: EnvSpec, where: str) -> None:
+    """Refuse an env registered from ``__main__`` (a notebook cell, the script being run): Dask's workers
+    are other processes and cannot import it. (One registered by an importable module is made there as
+    ``module:Env-v0``: :func:`dagrl.vector.importable_env_id`.)"""
+    import gymnasium as gym
+
+    if ":" in env.id:
+        return
+    entry = gym.spec(env.id).entry_point
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    if module == "__main__":
+        raise ConfigError(
+            where, "env.id",
+            f"{env.id!r} is registered in __main__ (this notebook or script), which Dask's workers cannot "
+            f"import: define the env in a module of its own and write env.id: '<module>:{env.id}' "
+            "(policy single runs it as is)",
+        )  # fmt: skip
 
 
 def _wrap_probe(probe: Any, entries: list[Any], where: str) -> Any:

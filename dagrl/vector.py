@@ -49,7 +49,9 @@ import numpy as np
 
 from dagrl.wrappers import Wrapper, as_functions, wrap
 
-__all__ = ["EnvPoolVector", "ThreadVectorEnv", "envpool_task", "make_env", "vector_observations"]
+__all__ = [
+    "EnvPoolVector", "ThreadVectorEnv", "envpool_task", "importable_env_id", "make_env", "vector_observations",
+]  # fmt: skip
 
 ATARI_OPTIONS = {  # dagrl.envs.make_atari's keyword -> EnvPool's Atari option
     "noop_max": "noop_max",
@@ -245,6 +247,32 @@ def vector_observations(env: gym.Env) -> gym.Env:
 
 def _channels_first(obs: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(obs.transpose(2, 0, 1))
+
+
+def importable_env_id(env_id: str) -> str:
+    """``env_id`` as a fresh process can make it: with the module that registered it in front
+    (gymnasium's ``"module:Env-v0"``), where that is a module a fresh process has not imported.
+
+    A notebook that ran ``import ale_py`` can make ``"ALE/Pong-v5"``; a Dask worker started beside it
+    cannot, as ALE's envs register when ``ale_py`` is imported. Ids already naming a module, ids
+    gymnasium itself registers, ids registered from ``__main__`` and ids unknown here come back as they are.
+
+    >>> importable_env_id("CartPole-v1")
+    'CartPole-v1'
+    >>> import dagrl.envs
+    >>> importable_env_id("BrightHalf-v0")
+    'dagrl.envs:BrightHalf-v0'
+    """
+    if ":" in env_id:
+        return env_id
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return env_id
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    if not module or module == "__main__" or module.partition(".")[0] == "gymnasium":
+        return env_id
+    return f"{module}:{env_id}"
 
 
 def make_env(env_id: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any) -> gym.Env:

@@ -168,3 +168,39 @@ def test_ppo_learns_from_both_the_image_and_the_state_of_a_dict(client, graphs_d
     assert summary["stop_reason"] == "mean_return", summary
     means = [r["charts/episode_return_mean"] for r in rundir.read_metrics()]
     assert next(m for m in means if m is not None) < 10  # the window's first mean: still near guessing
+
+
+def test_an_env_registered_by_an_import_here_is_made_in_fresh_workers(graphs_dir, tmp_path):
+    """``import ale_py`` registers ``ALE/Pong-v5`` in this process only. The run's own LocalCluster starts
+    workers that never imported it; they make the env as ``ale_py.env:ALE/Pong-v5``."""
+    pytest.importorskip("ale_py")
+    import ale_py  # noqa: F401
+
+    overrides = [
+        "env.id=ALE/Pong-v5", "env.kwargs.obs_type=ram", "roles.sampler.envs=1", "hyperparameters.num_steps=16",
+        "hyperparameters.minibatch_size=16", "stop.iterations=2", "stop.mean_return=null",
+    ]  # fmt: skip
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole.yaml", overrides)
+    assert graph.spec.env.id == "ALE/Pong-v5" and graph.env_id == "ale_py.env:ALE/Pong-v5"
+    summary, _ = train(f"{graphs_dir}/ppo-cartpole.yaml", tmp_path, overrides)  # no client: a fresh cluster
+    assert summary["iterations"] == 2, summary
+
+
+def test_an_env_registered_in_main_is_refused_for_workers_and_runs_in_one_process(graphs_dir, tmp_path, monkeypatch):
+    """A notebook cell's own env: the driver can make it, Dask's workers (other processes) cannot."""
+    from dagrl.schema import ConfigError
+
+    class Corridor(Fixed):
+        def __init__(self):
+            super().__init__(gym.spaces.Box(-1, 1, (3,), np.float32))
+
+        def step(self, action):
+            return self.observation_space.sample(), 1.0, True, False, {}
+
+    Corridor.__module__ = "__main__"  # as a class defined in a notebook cell is
+    monkeypatch.setitem(gym.registry, "Corridor-v0", gym.envs.registration.EnvSpec("Corridor-v0", Corridor))
+    overrides = ["env.id=Corridor-v0", "stop.iterations=1", "stop.mean_return=null", f"runs_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"env\.id: 'Corridor-v0' is registered in __main__ .*'<module>:Corridor-v0'"):
+        load_graph(f"{graphs_dir}/ppo-cartpole.yaml", overrides)
+    summary, _ = train(f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path, overrides)
+    assert summary["iterations"] == 1
