@@ -464,13 +464,9 @@ def _check_workers_can_make(env: EnvSpec, where: str) -> None:
     """Refuse an env registered from ``__main__`` (a notebook cell, the script being run): Dask's workers
     are other processes and cannot import it. (One registered by an importable module is made there as
     ``module:Env-v0``: :func:`dagrl.vector.importable_env_id`.)"""
-    import gymnasium as gym
+    from dagrl.vector import registering_module
 
-    if ":" in env.id:
-        return
-    entry = gym.spec(env.id).entry_point
-    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
-    if module == "__main__":
+    if registering_module(env.id) == "__main__":
         raise ConfigError(
             where, "env.id",
             f"{env.id!r} is registered in __main__ (this notebook or script), which Dask's workers cannot "

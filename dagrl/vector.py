@@ -263,16 +263,22 @@ def importable_env_id(env_id: str) -> str:
     >>> importable_env_id("BrightHalf-v0")
     'dagrl.envs:BrightHalf-v0'
     """
-    if ":" in env_id:
-        return env_id
-    try:
-        entry = gym.spec(env_id).entry_point
-    except gym.error.Error:
-        return env_id
-    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    module = registering_module(env_id)
     if not module or module == "__main__" or module.partition(".")[0] == "gymnasium":
         return env_id
     return f"{module}:{env_id}"
+
+
+def registering_module(env_id: str) -> str | None:
+    """The module of the entry point this process has registered for ``env_id``; ``None`` for an id that
+    names its module already (``"module:Env-v0"``) or that is unknown here."""
+    if ":" in env_id:
+        return None
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return None
+    return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
 
 
 def make_env(env_id: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any) -> gym.Env:
