@@ -89,7 +89,12 @@ def test_apex_submits_each_round_behind_the_one_in_flight(client, graphs_dir, tm
     still holds, counting the round submitted ahead, and a last step without ``ahead`` leaves nothing
     in flight. Each round's ``update`` starts after the one before it ends, and the round submitted
     ahead takes the weights that one publishes (``publish`` runs after each ``update``)."""
-    over = [f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3", "hyperparameters.learning_starts=0"]
+    # 128 gradient steps a round: the learner's round outlasts the 4 collects the next one waits for,
+    # even on a loaded 2-core machine where the samplers share the cores with it
+    over = [
+        f"runs_dir={tmp_path}", "update_ratio=0.25", "max_lead=3", "hyperparameters.learning_starts=0",
+        "hyperparameters.gradient_steps=128",
+    ]  # fmt: skip
     graph = load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml", over)
     policy = build_policy(graph, client, run_dir=tmp_path)
     ahead = 0
