@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 
 Tensors = dict[str, torch.Tensor]
@@ -42,6 +43,24 @@ def set_capturable(optimizer: torch.optim.Optimizer, on: bool) -> torch.optim.Op
                 where = p.device if on else torch.device("cpu")
                 state["step"] = state["step"].to(device=where, dtype=torch.float32)
     return optimizer
+
+
+def step_means(outs: list[Tensors], names: dict[str, str], missing: float = 0.0) -> dict[str, float]:
+    """Metric name -> the mean over a call's steps of the step output it names, all read back from the
+    device in one transfer (a read-back waits for every kernel queued before it, so one per call, not
+    one per step or per metric). An output the steps did not give, or a call without steps, reads
+    ``missing``.
+
+    Examples
+    --------
+    >>> outs = [{"loss": torch.tensor(1.0)}, {"loss": torch.tensor(2.0)}]
+    >>> step_means(outs, {"losses/q": "loss", "losses/alpha": "alpha_loss"})
+    {'losses/q': 1.5, 'losses/alpha': 0.0}
+    """
+    given = [key for key in dict.fromkeys(names.values()) if outs and key in outs[0]]
+    read = torch.stack([torch.stack([o[key] for o in outs]) for key in given]).tolist() if given else []
+    means = {key: float(np.mean(values)) for key, values in zip(given, read, strict=True)}
+    return {name: means.get(key, missing) for name, key in names.items()}
 
 
 class CapturedStep:

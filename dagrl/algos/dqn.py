@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
+from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
@@ -301,11 +301,10 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         if state.gradient_steps % cfg.target_update == 0:
             state.target.load_state_dict(state.q.state_dict())  # in place: a captured step still reads it
     td = np.zeros(len(data["weight"]), np.float64)
-    if outs:  # each read back from the device once
+    if outs:  # read back from the device once, as the metrics are
         td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
     metrics = {
-        "losses/td": float(np.mean(torch.stack([o["loss"] for o in outs]).tolist())) if outs else float("nan"),
-        "losses/q_mean": float(np.mean(torch.stack([o["q_mean"] for o in outs]).tolist())) if outs else float("nan"),
+        **step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan")),
         "perf/frames": float(len(outs) * cfg.batch_size),
     }
     priorities, at = {}, 0

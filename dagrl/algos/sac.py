@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
+from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
@@ -336,11 +336,6 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     return out
 
 
-def mean_of(outs: list[dict[str, torch.Tensor]], key: str) -> float:
-    """The mean of one output over a call's steps, read back from the device once."""
-    return float(np.mean(torch.stack([o[key] for o in outs]).tolist())) if outs and key in outs[0] else 0.0
-
-
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], actor_weights: ActorWeights) -> CriticOut:
     """Twin-Q regression on soft Bellman targets, computed with the actor's weights as given."""
@@ -349,7 +344,7 @@ def update_critic(state: CriticState, samples: list[Sample | None], actor_weight
     alpha = torch.tensor(actor_weights.alpha, dtype=torch.float32, device=state.device)
     outs = [state.step({**b, "alpha": alpha}) for b in minibatches(samples, cfg.batch_size, state.device)]
     state.steps += len(outs)
-    return CriticOut(to_numpy(state.q), {"losses/q": mean_of(outs, "loss")} if outs else {})
+    return CriticOut(to_numpy(state.q), step_means(outs, {"losses/q": "loss"}) if outs else {})
 
 
 @fragment(role="actor")
@@ -364,10 +359,8 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     state.steps += len(outs)
     return {
         **critic_out.metrics,
-        "losses/policy": mean_of(outs, "loss"),
-        "losses/alpha": mean_of(outs, "alpha_loss"),
+        **step_means(outs, {"losses/policy": "loss", "losses/alpha": "alpha_loss", "charts/entropy": "entropy"}),
         "charts/alpha": state.alpha(),
-        "charts/entropy": mean_of(outs, "entropy"),
         "perf/frames": float(len(batches) * cfg.batch_size),
     }
 

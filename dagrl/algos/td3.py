@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable, wants_graphs
+from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
@@ -309,11 +309,6 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     return {"loss": loss.detach()}
 
 
-def mean_loss(outs: list[dict[str, torch.Tensor]]) -> float:
-    """The mean loss over a call's steps, read back from the device once."""
-    return float(np.mean(torch.stack([o["loss"] for o in outs]).tolist()))
-
-
 @fragment(role="critic")
 def update_critic(state: CriticState, samples: list[Sample | None], policy_weights: Weights) -> CriticOut:
     """Clipped double-Q regression; the target policy drifts toward the policy weights as given."""
@@ -327,7 +322,7 @@ def update_critic(state: CriticState, samples: list[Sample | None], policy_weigh
         state.steps += 1
         step = state.step_and_polyak if state.steps % cfg.policy_delay == 0 else state.step
         outs.append(step(b))
-    return CriticOut(to_numpy(state.q), {"losses/q": mean_loss(outs)} if outs else {})
+    return CriticOut(to_numpy(state.q), step_means(outs, {"losses/q": "loss"}) if outs else {})
 
 
 @fragment(role="actor")
@@ -343,7 +338,7 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     state.steps += len(outs)
     return {
         **critic_out.metrics,
-        "losses/policy": mean_loss(outs),
+        **step_means(outs, {"losses/policy": "loss"}),
         "perf/frames": float(len(every) * cfg.batch_size),
     }
 
