@@ -432,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     _import_from_working_directory()
     if rest and args.command != "bench":
-        parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+        hint = f" (a graph field is set with --set, e.g. --set {overrides[0]})" if overrides else ""
+        parser().error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     _setup_logging(getattr(args, "quiet", False))
     try:
         if args.command in SUBMIT_COMMANDS:

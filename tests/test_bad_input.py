@@ -194,5 +194,14 @@ def test_bad_command_line(tmp_path, capsys, argv, words):
     check(tmp_path, capsys, argv, words)
 
 
+def test_a_graph_field_given_without_set_is_pointed_to_set(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", SYNC, "hyperparameters.lr=3e-4"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "unrecognized arguments: hyperparameters.lr=3e-4" in err
+    assert "--set hyperparameters.lr=3e-4" in err
+
+
 def test_the_corpus_is_large():
     assert len(GRAPH_CASES) + len(CLUSTER_CASES) + len(OTHER_CASES) >= 80
