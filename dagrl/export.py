@@ -23,6 +23,7 @@ them (``Box`` actions clipped to the space's bounds); observation statistics a n
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,10 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     }
     path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}.pt2"
     path.parent.mkdir(parents=True, exist_ok=True)
+    archive = io.BytesIO()  # torch wants a file named *.pt2 or a buffer; the file then replaces the old at once
+    torch.export.save(program, archive, extra_files={"dagrl.json": json.dumps(info)})
     tmp = path.with_name(path.name + ".tmp")
-    torch.export.save(program, tmp, extra_files={"dagrl.json": json.dumps(info)})
+    tmp.write_bytes(archive.getvalue())
     tmp.replace(path)
     _check(path, policy, obs)
     return Exported(path, info)

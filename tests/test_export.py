@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -47,11 +48,18 @@ print(json.dumps({"returns": returns, "dagrl_imported": "dagrl" in sys.modules, 
     ],
     ids=["ppo-norm-obs", "dqn", "sac"],
 )
-def test_the_exported_policy_plays_the_episodes_dagrl_eval_plays(tmp_path, capsys, graph_file, overrides):
+def test_the_exported_policy_plays_the_episodes_dagrl_eval_plays(
+    tmp_path, capsys, caplog, monkeypatch, graph_file, overrides
+):
     summary, rundir = train(graph_file, tmp_path, [*overrides, "stop.mean_return=null"])
     out = tmp_path / "policy.pt2"
+    caplog.clear()
+    for name in ("torch", "torch.export"):  # torch logs to handlers of its own only
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
     assert main(["export", str(rundir.path), "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not list(tmp_path.glob("*.tmp"))
     one_env = ["roles.evaluator.envs=1"]
     expected = evaluate_checkpoint(rundir.path, episodes=3, overrides=one_env)
     graph = eval_graph(rundir.path, 3, None, one_env, False)
