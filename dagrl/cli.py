@@ -319,7 +319,7 @@ def parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="train on SLURM in the background: returns a job id and run directory")
     submit.add_argument("graph", help="a graph file or name")
     submit.add_argument("--cluster", required=True, help="a cluster file or name of kind slurm (e.g. slurm)")
-    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     submit.add_argument("--dry-run", action="store_true", help="print every sbatch script; submit nothing")
 
     status = sub.add_parser("status", help="state, progress and dashboard tunnel of a submitted run")
@@ -367,8 +367,8 @@ def parser() -> argparse.ArgumentParser:
     )
 
     graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
-    graph.add_argument("graph")
-    graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    graph.add_argument("graph", help="a graph file or name (`dagrl graphs`)")
+    graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
     graph.add_argument(
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
@@ -376,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
     tune.add_argument("graph", help="a graph file or name")
-    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     where = tune.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="a cluster file or name (default: an embedded LocalCluster)")
     where.add_argument("--scheduler", help="tune on a running Dask scheduler")
