@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from dagrl.vector import ThreadVectorEnv, make_vector
 from tests.helpers import train
@@ -69,3 +71,53 @@ def test_a_graph_trains_on_thread_vector_samplers(tmp_path):
     summary, rundir = train("graphs/ppo-cartpole-single.yaml", tmp_path, overrides)
     assert summary["iterations"] == 3
     assert rundir.read_metrics()[-1]["env_steps"] == summary["env_steps"] > 0
+
+
+class Recording(gym.Wrapper):
+    """Records the thread of each call; fails the step it is told to."""
+
+    def __init__(self, env, fail_at=None):
+        super().__init__(env)
+        self.threads: set[str] = set()
+        self.steps, self.fail_at = 0, fail_at
+
+    def reset(self, **kwargs):
+        self.threads.add(threading.current_thread().name)
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.threads.add(threading.current_thread().name)
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError(f"simulator lost at step {self.steps}")
+        return self.env.step(action)
+
+
+def test_each_env_keeps_one_thread_and_its_error_reaches_the_caller():
+    """A simulator bound to the thread that drives it sees only that one; an env's exception is raised
+    in the caller, and the others' threads still serve the next call and end at close."""
+    envs = ThreadVectorEnv(
+        [lambda i=i: Recording(gym.make("CartPole-v1"), fail_at=30 if i == 2 else None) for i in range(4)]
+    )
+    envs.reset(seed=0)
+    for _ in range(29):
+        envs.step(np.zeros(4, np.int64))
+    with pytest.raises(RuntimeError, match="simulator lost at step 30"):
+        envs.step(np.zeros(4, np.int64))
+    envs.step(np.zeros(4, np.int64))  # the env that failed is past its failing step
+    threads = [env.threads for env in envs.envs]
+    envs.close()
+    assert all(len(names) == 1 for names in threads), threads
+    assert len(set().union(*threads)) == 4
+    assert not [t for t in envs.threads.threads if t.is_alive()]
+
+
+def test_a_vector_env_dropped_unclosed_ends_its_threads():
+    envs = ThreadVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(3)])
+    envs.reset(seed=0)
+    threads = list(envs.threads.threads)
+    del envs
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not [t for t in threads if t.is_alive()]
