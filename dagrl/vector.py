@@ -202,10 +202,13 @@ class EnvThreads:
 class ThreadVectorEnv(gym.vector.SyncVectorEnv):
     """SyncVectorEnv whose envs step (and reset) at once, each in a thread of its own; same-step autoreset.
 
-    Each env has a thread that lives as long as the vector env and is the only one to touch it. A call
-    hands each thread its job and waits once, for the last of them to finish (a countdown), rather
-    than for each env's future in turn: a sleep-bound env steps 1.09-1.18 x as fast as through a
-    thread pool (BENCHMARKS.md, "`vector: threads` with a thread per env"). Results are gathered in
+    Each env has a thread that lives as long as the vector env and is the only one to touch it, as
+    simulators bound to a thread need (a GL context made current on it, a client with thread-local
+    state); a thread pool hands an env to whichever thread is free. A call gives each thread its job
+    and waits once, for the last to finish (a countdown), rather than for each env's future in turn.
+    Speed against the pool it replaced (BENCHMARKS.md, "`vector: threads` with a thread per env"):
+    1.14-1.26 x for envs that sleep, measured alone; within noise in a sampler's ``collect``; 0.8-0.9 x
+    for envs that hold the GIL, which gain nothing from threads either way. Results are gathered in
     env order, so everything returned is what SyncVectorEnv returns for the same seeds and actions.
     An env's exception is raised in the caller, the first env's first.
     """
