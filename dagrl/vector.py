@@ -202,9 +202,10 @@ class EnvThreads:
 class ThreadVectorEnv(gym.vector.SyncVectorEnv):
     """SyncVectorEnv whose envs step (and reset) at once, each in a thread of its own; same-step autoreset.
 
-    Each env has a thread that lives as long as the vector env and is the only one to touch it, as
-    simulators bound to a thread need (a GL context made current on it, a client with thread-local
-    state); a thread pool hands an env to whichever thread is free. A call gives each thread its job
+    Each env has a thread that lives as long as the vector env and runs all of its steps and resets,
+    as simulators bound to a thread need (a GL context made current on it, a client with thread-local
+    state); a thread pool hands an env to whichever thread is free. Making the envs, a reset of some
+    of them (``reset_mask``) and closing them still run in the caller's thread. A call gives each thread its job
     and waits once, for the last to finish (a countdown), rather than for each env's future in turn.
     Speed against the pool it replaced (BENCHMARKS.md, "`vector: threads` with a thread per env"):
     1.14-1.26 x for envs that sleep, measured alone; within noise in a sampler's ``collect``; 0.8-0.9 x
