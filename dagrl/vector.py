@@ -3,10 +3,10 @@
 
 Threads
 -------
-:class:`ThreadVectorEnv` is gymnasium's SyncVectorEnv with each env's step (and its autoreset) run
-in a thread of its own, so envs that wait overlap: remote or GPU-bound simulators, I/O, C extensions
-that release the GIL. An env whose step is Python holding the GIL gains nothing and pays ~0.04 ms
-a step for the hand-off. Its steps, observations and infos equal SyncVectorEnv's for the same seeds and
+:class:`ThreadVectorEnv` is gymnasium's SyncVectorEnv with each env made, reset, stepped (with its
+autoreset) and closed in a thread of its own, so envs that wait overlap: remote or GPU-bound
+simulators, I/O, C extensions that release the GIL. An env whose step is Python holding the GIL
+gains nothing and pays ~0.04 ms a step for the hand-off. Its steps, observations and infos equal SyncVectorEnv's for the same seeds and
 actions (tested); unlike ``async``, no process per env, no pickling.
 
 EnvPool
@@ -37,8 +37,10 @@ of the same id (which evaluators and the driver still use).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import queue
+import sys
 import threading
 import warnings
 import weakref
@@ -146,66 +148,124 @@ class EnvPoolVector(gym.vector.VectorEnv):
 
 
 class EnvThreads:
-    """One thread per env, each the only one to touch its env; :meth:`each` runs a job on all at once.
+    """One thread per env, the only one ever to touch it: each env is made, reset, stepped and closed
+    in its own thread; :meth:`each` runs a job on all of them (or some) at once.
 
     The threads hold their envs and this object, never the vector env, so a vector env nobody closed
-    is still collected, and its threads then end (:meth:`stop`, called by a finalizer).
+    is still collected, and a finalizer then closes its envs and ends the threads (:meth:`close`).
     """
 
-    def __init__(self, envs: Sequence[gym.Env]):
-        self.jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in envs]
-        self.results: list[Any] = [None] * len(envs)
-        self.left = 0
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
+        n = len(env_fns)
+        self.jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
+        self.results: list[Any] = [None] * n
+        self.left = n  # the first job of every thread: making its env
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.closed = False
         self.threads = [
-            threading.Thread(target=self._serve, args=(i, env), name=f"dagrl-env-{i}", daemon=True)
-            for i, env in enumerate(envs)
+            threading.Thread(target=self._serve, args=(i, make), name=f"dagrl-env-{i}", daemon=True)
+            for i, make in enumerate(env_fns)
         ]
         for thread in self.threads:
             thread.start()
+        made = self._gather(range(n), None)
+        if not all(ok for ok, _ in made):  # close the envs that were made, in their threads, and fail
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.each(_close, [None] * n, only=np.array([ok for ok, _ in made]), timeout_s=30.0)
+            self.stop(wait=False)
+            raise next(value for ok, value in made if not ok)
+        self.envs: list[gym.Env] = [env for _, env in made]
 
-    def _serve(self, i: int, env: gym.Env) -> None:
+    def _serve(self, i: int, make: Callable[[], gym.Env]) -> None:
+        try:
+            env = make()
+        except BaseException as err:  # noqa: BLE001 (raised in the caller)
+            self._finish(i, (False, err))
+            return
+        self._finish(i, (True, env))
         jobs = self.jobs[i]
         while (job := jobs.get()) is not None:
             fn, arg = job
             try:
-                self.results[i] = (True, fn(env, arg))
+                outcome = (True, fn(env, arg))
             except BaseException as err:  # noqa: BLE001 (raised in the caller)
-                self.results[i] = (False, err)
-            with self.lock:
-                self.left -= 1
-                if self.left == 0:
-                    self.done.set()
+                outcome = (False, err)
+            self._finish(i, outcome)
 
-    def each(self, fn: Callable[[gym.Env, Any], Any], args: Sequence[Any]) -> list[Any]:
-        """``fn(env, arg)`` for every env and its argument, at once; the results in env order."""
-        self.done.clear()
-        self.left = len(self.jobs)
-        for jobs, arg in zip(self.jobs, args, strict=True):
-            jobs.put((fn, arg))
-        self.done.wait()
+    def _finish(self, i: int, outcome: tuple[bool, Any]) -> None:
+        self.results[i] = outcome
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.done.set()
+
+    def _gather(self, indices: Sequence[int], timeout_s: float | None) -> list[tuple[bool, Any]]:
+        if not self.done.wait(timeout_s):
+            raise TimeoutError(f"envs {list(indices)} did not finish within {timeout_s:g} s")
         results, self.results = self.results, [None] * len(self.jobs)
+        return [results[i] for i in indices]
+
+    def each(
+        self,
+        fn: Callable[[gym.Env, Any], Any],
+        args: Sequence[Any],
+        only: np.ndarray | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        """``fn(env, arg)`` for every env (or those where the mask ``only`` is true) and its argument,
+        at once; the results in env order. The first env's exception, if any, is raised here."""
+        indices = list(range(len(self.jobs))) if only is None else np.flatnonzero(only).tolist()
+        if not indices:
+            return []
+        self.done.clear()
+        self.left = len(indices)
+        for i in indices:
+            self.jobs[i].put((fn, args[i]))
+        results = self._gather(indices, timeout_s)
         for ok, value in results:
             if not ok:
                 raise value
         return [value for _, value in results]
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Close every env in its own thread, then end the threads. Once; at interpreter shutdown, when
+        threads may no longer run, the threads are only told to end."""
+        if self.closed:
+            return
+        self.closed = True
+        if sys.is_finalizing():
+            self.stop(wait=False)
+            return
+        hung = False
+        try:
+            self.each(_close, [None] * len(self.jobs), timeout_s=timeout_s)
+        except TimeoutError:  # an env's close hangs: its thread (a daemon) is left behind
+            hung = True
+            raise
+        finally:
+            self.stop(wait=not hung)
+
     def stop(self, wait: bool = True) -> None:
         for jobs in self.jobs:
             jobs.put(None)
-        if wait:
+        if wait and threading.current_thread() not in self.threads:
             for thread in self.threads:
                 thread.join()
+
+
+def _close(env: gym.Env, _: Any) -> None:
+    env.close()
 
 
 class ThreadVectorEnv(gym.vector.SyncVectorEnv):
     """SyncVectorEnv whose envs step (and reset) at once, each in a thread of its own; same-step autoreset.
 
-    Each env has a thread that lives as long as the vector env and runs all of its steps and resets,
-    as simulators bound to a thread need (a GL context made current on it, a client with thread-local
-    state); a thread pool hands an env to whichever thread is free. Making the envs, a reset of some
-    of them (``reset_mask``) and closing them still run in the caller's thread. A call gives each thread its job
+    Each env has a thread that lives as long as the vector env and is the only one to touch it: the
+    env is made, reset (all envs, or those of a ``reset_mask``), stepped and closed there, as
+    simulators bound to a thread need (a GL context made current on it, a client with thread-local
+    state); a thread pool hands an env to whichever thread is free. A call gives each thread its job
     and waits once, for the last to finish (a countdown), rather than for each env's future in turn.
     Speed against the pool it replaced (BENCHMARKS.md, "`vector: threads` with a thread per env"):
     1.14-1.26 x for envs that sleep, measured alone; within noise in a sampler's ``collect``; 0.8-0.9 x
@@ -215,25 +275,38 @@ class ThreadVectorEnv(gym.vector.SyncVectorEnv):
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], copy: bool = True):
-        super().__init__(env_fns, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        self.threads = EnvThreads(self.envs)
-        self._stop = weakref.finalize(self, self.threads.stop, False)  # collected unclosed: the threads end
+        threads = EnvThreads(env_fns)  # makes each env in its own thread
+        try:
+            made = [lambda env=env: env for env in threads.envs]
+            super().__init__(made, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        except BaseException:
+            threads.close()
+            raise
+        self.env_fns, self.threads = env_fns, threads
+        self._close_threads = weakref.finalize(self, threads.close)  # collected unclosed: envs closed, threads end
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
-        if options is not None and "reset_mask" in options:
-            return super().reset(seed=seed, options=options)  # a few envs: not worth the threads
         seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed
         seeds = seeds if seeds is not None else [None] * self.num_envs
         if len(seeds) != self.num_envs:
             raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
-        done = self.threads.each(lambda env, s: env.reset(seed=s, options=options), seeds)
-        self._terminations = np.zeros(self.num_envs, np.bool_)
-        self._truncations = np.zeros(self.num_envs, np.bool_)
-        self._autoreset_envs = np.zeros(self.num_envs, np.bool_)
+        mask = np.ones(self.num_envs, np.bool_)
+        if options is not None and "reset_mask" in options:
+            options = dict(options)
+            mask = options.pop("reset_mask")
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)):
+                shape = f"({self.num_envs},)"
+                raise ValueError(f"options['reset_mask'] must be a bool array of shape {shape}, got {mask!r}")
+            if not mask.any():
+                raise ValueError(f"options['reset_mask'] must reset at least one env, got {mask!r}")
+        done = self.threads.each(lambda env, s: env.reset(seed=s, options=options), seeds, only=mask)
+        self._terminations[mask] = False
+        self._truncations[mask] = False
+        self._autoreset_envs[mask] = False
         infos: dict[str, Any] = {}
-        for i, (obs, info) in enumerate(done):
+        for i, (obs, info) in zip(np.flatnonzero(mask), done, strict=True):
             self._env_obs[i] = obs
-            infos = self._add_info(infos, info, i)
+            infos = self._add_info(infos, info, int(i))
         self._observations = gym.vector.utils.concatenate(
             self.single_observation_space, self._env_obs, self._observations
         )
@@ -256,9 +329,7 @@ class ThreadVectorEnv(gym.vector.SyncVectorEnv):
         return obs, self._rewards.copy(), self._terminations.copy(), self._truncations.copy(), infos
 
     def close_extras(self, **kwargs: Any) -> None:
-        self._stop.detach()
-        self.threads.stop()
-        super().close_extras(**kwargs)
+        self._close_threads()  # each env closed in its thread
 
 
 def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
