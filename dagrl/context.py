@@ -68,6 +68,8 @@ class RoleContext:
     inference: Any = None
     """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
     their own network."""
+    made: list[Any] = field(default_factory=list, repr=False, compare=False)
+    """The vector envs :meth:`make_envs` returned, closed by :meth:`close` when the role ends."""
 
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
@@ -155,11 +157,28 @@ class RoleContext:
                 spaces=spaces,
                 **self.env_kwargs,
             )
-            return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
-        from dagrl.vector import make_vector
+        else:
+            from dagrl.vector import make_vector
 
-        envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
+            envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
+        self.made.append(envs)
         return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
+
+    def close(self) -> None:
+        """End what this context made for the role: its vector envs (their env processes or threads)
+        and its connection to the inference role. The runtime calls it when the role's instance ends;
+        the first error is raised after everything was tried."""
+        errors = []
+        for item in [*reversed(self.made), self.inference]:
+            if item is None or getattr(item, "closed", False):
+                continue
+            try:
+                item.close()
+            except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
+                errors.append(err)
+        self.made.clear()
+        if errors:
+            raise errors[0]
 
 
 def _group() -> Any:

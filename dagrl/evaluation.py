@@ -164,6 +164,7 @@ def evaluate_checkpoint(
     recorder = _record(evaluator, Path(video), prefix) if video is not None else None
     from dagrl.context import EnvError
     from dagrl.runtime.executor import Executor
+    from dagrl.runtime.hosts import close_all
 
     eval_nodes = graph.algorithm.eval_graph
     executor = Executor()
@@ -178,7 +179,7 @@ def evaluate_checkpoint(
     finally:
         if recorder is not None:  # the episode left unfinished: no partial MP4
             recorder.recorded_frames, recorder.recording = [], False
-        evaluator.envs.close()
+        close_all([h for handles in hosts.values() for h in handles])
     returns, lengths = evaluator.last_returns, evaluator.last_lengths
     # one env records, every episode: the i-th episode played is RecordVideo's episode i
     names = [Path(video) / f"{prefix}-episode-{i}.mp4" for i in range(len(returns))] if video else []

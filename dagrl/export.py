@@ -77,6 +77,7 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     from dagrl.evaluation import _hosts, eval_graph, load_run
     from dagrl.evaluator import EpisodeRunner
     from dagrl.runtime.executor import Executor
+    from dagrl.runtime.hosts import close_all
 
     run_dir, ckpt = load_run(run, "dagrl export")
     graph = eval_graph(run_dir, 1, None, list(overrides or []), False)
@@ -95,7 +96,7 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         policy.eval().requires_grad_(False)
         obs = _observations(runner.envs, 32)
     finally:
-        runner.envs.close()
+        close_all([h for handles in hosts.values() for h in handles])
     program = torch.export.export(policy, (obs,), dynamic_shapes={"obs": {0: torch.export.Dim.DYNAMIC}})
     counters = ckpt.get("counters", {})
     space = graph.observation_space

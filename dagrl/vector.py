@@ -6,8 +6,9 @@ Threads
 :class:`ThreadVectorEnv` is gymnasium's SyncVectorEnv with each env made, reset, stepped (with its
 autoreset) and closed in a thread of its own, so envs that wait overlap: remote or GPU-bound
 simulators, I/O, C extensions that release the GIL. An env whose step is Python holding the GIL
-gains nothing and pays ~0.04 ms a step for the hand-off. Its steps, observations and infos equal SyncVectorEnv's for the same seeds and
-actions (tested); unlike ``async``, no process per env, no pickling.
+gains nothing and pays ~0.04 ms a step for the hand-off. Its steps, observations and infos equal
+SyncVectorEnv's for the same seeds and actions (tested); unlike ``async``, no process per env, no
+pickling.
 
 EnvPool
 -------

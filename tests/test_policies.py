@@ -152,3 +152,23 @@ def test_data_parallel_replicas_get_distinct_workers_first_and_on_replacement():
     avoid = frozenset({"tcp://0"})  # where the other replica lives
     assert place_one("learner", RoleSpec(replicas=2), workers, load, True, avoid) == "tcp://1"
     assert place_one("learner", RoleSpec(replicas=2), {"tcp://0": {}}, {}, True, avoid) is None
+
+
+@pytest.mark.parametrize(("graph_file", "vector"), [("ppo-cartpole-single", "sync"), ("ppo-cartpole-sync", "threads")])
+def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_path, graph_file, vector):
+    """Role states end with the run, on the workers too: each env made (samplers', the evaluator's) is
+    closed before ``dagrl.train`` returns, not whenever its actor is collected."""
+    import dagrl
+    from tests.marking import marks
+
+    folder = tmp_path / "marks"
+    over = [
+        f"env.wrappers=[{{tests.marking.MarksClose: {{folder: {folder}}}}}]", f"roles.sampler.vector={vector}",
+        "stop.iterations=2", "stop.mean_return=null", "evaluate.every=1", f"runs_dir={tmp_path}",
+    ]  # fmt: skip
+    graph = load_graph(f"{graphs_dir}/{graph_file}.yaml", over)
+    summary = dagrl.train(graph, client if graph.spec.policy != "single" else None)
+    assert summary["iterations"] == 2
+    made = marks(folder, "made")
+    assert len(made) >= graph.role("sampler").replicas * graph.role("sampler").envs + 1  # + the evaluator's
+    assert marks(folder, "closed") == made

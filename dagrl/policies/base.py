@@ -18,7 +18,7 @@ from dagrl.context import Episodes
 from dagrl.fragment import FragmentGraph, Node
 from dagrl.runtime import shm
 from dagrl.runtime.executor import Call, Executor, Report
-from dagrl.runtime.hosts import Handle
+from dagrl.runtime.hosts import Handle, close_all
 from dagrl.runtime.supervisor import RoleFailure
 
 
@@ -247,11 +247,10 @@ class Policy:
         return out
 
     def close(self) -> None:
-        """Stop background work, release the role actors, and remove shared-memory segments of
-        transfers that never completed (a sender or receiver killed mid-way)."""
-        for handles in self.hosts.values():
-            for h in handles:
-                h.close()
+        """Stop background work, close every role state (its envs, threads, env processes and sockets)
+        and release the role actors, and remove shared-memory segments of transfers that never
+        completed (a sender or receiver killed mid-way)."""
+        close_all([h for handles in self.hosts.values() for h in handles])
         self.executor.close()
         if self.executor.remote:
             with contextlib.suppress(Exception):  # the cluster may be going down

@@ -56,6 +56,10 @@ class ReplayState:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.store.load_state_dict(state)
 
+    def close(self) -> None:
+        """Stop the store's prefetch thread (checkpoints have made its rows durable)."""
+        self.store.close()
+
 
 def replay_state(
     ctx: RoleContext,

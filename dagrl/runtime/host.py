@@ -174,11 +174,35 @@ class RoleHost:
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
         self.lock = threading.RLock()  # fragment tasks (worker pool) vs actor methods (actor thread)
         self.host_id = host_id or f"{role}-{ctx.index}-{id(self):x}"
+        self.closed = False
         HOSTS[self.host_id] = self
+
+    def close(self) -> None:
+        """End the role instance after the fragment in progress: the state's own ``close`` if it has
+        one (a replay's prefetch thread), the envs its context made (their threads or processes) and
+        its inference socket, where each of them is. Once; a fragment called after it is refused.
+        The first error is raised after everything was tried."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            HOSTS.pop(self.host_id, None)
+            errors = []
+            for close in (getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None)):
+                if close is None:
+                    continue
+                try:
+                    close()
+                except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
+                    errors.append(err)
+            if errors:
+                raise errors[0]
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)`` under the host's lock (one fragment at a time per role state)."""
         with self.lock:
+            if self.closed:
+                raise HostGone(f"{self.role}[{self.index}] is closed (its run ended); {fragment} not run")
             self.calls += 1
             t0 = time.perf_counter()
             self.running = (fragment, t0)

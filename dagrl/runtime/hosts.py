@@ -93,14 +93,61 @@ class Handle:
     def acting_stats(self) -> Any:
         return self._invoke("acting_stats")
 
-    def close(self) -> None:
+    def start_close(self) -> Any:
+        """Ask the host to close its role state (:meth:`RoleHost.close`): a future (``Done`` in-process),
+        or ``None`` where the actor can no longer be reached."""
+        if not self.remote:
+            self.target.close()
+            return Done(None)
+        if self.future is None:
+            return None
+        try:
+            return self.target.close()  # not watched: a lost actor is not replaced to be closed
+        except Exception:  # Dask refuses calls on an actor whose worker is known lost
+            return None
+
+    def release(self) -> None:
+        """Let Dask drop the actor (a remote host); the handle is unusable after it."""
         if self.future is not None:
             with contextlib.suppress(Exception):  # the client may be closing, or the actor's worker gone
                 self.future.release()
             self.future = None
 
+    def close(self, wait_s: float = 10.0) -> None:
+        """Close the role state (:meth:`start_close`), waiting up to ``wait_s``, then release the actor.
+        ``wait_s=0``: release only (the actor is lost or hung)."""
+        close_all([self], wait_s)
+
     def __repr__(self) -> str:
         return f"<{self.role}[{self.index}] at {self.address or 'in-process'}>"
+
+
+def close_all(handles: list[Handle], wait_s: float = 10.0) -> None:
+    """Close every handle's role state at once, waiting for all of them up to ``wait_s`` in total, then
+    release the actors. A state that fails to close, or takes longer, is logged, not raised: the run's
+    results are already saved when this runs."""
+
+    def failed(h: Handle, err: Exception) -> None:
+        if isinstance(err, TimeoutError):
+            log.warning("%s[%d] did not close within %.0f s; releasing it", h.role, h.index, wait_s)
+        else:
+            log.warning("%s[%d] closing: %s: %s", h.role, h.index, type(err).__name__, err)
+
+    closing = []
+    for h in handles:
+        try:
+            closing.append(h.start_close() if wait_s > 0 else None)
+        except Exception as err:  # noqa: BLE001 (an in-process state that fails to close)
+            failed(h, err)
+            closing.append(None)
+    deadline = time.monotonic() + wait_s
+    for h, pending in zip(handles, closing, strict=True):
+        if pending is not None:
+            try:
+                pending.result(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as err:  # noqa: BLE001 (the run is over; say what did not close cleanly)
+                failed(h, err)
+        h.release()
 
 
 def role_seed(graph: Graph, role: str, index: int, offset: int = 0) -> int:

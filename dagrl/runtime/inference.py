@@ -162,6 +162,10 @@ class InferenceClient:
             self._sock, self._connected_to = sock, self.endpoint
         return self._sock
 
+    def close(self) -> None:
+        """Close the connection (the role state is ending); a later call would connect again."""
+        self._close()
+
     def _close(self) -> None:
         if self._sock is not None:
             with contextlib.suppress(OSError):

@@ -181,7 +181,7 @@ class Supervisor:
                 log.warning("%s[%d] on %s: %s; restarting it", old.role, old.index, old.address, event.reason)
                 if failure.kind == "hung" and old.address:
                     self._restart_worker(old.address)
-                old.close()
+                old.close(wait_s=5.0 if failure.kind == "raised" else 0.0)  # a raised host still answers
                 try:
                     where, shift = self._choose_worker(old), self._seed_shift(old.role)
                     new = self.start(old.role, old.index, where, shift, self.env_steps)
