@@ -26,7 +26,7 @@ class Done:
 
     value: Any
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         return self.value
 
 
