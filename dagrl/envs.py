@@ -9,6 +9,8 @@ core is free meanwhile), ``cost: busy`` spins (a CPU-bound one: the core is take
 ``(channels, size, size)`` whose left or right half is brighter; the action names the half (+1 when
 right). 16 steps an episode: guessing earns 8, seeing earns 16. It checks that an image pipeline
 (uint8 through samplers, transport and replay, a CNN encoder) learns at all, in seconds on a CPU.
+With ``continuous: true`` the action is a number in [-1, 1] whose sign names the half (positive:
+right), for SAC and TD3.
 
 ``dagrl.envs:BrightHalfFlip-v0`` is the same task as a ``Dict`` of the image (channels last) and a
 state: a ``flip`` of +-1 that, at +1, asks for the dark half instead. Either entry alone earns 8; it
@@ -115,11 +117,19 @@ class BrightHalf(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, size: int = 84, channels: int = 1, length: int = 16, render_mode: str | None = None):
+    def __init__(
+        self,
+        size: int = 84,
+        channels: int = 1,
+        length: int = 16,
+        render_mode: str | None = None,
+        continuous: bool = False,
+    ):
         if size < 36:  # the Nature CNN's three convolutions need 36 pixels
             raise ValueError(f"size must be >= 36, got {size}")
         self.observation_space = gym.spaces.Box(0, 255, (channels, size, size), np.uint8)
-        self.action_space = gym.spaces.Discrete(2)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(2)
+        self.continuous = continuous
         self.length, self.size, self.channels = length, size, channels
         self.render_mode = render_mode
 
@@ -144,7 +154,8 @@ class BrightHalf(gym.Env):
         return self._show(), {}
 
     def step(self, action: Any) -> tuple:
-        reward = float(int(action) == self.side)
+        choice = int(np.asarray(action).item() > 0) if self.continuous else int(action)
+        reward = float(choice == self.side)
         self.t += 1
         return self._show(), reward, False, self.t >= self.length, {}
 

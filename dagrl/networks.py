@@ -146,15 +146,17 @@ class RunningNorm(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Two independent Q(s, a) networks over flattened observation and action."""
+    """Two Q(s, a) heads over the observation's trunk (:func:`encoder`: flattened, or a CNN for
+    images, which both heads' losses train) and the action."""
 
     def __init__(self, obs_space, act_space, hidden: int):
         super().__init__()
-        n_in = int(np.prod(obs_space.shape)) + int(np.prod(act_space.shape))
+        self.trunk, n_obs = encoder(obs_space, hidden)
+        n_in = n_obs + int(np.prod(act_space.shape))
         self.q1, self.q2 = mlp(n_in, 1, hidden), mlp(n_in, 1, hidden)
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.flatten(1), act.flatten(1)], -1)
+        x = torch.cat([self.trunk(obs), act.flatten(1)], -1)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
 

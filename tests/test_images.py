@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -86,3 +88,38 @@ def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
         policy.close()
     summary, _ = train("graphs/dqn-brighthalf.yaml", tmp_path)
     assert summary["stop_reason"] == "mean_return", summary  # 14 of 16
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_sac_and_td3_networks_take_a_cnn_trunk_for_images(algo):
+    """The actor has a trunk of its own, the twin critics share one; vector checkpoints keep their keys."""
+    import importlib
+
+    module = importlib.import_module(f"dagrl.algos.{algo}")
+    from dagrl.networks import TwinQ
+
+    image = gym.make("dagrl.envs:BrightHalf-v0", size=36, continuous=True)
+    act = image.action_space
+    policy, q = module.Policy(image.observation_space, act, 32), TwinQ(image.observation_space, act, 32)
+    assert isinstance(policy.trunk, NatureCNN) and isinstance(q.trunk, NatureCNN)
+    obs = torch.randint(0, 256, (5, 1, 36, 36), dtype=torch.uint8)
+    actions = policy(obs)[0] if algo == "sac" else policy(obs)
+    assert actions.shape == (5, 1) and bool((actions.abs() <= 1).all())
+    q1, q2 = q(obs, actions)
+    assert q1.shape == q2.shape == (5,)
+    (q1.sum() + q2.sum()).backward()
+    assert q.trunk.convs[0].weight.grad is not None  # the critics' losses train their trunk
+    vector = gym.spaces.Box(-1, 1, (3,), np.float32)
+    keys = {f"q{i}.{j}.{p}" for i in (1, 2) for j in (0, 2, 4) for p in ("weight", "bias")}
+    assert set(TwinQ(vector, act, 32).state_dict()) == keys
+    assert not any(k.startswith("trunk") for k in module.Policy(vector, act, 32).state_dict())
+
+
+@pytest.mark.slow
+def test_sac_learns_from_pixels_through_a_uint8_replay(tmp_path):
+    """A continuous action from images: which half is bright, told by the action's sign (14 of 16;
+    guessing earns 8)."""
+    summary, rundir = train("graphs/sac-brighthalf.yaml", tmp_path)
+    assert summary["stop_reason"] == "mean_return", summary
+    schema = json.loads((rundir.path / "replay-0" / "meta.json").read_text())["schema"]
+    assert np.dtype(schema["obs"]["dtype"]) == np.dtype(schema["next_obs"]["dtype"]) == np.uint8

@@ -21,7 +21,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
+from dagrl.networks import TwinQ, Weights, as_tensors, encoder, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -85,17 +85,18 @@ class Policy(nn.Module):
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
         n_act = int(np.prod(act_space.shape))
-        self.net = mlp(int(np.prod(obs_space.shape)), 2 * n_act, hidden)
+        self.trunk, n_obs = encoder(obs_space, hidden)  # its own: the critic's trunk is not shared
+        self.net = mlp(n_obs, 2 * n_act, hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The squashed mean action (evaluation)."""
-        mean = self.net(obs.flatten(1)).chunk(2, dim=-1)[0]
+        mean = self.net(self.trunk(obs)).chunk(2, dim=-1)[0]
         return torch.tanh(mean) * self.scale + self.bias
 
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
+        mean, log_std = self.net(self.trunk(obs)).chunk(2, dim=-1)
         log_std = -5 + 3.5 * (torch.tanh(log_std) + 1)  # in [-5, 2]
         std = log_std.exp()
         noise = torch.randn(mean.shape, generator=gen, device=mean.device)

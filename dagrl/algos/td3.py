@@ -20,7 +20,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, minibatches, mlp, to_numpy
+from dagrl.networks import TwinQ, Weights, as_tensors, encoder, minibatches, mlp, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -88,12 +88,13 @@ class Policy(nn.Module):
         super().__init__()
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"TD3 needs a continuous (Box) action space, got {act_space}")
-        self.net = mlp(int(np.prod(obs_space.shape)), int(np.prod(act_space.shape)), hidden)
+        self.trunk, n_obs = encoder(obs_space, hidden)  # its own: the critic's trunk is not shared
+        self.net = mlp(n_obs, int(np.prod(act_space.shape)), hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net(obs.flatten(1))) * self.scale + self.bias
+        return torch.tanh(self.net(self.trunk(obs))) * self.scale + self.bias
 
 
 Metrics = dict[str, float]
