@@ -95,10 +95,12 @@ def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: 
         for seed in seeds:
             overrides = (*sets, *(f"{k}={v}" for k, v in setting), f"seed={seed}", "policy=single")
             try:
-                load_graph(graph_path, list(overrides))
+                graph = load_graph(graph_path, list(overrides))
             except ConfigError as err:
                 where = ", ".join(f"{k}={v}" for k, v in setting)
                 raise ConfigError(err.where, err.key, f"{err.problem} (in the trial {where}, seed {seed})") from None
+            if graph.env_id != graph.spec.env.id:  # registered by a module this process imported: name it
+                overrides = (*overrides, f"env.id={graph.env_id}")
             trials.append(Trial(setting, seed, overrides))
     return base, trials
 

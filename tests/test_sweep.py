@@ -168,3 +168,22 @@ def test_a_trial_whose_worker_is_killed_goes_on_from_its_checkpoint_elsewhere(cl
     rows = (run / "metrics.jsonl").read_text().splitlines()
     assert rows[:10] == before  # resumed from the checkpoint, not started over
     assert [json.loads(r)["iteration"] for r in rows] == list(range(1, 151))
+
+
+def test_trials_on_workers_find_an_env_the_driver_registered_under_a_plain_id(client, graphs_dir, tmp_path):
+    """The id a user's module registered, imported by the driver only: each trial names the module too."""
+    import tests.registered_env as registered
+
+    def known(env_id):
+        import gymnasium
+
+        return env_id in gymnasium.registry
+
+    assert not any(client.run(known, registered.ID).values())  # the workers never imported the module
+    graph = f"{graphs_dir}/ppo-cartpole-sync.yaml"
+    _, trials = plan(graph, [f"env.id={registered.ID}", "stop.iterations=1", "checkpoint.every=0"], [], [1])
+    rows = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
+    record = json.loads((tmp_path / "sweep" / "trials.jsonl").read_text())
+    assert rows[0]["failed"] == 0, record
+    config = yaml.safe_load(Path(record["run_dir"], "config.yaml").read_text())
+    assert config["env"]["id"] == f"tests.registered_env:{registered.ID}"
