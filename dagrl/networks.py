@@ -1,5 +1,5 @@
-"""Building blocks shared by algorithm files: encoders (MLP, Nature CNN), running normalisation,
-twin Q networks, weights as numpy, minibatches.
+"""Building blocks shared by algorithm files: encoders (MLP, Nature CNN), image augmentation, running
+normalisation, twin Q networks, weights as numpy, minibatches.
 
 Algorithms never import each other; what two of them need alike lives here, free of Dask.
 """
@@ -143,6 +143,30 @@ class RunningNorm(nn.Module):
         self.mean.copy_(torch.from_numpy(merged_mean.reshape(self.mean.shape)))
         self.var.copy_(torch.from_numpy(merged_var.reshape(self.var.shape)))
         self.count.fill_(new)
+
+
+def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator | None = None) -> torch.Tensor:
+    """DrQ's image augmentation (Kostrikov, Yarats and Fergus, 2020): each image of a ``(N, C, H, W)``
+    batch padded by ``pad`` pixels, its edge repeated, and cut back to ``H x W`` at an offset of its
+    own, so it moves by up to ``pad`` pixels each way. Returns ``float32`` pixel values (the CNN
+    scales them as it scales ``uint8``).
+
+    >>> img = torch.arange(16, dtype=torch.uint8).view(1, 1, 4, 4)
+    >>> torch.equal(random_shift(img, 0), img.float())
+    True
+    >>> random_shift(img, 1, torch.Generator().manual_seed(0)).shape
+    torch.Size([1, 1, 4, 4])
+    """
+    n, c, h, w = images.shape
+    x = images.float()
+    if pad == 0:
+        return x
+    x = nn.functional.pad(x, (pad, pad, pad, pad), mode="replicate")
+    dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=gen, device=images.device)
+    dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=gen, device=images.device)
+    rows = (dy + torch.arange(h, device=images.device)).view(n, 1, h, 1).expand(n, c, h, w + 2 * pad)
+    cols = (dx + torch.arange(w, device=images.device)).view(n, 1, 1, w).expand(n, c, h, w)
+    return x.gather(2, rows).gather(3, cols)
 
 
 class TwinQ(nn.Module):

@@ -151,6 +151,16 @@ OTHER_CASES = [
         ["graphs/sac-pendulum-apex.yaml", "--set", "env.id=CartPole-v1"],
         ["env.id", "CartPole-v1", "Discrete(2)", "sac acts in Box spaces"],
     ),
+    (
+        "sac-augment-shift-on-vectors",
+        ["graphs/sac-pendulum-apex.yaml", "--set", "hyperparameters.augment_shift=4"],
+        ["hyperparameters", "augment_shift: 4", "uint8 [C, H, W] images", "Pendulum-v1"],
+    ),
+    (
+        "sac-augment-shift-negative",
+        ["graphs/sac-brighthalf.yaml", "--set", "hyperparameters.augment_shift=-1"],
+        ["augment_shift", "-1"],
+    ),
 ]
 
 

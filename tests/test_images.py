@@ -123,3 +123,31 @@ def test_sac_learns_from_pixels_through_a_uint8_replay(tmp_path):
     assert summary["stop_reason"] == "mean_return", summary
     schema = json.loads((rundir.path / "replay-0" / "meta.json").read_text())["schema"]
     assert np.dtype(schema["obs"]["dtype"]) == np.dtype(schema["next_obs"]["dtype"]) == np.uint8
+
+
+def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
+    from dagrl.networks import random_shift
+
+    images = torch.randint(0, 256, (64, 2, 36, 36), dtype=torch.uint8)
+    shifted = random_shift(images, 4, torch.Generator().manual_seed(0))
+    assert shifted.dtype == torch.float32 and shifted.shape == images.shape
+    padded = torch.nn.functional.pad(images.float(), (4, 4, 4, 4), mode="replicate")
+    offsets = []
+    for img, out in zip(padded, shifted, strict=True):  # the window of the padded image it was cut from
+        found = [(y, x) for y in range(9) for x in range(9) if torch.equal(img[:, y : y + 36, x : x + 36], out)]
+        assert len(found) == 1
+        offsets.append(found[0])
+    assert len(set(offsets)) > 20  # offsets of their own, not one for the batch
+    again = random_shift(images, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(shifted, again)  # the generator decides
+
+
+def test_sac_updates_on_shifted_images(tmp_path):
+    graph = load_graph("graphs/sac-brighthalf.yaml", ["hyperparameters.augment_shift=4", f"runs_dir={tmp_path}"])
+    policy = build_policy(graph, run_dir=tmp_path)
+    try:
+        metrics = [policy.step().metrics for _ in range(12)]  # 8 x 32 env steps fill learning_starts
+    finally:
+        policy.close()
+    learnt = [m for m in metrics if m.get("perf/frames", 0) > 0]
+    assert learnt and all(np.isfinite(m["losses/q"]) and np.isfinite(m["losses/policy"]) for m in learnt)

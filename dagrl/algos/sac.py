@@ -21,7 +21,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, encoder, minibatches, mlp, to_numpy
+from dagrl.networks import TwinQ, Weights, as_tensors, encoder, is_image, minibatches, mlp, random_shift, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -64,12 +64,23 @@ class Config:
     """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
+    augment_shift: int = 0
+    """Image observations only: in every gradient step, each batch image moved by up to this many
+    pixels (DrQ's random shift, :func:`dagrl.networks.random_shift`; 4 for 84x84 in DrQ); 0: none."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
-        at_least(self, 0, "learning_starts")
+        at_least(self, 0, "learning_starts", "augment_shift")
         positive(self, "policy_lr", "q_lr", "alpha")
         unit_interval(self, "gamma", "tau")
+
+    def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Refuse, before any cluster starts, what the env's spaces rule out."""
+        if self.augment_shift and not is_image(obs_space):
+            raise ValueError(f"augment_shift: {self.augment_shift} is for uint8 [C, H, W] images, not {obs_space}")
+
+    def augment(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return random_shift(obs, self.augment_shift, gen) if self.augment_shift else obs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,13 +311,14 @@ def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
 def critic_step(state: CriticState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One twin-Q gradient step on batch ``b`` (``b["alpha"]``: the actor's temperature), then Polyak."""
     cfg = state.cfg
+    obs, next_obs = cfg.augment(b["obs"], state.gen), cfg.augment(b["next_obs"], state.gen)
     with torch.no_grad():
-        next_action, next_logp = state.policy(b["next_obs"], state.gen)
-        tq1, tq2 = state.target(b["next_obs"], next_action)
+        next_action, next_logp = state.policy(next_obs, state.gen)
+        tq1, tq2 = state.target(next_obs, next_action)
         soft = torch.min(tq1, tq2) - b["alpha"] * next_logp
         discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
         target = b["reward"] + discount * (1 - b["terminated"]) * soft
-    q1, q2 = state.q(b["obs"], b["action"])
+    q1, q2 = state.q(obs, b["action"])
     loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
     state.optimizer.zero_grad()
     loss.backward()
@@ -321,8 +333,9 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     """One policy gradient step on batch ``b``; then, unless fixed, one temperature step."""
     cfg = state.cfg
     alpha = cfg.alpha if cfg.alpha is not None else state.log_alpha.detach().exp()
-    action, logp = state.policy(b["obs"], state.gen)
-    q1, q2 = state.q(b["obs"], action)
+    obs = cfg.augment(b["obs"], state.gen)
+    action, logp = state.policy(obs, state.gen)
+    q1, q2 = state.q(obs, action)
     loss = (alpha * logp - torch.min(q1, q2)).mean()
     state.optimizer.zero_grad()
     loss.backward()
