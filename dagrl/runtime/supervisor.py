@@ -71,6 +71,9 @@ class Event:
     env_steps: int | None = None
     """The run's env steps the replacement started from (its samplers' schedules go on from there)."""
     traceback: str | None = None
+    failed_starts: list[str] = field(default_factory=list)
+    """Why replacements started before the working one failed (a constructor that raised, a worker
+    that left before the actor started), in order; ``kind`` and ``reason`` stay the first failure's."""
 
 
 class Watched:
@@ -176,9 +179,10 @@ class Supervisor:
                 event.traceback = remote_traceback(failure.cause)
             t0 = time.monotonic()
             cause: BaseException = failure.cause
+            attempt = event  # each failed start counts toward a crash loop; the event keeps the first failure
             while True:
-                self._count(event, cause)
-                log.warning("%s[%d] on %s: %s; restarting it", old.role, old.index, old.address, event.reason)
+                self._count(attempt, cause)
+                log.warning("%s[%d] on %s: %s; restarting it", old.role, old.index, old.address, attempt.reason)
                 if failure.kind == "hung" and old.address:
                     self._restart_worker(old.address)
                 old.close(wait_s=5.0 if failure.kind == "raised" else 0.0)  # a raised host still answers
@@ -188,8 +192,9 @@ class Supervisor:
                     break
                 except Exception as err:  # the constructor failed (e.g. the env raises on reset)
                     cause = err
-                    event = Event(old.role, old.index, old.address, "raised", describe("raised", err))
-                    event.traceback = remote_traceback(err)
+                    attempt = Event(old.role, old.index, old.address, "raised", describe("raised", err))
+                    attempt.traceback = remote_traceback(err)
+                    event.failed_starts.append(attempt.reason)
                     time.sleep(min(2.0, 0.2 * len(self.recent[old.role])))
             new.supervisor = self
             event.new_worker, event.replace_s = new.address, time.monotonic() - t0
