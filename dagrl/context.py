@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -168,17 +169,24 @@ class RoleContext:
         """End what this context made for the role: its vector envs (their env processes or threads)
         and its connection to the inference role. The runtime calls it when the role's instance ends;
         the first error is raised after everything was tried."""
-        errors = []
-        for item in [*reversed(self.made), self.inference]:
-            if item is None or getattr(item, "closed", False):
-                continue
-            try:
-                item.close()
-            except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
-                errors.append(err)
+        items = [*reversed(self.made), self.inference]
         self.made.clear()
-        if errors:
-            raise errors[0]
+        close_each(item.close for item in items if item is not None and not getattr(item, "closed", False))
+
+
+def close_each(closes: Iterable[Callable[[], Any] | None]) -> None:
+    """Call every ``close`` given (``None``: skipped), all of them even if some raise; then raise the
+    first error."""
+    errors = []
+    for close in closes:
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
+            errors.append(err)
+    if errors:
+        raise errors[0]
 
 
 def _group() -> Any:

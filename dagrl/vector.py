@@ -172,10 +172,8 @@ class EnvThreads:
             thread.start()
         made = self._gather(range(n), None)
         if not all(ok for ok, _ in made):  # close the envs that were made, in their threads, and fail
-            self.closed = True
             with contextlib.suppress(Exception):
-                self.each(_close, [None] * n, only=np.array([ok for ok, _ in made]), timeout_s=30.0)
-            self.stop(wait=False)
+                self.close(only=np.array([ok for ok, _ in made]))
             raise next(value for ok, value in made if not ok)
         self.envs: list[gym.Env] = [env for _, env in made]
 
@@ -230,9 +228,10 @@ class EnvThreads:
                 raise value
         return [value for _, value in results]
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Close every env in its own thread, then end the threads. Once; at interpreter shutdown, when
-        threads may no longer run, the threads are only told to end."""
+    def close(self, timeout_s: float = 30.0, only: np.ndarray | None = None) -> None:
+        """Close every env (or those of the mask ``only``: the ones made) in its own thread, then end
+        the threads. Once; at interpreter shutdown, when threads may no longer run, the threads are only
+        told to end."""
         if self.closed:
             return
         self.closed = True
@@ -241,7 +240,7 @@ class EnvThreads:
             return
         hung = False
         try:
-            self.each(_close, [None] * len(self.jobs), timeout_s=timeout_s)
+            self.each(_close, [None] * len(self.jobs), only=only, timeout_s=timeout_s)
         except TimeoutError:  # an env's close hangs: its thread (a daemon) is left behind
             hung = True
             raise

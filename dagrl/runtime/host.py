@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from dagrl.context import RoleContext
+from dagrl.context import RoleContext, close_each
 from dagrl.fragment import load_algorithm
 from dagrl.runtime import shm
 from dagrl.runtime.wire import to_cpu
@@ -135,7 +135,7 @@ class RoleHost:
 
     Examples
     --------
-    >>> from dagrl.context import RoleContext
+    >>> from dagrl.context import RoleContext, close_each
     >>> from dagrl.algos.ppo import Config
     >>> ctx = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2)
     >>> host = RoleHost("ppo", "sampler", ctx, Config(num_steps=4))
@@ -187,16 +187,7 @@ class RoleHost:
                 return
             self.closed = True
             HOSTS.pop(self.host_id, None)
-            errors = []
-            for close in (getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None)):
-                if close is None:
-                    continue
-                try:
-                    close()
-                except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
-                    errors.append(err)
-            if errors:
-                raise errors[0]
+            close_each([getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None)])
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)`` under the host's lock (one fragment at a time per role state)."""
