@@ -2,13 +2,19 @@
 
 Gymnasium's ``AddRenderObservation(render_only=False)`` gives such a ``Dict``; so do robots with a
 camera and joint sensors. Samplers, Dask, replay and the learner carry one array per observation, so
-:class:`MixedObservation` lays every part out in one flat ``float32`` vector (images channels-first,
-pixel values 0-255 as they are; other parts as gymnasium flattens them: a ``Discrete`` one-hot) and
-records where each part lies in a :class:`MixedBox`. The networks' :class:`MixedEncoder` cuts the
-vector apart again: a Nature CNN for each image, the other parts as they are, all concatenated (what
-Stable-Baselines3's ``CombinedExtractor`` does for its ``MultiInputPolicy``).
+:class:`MixedObservation` lays every part out in one flat ``uint8`` vector and records where each part
+lies in a :class:`MixedBox`:
 
-The price of one array: pixels travel as ``float32``, 4 x the bytes of ``uint8`` images alone.
+* first the entries that are not images, as gymnasium flattens them (a ``Discrete`` one-hot), each
+  value a ``float32`` written as its 4 bytes;
+* then each image, channels first, one byte per pixel as the env gives it;
+* then zero bytes up to a multiple of 4, so that any row of a batch starts on a ``float32`` boundary.
+
+Images therefore travel, and are stored in replay, at one byte a pixel (zarr compresses them as it
+does Atari frames), and the other values bit for bit. The networks' :class:`MixedEncoder` cuts the
+vector apart again: a Nature CNN for each image, the other entries read back as ``float32``, all
+concatenated in the ``Dict``'s order (what Stable-Baselines3's ``CombinedExtractor`` does for its
+``MultiInputPolicy``).
 """
 
 from __future__ import annotations
@@ -23,30 +29,63 @@ from torch import nn
 
 from dagrl.networks import NatureCNN, is_image
 
+FLOAT_BYTES = 4
+"""Bytes of each value of an entry that is not an image (``float32``)."""
+
 
 @dataclass(frozen=True)
 class Part:
-    """Where one entry of a ``Dict`` observation lies in the flat vector."""
+    """Where one entry of a ``Dict`` observation lies in the packed ``uint8`` vector."""
 
     key: str
     start: int
+    """The entry's first byte."""
     size: int
+    """Its number of values: pixels of an image, ``float32`` values otherwise."""
     image: tuple[int, int, int] | None = None
     """``(C, H, W)`` for an image, else ``None`` (the entry flattened)."""
     channels_last: bool = False
     """The env gives this image ``(H, W, C)``; it is turned channels-first when packed."""
 
+    @property
+    def stop(self) -> int:
+        """One past the entry's last byte."""
+        return self.start + self.size * (1 if self.image else FLOAT_BYTES)
+
 
 class MixedBox(gym.spaces.Box):
-    """A flat ``float32`` Box whose :attr:`parts` say where each entry of the env's ``Dict`` lies."""
+    """A flat ``uint8`` Box whose :attr:`parts` say where each entry of the env's ``Dict`` lies.
 
-    def __init__(self, parts: tuple[Part, ...], low: np.ndarray, high: np.ndarray):
-        super().__init__(low, high, dtype=np.float32)
+    :attr:`parts` are in the ``Dict``'s order (the order of the encoder's features); their bytes lie
+    entries first, images after (:mod:`dagrl.mixed_obs`). :attr:`source` is the env's ``Dict``.
+    """
+
+    def __init__(self, parts: tuple[Part, ...], size: int, source: gym.spaces.Dict):
+        super().__init__(0, 255, (size,), dtype=np.uint8)
         self.parts = parts
+        self.source = source
 
     @property
     def images(self) -> tuple[Part, ...]:
         return tuple(p for p in self.parts if p.image is not None)
+
+    @property
+    def values(self) -> tuple[Part, ...]:
+        """The entries that are not images."""
+        return tuple(p for p in self.parts if p.image is None)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> np.ndarray:
+        """A packed observation: random pixels and values drawn within each entry's bounds (random
+        bytes could read as ``nan``)."""
+        out = super().sample(mask, probability)
+        for p in self.values:
+            sub = self.source.spaces[p.key]
+            sub.seed(int(self.np_random.integers(2**31)))
+            out[p.start : p.stop] = np.asarray(gym.spaces.flatten(sub, sub.sample()), np.float32).view(np.uint8)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MixedBox) and super().__eq__(other) and self.parts == other.parts
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{p.key}: {'image ' + str(p.image) if p.image else p.size}" for p in self.parts)
@@ -69,77 +108,113 @@ def mixed_space(space: gym.Space) -> MixedBox | None:
 
     >>> space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
     ...                          "state": gym.spaces.Box(-1, 1, (5,))})
-    >>> mixed_space(space)
-    MixedBox(pixels: image (3, 64, 64), state: 5)
-    >>> mixed_space(space).shape
-    (12293,)
+    >>> packed = mixed_space(space)
+    >>> packed, packed.dtype, packed.shape
+    (MixedBox(pixels: image (3, 64, 64), state: 5), dtype('uint8'), (12308,))
+    >>> [(p.key, p.start, p.stop) for p in packed.parts]  # the state's 5 float32s first
+    [('pixels', 20, 12308), ('state', 0, 20)]
     """
     if not isinstance(space, gym.spaces.Dict):
         return None
-    parts, lows, highs, start = [], [], [], 0
+    found: dict[str, tuple[tuple[int, int, int], bool] | gym.spaces.Box] = {}
     for key, sub in space.spaces.items():
         image = _as_image(sub)
-        if image is not None:
-            shape, last = image
-            size = int(np.prod(shape))
-            parts.append(Part(key, start, size, shape, last))
-            lows.append(np.zeros(size, np.float32))
-            highs.append(np.full(size, 255, np.float32))
-        else:
+        if image is None:
             flat = gym.spaces.flatten_space(sub)
             if not isinstance(flat, gym.spaces.Box):
                 return None  # no fixed size: vector_observations refuses it by name
-            size = int(np.prod(flat.shape))
-            parts.append(Part(key, start, size))
-            lows.append(flat.low.astype(np.float32).ravel())
-            highs.append(flat.high.astype(np.float32).ravel())
-        start += size
-    if not any(p.image for p in parts):
+            image = flat
+        found[key] = image
+    if all(isinstance(v, gym.spaces.Box) for v in found.values()):
         return None
-    return MixedBox(tuple(parts), np.concatenate(lows), np.concatenate(highs))
+    placed, start = {}, 0
+    for key, flat in found.items():  # values first: each on a float32 boundary
+        if isinstance(flat, gym.spaces.Box):
+            size = int(np.prod(flat.shape))
+            placed[key] = Part(key, start, size)
+            start = placed[key].stop
+    for key, image in found.items():
+        if not isinstance(image, gym.spaces.Box):
+            shape, last = image
+            placed[key] = Part(key, start, int(np.prod(shape)), shape, last)
+            start = placed[key].stop
+    size = -(-start // FLOAT_BYTES) * FLOAT_BYTES
+    return MixedBox(tuple(placed[key] for key in found), size, space)
+
+
+def pack(space: MixedBox, observation: dict[str, Any]) -> np.ndarray:
+    """One ``Dict`` observation as ``space``'s ``uint8`` vector."""
+    out = np.zeros(space.shape, np.uint8)
+    for p in space.parts:
+        value = observation[p.key]
+        if p.image is None:
+            flat = np.asarray(gym.spaces.flatten(space.source.spaces[p.key], value), np.float32).ravel()
+            out[p.start : p.stop] = flat.view(np.uint8)
+        else:
+            out[p.start : p.stop] = (np.moveaxis(value, -1, 0) if p.channels_last else value).ravel()
+    return out
+
+
+def unpack(space: MixedBox, packed: np.ndarray) -> dict[str, np.ndarray]:
+    """The entries of one packed vector: images ``(C, H, W)`` ``uint8``, the rest flat ``float32``.
+
+    >>> space = mixed_space(gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 36, 36), np.uint8),
+    ...                                      "speed": gym.spaces.Box(-1, 1, (2,))}))
+    >>> obs = {"cam": np.full((1, 36, 36), 7, np.uint8), "speed": np.array([0.5, -0.25], np.float32)}
+    >>> parts = unpack(space, pack(space, obs))
+    >>> parts["speed"].tolist(), int(parts["cam"].max()), parts["cam"].shape
+    ([0.5, -0.25], 7, (1, 36, 36))
+    """
+    out = {}
+    for p in space.parts:
+        raw = np.ascontiguousarray(packed[p.start : p.stop])
+        out[p.key] = raw.reshape(p.image) if p.image else raw.view(np.float32)
+    return out
 
 
 class MixedObservation(gym.ObservationWrapper):
-    """Packs an env's ``Dict`` observations into the flat vector of :func:`mixed_space`."""
+    """Packs an env's ``Dict`` observations into the ``uint8`` vector of :func:`mixed_space`."""
 
     def __init__(self, env: gym.Env, space: MixedBox):
         super().__init__(env)
         self.observation_space = space
-        self._spaces = env.observation_space.spaces
 
     def observation(self, observation: dict[str, Any]) -> np.ndarray:
-        out = np.empty(self.observation_space.shape, np.float32)
-        for p in self.observation_space.parts:
-            value = observation[p.key]
-            if p.image is None:
-                value = gym.spaces.flatten(self._spaces[p.key], value)
-            elif p.channels_last:
-                value = np.moveaxis(value, -1, 0)
-            out[p.start : p.start + p.size] = np.asarray(value, np.float32).ravel()
-        return out
+        return pack(self.observation_space, observation)
 
 
 class MixedEncoder(nn.Module):
-    """Cuts a :class:`MixedBox` vector apart: a :class:`NatureCNN` for each image, the other entries as
-    they are; the outputs concatenated (width :attr:`features`).
+    """Cuts a :class:`MixedBox` vector apart: a :class:`NatureCNN` for each image, the other entries'
+    ``float32`` values read back from their bytes; the outputs concatenated in the ``Dict``'s order
+    (width :attr:`features`).
+
+    Takes the packed ``uint8`` batch ``[B, N]`` (a float tensor of the same byte values, as an
+    algorithm's ``.float()`` makes it, is turned back to ``uint8`` exactly first).
 
     >>> space = mixed_space(gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 36, 36), np.uint8),
     ...                                      "speed": gym.spaces.Box(-1, 1, (2,))}))
     >>> enc = MixedEncoder(space)
-    >>> enc(torch.zeros(3, space.shape[0])).shape, enc.features
+    >>> enc(torch.zeros(3, space.shape[0], dtype=torch.uint8)).shape, enc.features
     (torch.Size([3, 514]), 514)
     """
 
     def __init__(self, space: MixedBox):
         super().__init__()
         self.parts = space.parts
+        self.values_bytes = sum(p.stop - p.start for p in space.values)
         self.cnns = nn.ModuleDict({p.key: NatureCNN(p.image[0], p.image[1:]) for p in space.images})
         self.features = sum(self.cnns[p.key].features if p.image else p.size for p in space.parts)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.flatten(1)
+        if obs.dtype != torch.uint8:
+            obs = obs.to(torch.uint8)
+        # the entries' bytes lead each row, on a float32 boundary: one view reads them all
+        values = obs[:, : self.values_bytes].contiguous().view(torch.float32)
         out = []
         for p in self.parts:
-            x = obs[:, p.start : p.start + p.size]
-            out.append(self.cnns[p.key](x.reshape(-1, *p.image)) if p.image else x.float())
+            if p.image:
+                out.append(self.cnns[p.key](obs[:, p.start : p.stop].reshape(-1, *p.image)))
+            else:
+                out.append(values[:, p.start // FLOAT_BYTES : p.stop // FLOAT_BYTES])
         return torch.cat(out, dim=-1)

@@ -194,10 +194,12 @@ def as_tensors(weights: Weights, device: torch.device | str = "cpu") -> dict[str
 
 
 def minibatches(samples: list, size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """Float tensors of every full ``size``-row slice of the sampled rows (``None`` samples skipped)."""
+    """Tensors of every full ``size``-row slice of the sampled rows (``None`` samples skipped): ``uint8``
+    fields (images, :mod:`dagrl.mixed_obs` vectors) as they are, the encoders take them so; the rest float."""
     present = [s for s in samples if s is not None]
     if not present:
         return []
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=device) for k in present[0].data}
     n = len(data["reward"])
-    return [{k: v[i : i + size].float() for k, v in data.items()} for i in range(0, n - size + 1, size)]
+    data = {k: v if v.dtype == torch.uint8 else v.float() for k, v in data.items()}
+    return [{k: v[i : i + size] for k, v in data.items()} for i in range(0, n - size + 1, size)]

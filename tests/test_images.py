@@ -38,8 +38,9 @@ def test_the_encoder_follows_the_observation_space():
     [
         ("graphs/ppo-brighthalf.yaml", [], (16, 4, 1, 84, 84)),
         ("graphs/ppo-atari.yaml", ["hyperparameters.num_steps=64"], (64, 4, 4, 84, 84)),  # Pong, 4 frames
+        ("graphs/ppo-brighthalf-flip.yaml", [], (16, 4, 4 + 36 * 36)),  # a Dict: the state's 4 bytes, pixels
     ],
-    ids=["brighthalf", "atari-pong"],
+    ids=["brighthalf", "atari-pong", "dict-image"],
 )
 def test_uint8_observations_cross_dask_as_uint8(client, graph_file, overrides, obs_shape):
     """Samplers, Dask transfer and the learner's update on uint8 images (the Atari preset: ale-py)."""
@@ -88,6 +89,32 @@ def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
         policy.close()
     summary, _ = train("graphs/dqn-brighthalf.yaml", tmp_path)
     assert summary["stop_reason"] == "mean_return", summary  # 14 of 16
+
+
+def test_a_dict_holding_an_image_is_stored_in_replay_a_byte_a_pixel(tmp_path):
+    """DQN on BrightHalfFlip: the replay's rows are the packed ``uint8`` vector, and the learner's Q reads
+    the state back from them bit for bit."""
+    from dagrl.mixed_obs import MixedEncoder, unpack
+
+    overrides = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36}", "hyperparameters.learning_starts=64"]
+    graph = load_graph("graphs/dqn-brighthalf.yaml", [*overrides, f"runs_dir={tmp_path}"])
+    space = graph.observation_space
+    policy = build_policy(graph, run_dir=tmp_path)
+    try:
+        metrics = [policy.step().metrics for _ in range(3)]  # 3 x 64 env steps: past learning_starts
+        assert all(m["perf/frames"] > 0 for m in metrics), metrics
+        state = policy.hosts["replay"][0].target.state
+        assert state.store.schema["obs"].dtype == np.uint8 and state.store.schema["obs"].shape == space.shape
+        rows = state.store.sample(64).data
+        assert rows["obs"].dtype == rows["next_obs"].dtype == np.uint8
+        flips = np.array([unpack(space, row)["state"][0] for row in rows["obs"]])
+        assert set(flips.tolist()) == {-1.0, 1.0}  # the state's float32 values, exactly
+        learner = policy.hosts["learner"][0].target.state
+        assert isinstance(learner.q[0], MixedEncoder)
+        features = learner.q[0](torch.as_tensor(rows["obs"]))
+        assert torch.equal(features[:, -1], torch.as_tensor(flips))
+    finally:
+        policy.close()
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])

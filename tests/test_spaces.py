@@ -7,6 +7,8 @@ algorithm cannot act in are refused before anything starts (``tests/test_bad_inp
 
 from __future__ import annotations
 
+import pickle
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -133,7 +135,8 @@ def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_p
 
 
 def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
-    """``pixels`` (channels last) and ``state``: one float vector whose image part the encoder gives a CNN."""
+    """``pixels`` (channels last) and ``state``: one ``uint8`` vector, the image a byte a pixel and the state's
+    ``float32`` as its bytes, which the encoder cuts apart again: a CNN for the image, the state as it was."""
     import torch
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
@@ -145,18 +148,27 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     raw = gym.make("BrightHalfFlip-v0", size=36)
     env = vector_observations(gym.make("BrightHalfFlip-v0", size=36))
     space = env.observation_space
-    assert isinstance(space, MixedBox) and space.shape == (36 * 36 + 1,) and space.dtype == np.float32
+    assert isinstance(space, MixedBox) and space.shape == (4 + 36 * 36,) and space.dtype == np.uint8
     obs, _ = env.reset(seed=4)
     shown, _ = raw.reset(seed=4)
+    assert obs.dtype == np.uint8 and space.contains(obs)
     pixels, state = space.parts
-    image = obs[pixels.start : pixels.start + pixels.size].reshape(pixels.image)
+    image = obs[pixels.start : pixels.stop].reshape(pixels.image)
     assert np.array_equal(image, np.moveaxis(shown["pixels"], -1, 0))  # turned channels first, values kept
-    assert obs[state.start] == shown["state"][0]
+    assert obs[state.start : state.stop].view(np.float32)[0] == shown["state"][0] != 0
+    assert pickle.loads(pickle.dumps(space)) == space  # as Dask sends it to every worker
+    sample = space.sample()
+    assert np.isfinite(sample[: state.stop].view(np.float32)).all()
     graph = load_graph(f"{graphs_dir}/ppo-brighthalf-flip.yaml")
     assert graph.observation_space == space
     for net in (ActorCritic(space, graph.action_space, 64).trunk, q_network(space, graph.action_space, 64)[0]):
         assert isinstance(net, MixedEncoder) and isinstance(net.cnns["pixels"], NatureCNN)
-        assert net(torch.as_tensor(obs[None])).shape == (1, 512 + 1)
+        batch = torch.as_tensor(np.stack([obs, sample]))
+        features = net(batch)
+        assert features.shape == (2, 512 + 1)
+        assert torch.equal(net(batch.float()), features)  # an algorithm's .float() copy reads the same
+    trunk = ActorCritic(space, graph.action_space, 64).trunk
+    assert trunk(torch.as_tensor(obs[None]))[0, -1] == shown["state"][0]  # the state's value, bit for bit
     with pytest.raises(ValueError, match="norm_obs"):
         ActorCritic(space, graph.action_space, 64, norm_obs=True)
 
