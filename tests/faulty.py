@@ -43,6 +43,20 @@ class StepFailsOnce(CartPoleEnv):
         return super().step(action)
 
 
+class StartFailsOnce(StepFailsOnce):
+    """:class:`StepFailsOnce` whose first env made after that failure raises in ``reset``: the sampler's
+    first replacement fails to start, the second starts."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.made_after_failure = (Path(os.environ["DAGRL_FAULT_DIR"]) / "step-failed").exists()
+
+    def reset(self, **kwargs):
+        if self.made_after_failure and once("start-failed"):
+            raise RuntimeError("licence server busy")
+        return super().reset(**kwargs)
+
+
 class CrashLoop(CartPoleEnv):
     """CartPole that breaks for good in a process after 200 steps: ``step`` and then every ``reset`` raise."""
 
@@ -62,6 +76,7 @@ class CrashLoop(CartPoleEnv):
 
 gym.register("StepFailsOnce-v0", entry_point=StepFailsOnce, max_episode_steps=500)
 gym.register("CrashLoop-v0", entry_point=CrashLoop, max_episode_steps=500)
+gym.register("StartFailsOnce-v0", entry_point=StartFailsOnce, max_episode_steps=500)
 
 
 # -- an algorithm with checkable rows ---------------------------------------------------------------

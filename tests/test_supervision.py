@@ -251,6 +251,20 @@ def test_env_error_in_step_names_env_and_sampler_and_the_sampler_is_restarted(cl
     assert "faulty.py" in event["traceback"] and "raise ValueError" in event["traceback"]
 
 
+def test_a_replacement_that_fails_to_start_is_listed_and_the_next_one_runs(cluster, tmp_path, faults):
+    """The restart event keeps the failure that caused it; the failed start is listed after it."""
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["env.id=tests.faulty:StartFailsOnce-v0", "stop.iterations=8"])
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 8
+    (event,) = run.events("restart")
+    assert event["role"] == "sampler" and event["kind"] == "raised"
+    assert "the pole fell off the cart" in event["reason"]
+    (failed,) = event["failed_starts"]
+    assert "licence server busy" in failed
+    assert event["new_worker"] and event["replace_s"] > 0
+
+
 def test_crash_loop_stops_the_run_naming_role_worker_and_exception(cluster, tmp_path):
     graph = load_graph(
         "graphs/ppo-cartpole-sync.yaml",
