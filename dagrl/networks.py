@@ -169,6 +169,12 @@ def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator | None = N
     return x.gather(2, rows).gather(3, cols)
 
 
+def check_shift(shift: int, obs_space) -> None:
+    """Refuse an ``augment_shift`` for observations that are not ``uint8`` ``[C, H, W]`` images."""
+    if shift and not is_image(obs_space):
+        raise ValueError(f"augment_shift: {shift} is for uint8 [C, H, W] images, not {obs_space}")
+
+
 class TwinQ(nn.Module):
     """Two Q(s, a) heads over the observation's trunk (:func:`encoder`: flattened, or a CNN for
     images, which both heads' losses train) and the action."""

@@ -157,6 +157,11 @@ OTHER_CASES = [
         ["hyperparameters", "augment_shift: 4", "uint8 [C, H, W] images", "Pendulum-v1"],
     ),
     (
+        "td3-augment-shift-on-vectors",
+        ["graphs/td3-pendulum-single.yaml", "--set", "hyperparameters.augment_shift=2"],
+        ["hyperparameters", "augment_shift: 2", "uint8 [C, H, W] images", "Pendulum-v1"],
+    ),
+    (
         "sac-augment-shift-negative",
         ["graphs/sac-brighthalf.yaml", "--set", "hyperparameters.augment_shift=-1"],
         ["augment_shift", "-1"],

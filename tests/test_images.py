@@ -143,10 +143,11 @@ def test_sac_and_td3_networks_take_a_cnn_trunk_for_images(algo):
 
 
 @pytest.mark.slow
-def test_sac_learns_from_pixels_through_a_uint8_replay(tmp_path):
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_sac_and_td3_learn_from_pixels_through_a_uint8_replay(tmp_path, algo):
     """A continuous action from images: which half is bright, told by the action's sign (14 of 16;
     guessing earns 8)."""
-    summary, rundir = train("graphs/sac-brighthalf.yaml", tmp_path)
+    summary, rundir = train(f"graphs/{algo}-brighthalf.yaml", tmp_path)
     assert summary["stop_reason"] == "mean_return", summary
     schema = json.loads((rundir.path / "replay-0" / "meta.json").read_text())["schema"]
     assert np.dtype(schema["obs"]["dtype"]) == np.dtype(schema["next_obs"]["dtype"]) == np.uint8
@@ -169,12 +170,22 @@ def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
     assert torch.equal(shifted, again)  # the generator decides
 
 
-def test_sac_updates_on_shifted_images(tmp_path):
-    graph = load_graph("graphs/sac-brighthalf.yaml", ["hyperparameters.augment_shift=4", f"runs_dir={tmp_path}"])
-    policy = build_policy(graph, run_dir=tmp_path)
-    try:
-        metrics = [policy.step().metrics for _ in range(12)]  # 8 x 32 env steps fill learning_starts
-    finally:
-        policy.close()
-    learnt = [m for m in metrics if m.get("perf/frames", 0) > 0]
-    assert learnt and all(np.isfinite(m["losses/q"]) and np.isfinite(m["losses/policy"]) for m in learnt)
+@pytest.mark.parametrize("graph_file", ["graphs/sac-brighthalf.yaml", "graphs/td3-brighthalf.yaml"])
+def test_gradient_steps_see_shifted_images(tmp_path, graph_file):
+    """With ``augment_shift`` the same run's first gradient steps see other pixels (other losses) than
+    without it, and stay finite."""
+
+    def losses(shift: int) -> list[dict]:
+        overrides = [f"hyperparameters.augment_shift={shift}", f"runs_dir={tmp_path / str(shift)}"]
+        graph = load_graph(graph_file, overrides)
+        policy = build_policy(graph, run_dir=tmp_path / str(shift))
+        try:
+            metrics = [policy.step().metrics for _ in range(12)]  # 4 envs x 8 steps a call: past learning_starts
+        finally:
+            policy.close()
+        return [m for m in metrics if m.get("perf/frames", 0) > 0]
+
+    shifted, plain = losses(4), losses(0)
+    assert shifted and len(shifted) == len(plain)
+    assert all(np.isfinite(m["losses/q"]) and np.isfinite(m["losses/policy"]) for m in shifted)
+    assert shifted[0]["losses/q"] != plain[0]["losses/q"]  # the same rows, moved

@@ -21,7 +21,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, encoder, is_image, minibatches, mlp, random_shift, to_numpy
+from dagrl.networks import TwinQ, Weights, as_tensors, check_shift, encoder, minibatches, mlp, random_shift, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -76,8 +76,7 @@ class Config:
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
-        if self.augment_shift and not is_image(obs_space):
-            raise ValueError(f"augment_shift: {self.augment_shift} is for uint8 [C, H, W] images, not {obs_space}")
+        check_shift(self.augment_shift, obs_space)
 
     def augment(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         return random_shift(obs, self.augment_shift, gen) if self.augment_shift else obs

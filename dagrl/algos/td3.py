@@ -20,7 +20,7 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, encoder, minibatches, mlp, to_numpy
+from dagrl.networks import TwinQ, Weights, as_tensors, check_shift, encoder, minibatches, mlp, random_shift, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -67,12 +67,23 @@ class Config:
     """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
+    augment_shift: int = 0
+    """Image observations only: in every gradient step, each batch image moved by up to this many
+    pixels (DrQ's random shift, :func:`dagrl.networks.random_shift`, which DrQ-v2 pairs with a
+    deterministic actor as here; 4 for 84x84); 0: none."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden")
         at_least(self, 1, "eval_episodes", "n_step")
-        at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip")
+        at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip", "augment_shift")
         positive(self, "lr")
+
+    def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Refuse, before any cluster starts, what the env's spaces rule out."""
+        check_shift(self.augment_shift, obs_space)
+
+    def augment(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return random_shift(obs, self.augment_shift, gen) if self.augment_shift else obs
         unit_interval(self, "gamma", "tau")
 
 
@@ -167,6 +178,7 @@ class ActorState:
     q: TwinQ  # the critic's, as of the last exchange
     optimizer: torch.optim.Optimizer
     device: torch.device
+    gen: torch.Generator  # augment_shift's draws
     steps: int = 0
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
 
@@ -231,8 +243,10 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     graphs = wants_graphs(cfg.cuda_graphs, dev)
-    state = ActorState(cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.lr, capturable=graphs), dev)
-    state.step = CapturedStep(partial(actor_step, state), dev, enabled=graphs)
+    gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, capturable=graphs)
+    state = ActorState(cfg, policy, q, opt, dev, gen)
+    state.step = CapturedStep(partial(actor_step, state), dev, [gen], enabled=graphs)
     return state
 
 
@@ -278,15 +292,16 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
     (the target policy toward ``state.given``)."""
     cfg, policy = state.cfg, state.target_policy
     half = policy.scale
+    obs, next_obs = cfg.augment(b["obs"], state.gen), cfg.augment(b["next_obs"], state.gen)
     with torch.no_grad():
         noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
         noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
         low, high = policy.bias - half, policy.bias + half
-        next_action = torch.max(torch.min(policy(b["next_obs"]) + noise, high), low)
-        tq1, tq2 = state.target(b["next_obs"], next_action)
+        next_action = torch.max(torch.min(policy(next_obs) + noise, high), low)
+        tq1, tq2 = state.target(next_obs, next_action)
         discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
         target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
-    q1, q2 = state.q(b["obs"], b["action"])
+    q1, q2 = state.q(obs, b["action"])
     loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
     state.optimizer.zero_grad()
     loss.backward()
@@ -303,7 +318,8 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
 
 def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One deterministic policy-gradient step on batch ``b`` against Q1."""
-    loss = -state.q(b["obs"], state.policy(b["obs"]))[0].mean()
+    obs = state.cfg.augment(b["obs"], state.gen)
+    loss = -state.q(obs, state.policy(obs))[0].mean()
     state.optimizer.zero_grad()
     loss.backward()
     state.optimizer.step()
