@@ -163,10 +163,11 @@ class BrightHalf(gym.Env):
 class BrightHalfFlip(BrightHalf):
     """:class:`BrightHalf` as a ``Dict``: the image channels last under ``"pixels"`` and a ``"flip"`` of
     +-1 under ``"state"``; the action names the bright half, or with ``flip`` +1 the other one. Either
-    entry alone earns 8 of 16: a policy must read both (:mod:`dagrl.mixed_obs`)."""
+    entry alone earns 8 of 16: a policy must read both (:mod:`dagrl.mixed_obs`). ``continuous``: a
+    ``Box(-1, 1)`` action whose sign names the half, as :class:`BrightHalf`'s."""
 
-    def __init__(self, size: int = 84, length: int = 16, render_mode: str | None = None):
-        super().__init__(size, 1, length, render_mode)
+    def __init__(self, size: int = 84, length: int = 16, render_mode: str | None = None, continuous: bool = False):
+        super().__init__(size, 1, length, render_mode, continuous)
         self.observation_space = gym.spaces.Dict(
             {
                 "pixels": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
@@ -180,7 +181,8 @@ class BrightHalfFlip(BrightHalf):
         return {"pixels": np.moveaxis(img, 0, -1), "state": np.array([2.0 * self.flip - 1.0], np.float32)}
 
     def step(self, action: Any) -> tuple:
-        reward = float(int(action) == self.side ^ self.flip)
+        choice = int(np.asarray(action).item() > 0) if self.continuous else int(action)
+        reward = float(choice == self.side ^ self.flip)
         self.t += 1
         return self._show(), reward, False, self.t >= self.length, {}
 

@@ -7,6 +7,7 @@ Algorithms never import each other; what two of them need alike lives here, free
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -170,9 +171,49 @@ def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator | None = N
 
 
 def check_shift(shift: int, obs_space) -> None:
-    """Refuse an ``augment_shift`` for observations that are not ``uint8`` ``[C, H, W]`` images."""
-    if shift and not is_image(obs_space):
-        raise ValueError(f"augment_shift: {shift} is for uint8 [C, H, W] images, not {obs_space}")
+    """Refuse an ``augment_shift`` for observations that hold no ``uint8`` ``[C, H, W]`` image."""
+    from dagrl.mixed_obs import MixedBox
+
+    if shift and not (is_image(obs_space) or isinstance(obs_space, MixedBox)):
+        raise ValueError(
+            f"augment_shift: {shift} is for uint8 [C, H, W] images (or a Dict holding them), not {obs_space}"
+        )
+
+
+@dataclass(frozen=True)
+class Shift:
+    """DrQ's :func:`random_shift` of a batch's images by up to :attr:`pad` pixels, as an algorithm's
+    gradient steps call it: ``shift(obs, generator)``. Made for a space by :func:`image_shift`.
+
+    :attr:`parts` are ``(start, stop, (C, H, W))`` of each image in a :mod:`dagrl.mixed_obs` vector:
+    those bytes are shifted (and stay ``uint8``), the other entries' bytes kept. Without parts the whole
+    observation is one image batch, returned as ``float32`` pixel values. A :attr:`pad` of 0 returns the
+    batch as it is.
+    """
+
+    pad: int = 0
+    parts: tuple[tuple[int, int, tuple[int, int, int]], ...] = ()
+
+    def __call__(self, obs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        if not self.pad:
+            return obs
+        if not self.parts:
+            return random_shift(obs, self.pad, gen)
+        out = obs.to(torch.uint8, copy=True)
+        for start, stop, shape in self.parts:
+            moved = random_shift(out[:, start:stop].reshape(-1, *shape), self.pad, gen)
+            out[:, start:stop] = moved.to(torch.uint8).flatten(1)  # whole pixel values: exact
+        return out
+
+
+def image_shift(space, pad: int) -> Shift:
+    """The :class:`Shift` for an observation space (``pad`` checked by :func:`check_shift`)."""
+    from dagrl.mixed_obs import MixedBox
+
+    check_shift(pad, space)
+    if isinstance(space, MixedBox):
+        return Shift(pad, tuple((p.start, p.stop, p.image) for p in space.images))
+    return Shift(pad)
 
 
 class TwinQ(nn.Module):

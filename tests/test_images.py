@@ -170,13 +170,40 @@ def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
     assert torch.equal(shifted, again)  # the generator decides
 
 
-@pytest.mark.parametrize("graph_file", ["graphs/sac-brighthalf.yaml", "graphs/td3-brighthalf.yaml"])
-def test_gradient_steps_see_shifted_images(tmp_path, graph_file):
+FLIP = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36, continuous: true}"]
+
+
+def test_a_dicts_images_are_shifted_and_its_other_entries_kept():
+    from dagrl.mixed_obs import mixed_space, unpack
+    from dagrl.networks import Shift, image_shift
+
+    space = mixed_space(gym.make("dagrl.envs:BrightHalfFlip-v0", size=36).observation_space)
+    shift = image_shift(space, 4)
+    assert shift == Shift(4, ((4, 4 + 36 * 36, (1, 36, 36)),))
+    space.seed(0)
+    batch = torch.as_tensor(np.stack([space.sample() for _ in range(32)]))
+    moved = shift(batch, torch.Generator().manual_seed(0))
+    assert moved.dtype == torch.uint8 and moved.shape == batch.shape
+    assert torch.equal(moved[:, :4], batch[:, :4])  # the state's float32 bytes
+    assert sum(not torch.equal(m[4:], b[4:]) for m, b in zip(moved, batch, strict=True)) > 24
+    for m, b in zip(moved.numpy()[:4], batch.numpy()[:4], strict=True):  # each image a window of its padded self
+        padded = np.pad(unpack(space, b)["pixels"][0], 4, mode="edge")
+        img = unpack(space, m)["pixels"][0]
+        assert any(np.array_equal(padded[y : y + 36, x : x + 36], img) for y in range(9) for x in range(9))
+    assert image_shift(space, 0)(batch, None) is batch
+
+
+@pytest.mark.parametrize(
+    ("graph_file", "env"),
+    [("graphs/sac-brighthalf.yaml", []), ("graphs/td3-brighthalf.yaml", []), ("graphs/td3-brighthalf.yaml", FLIP)],
+    ids=["sac", "td3", "td3-dict"],
+)
+def test_gradient_steps_see_shifted_images(tmp_path, graph_file, env):
     """With ``augment_shift`` the same run's first gradient steps see other pixels (other losses) than
-    without it, and stay finite."""
+    without it, and stay finite; for a Dict, its images are shifted."""
 
     def losses(shift: int) -> list[dict]:
-        overrides = [f"hyperparameters.augment_shift={shift}", f"runs_dir={tmp_path / str(shift)}"]
+        overrides = [*env, f"hyperparameters.augment_shift={shift}", f"runs_dir={tmp_path / str(shift)}"]
         graph = load_graph(graph_file, overrides)
         policy = build_policy(graph, run_dir=tmp_path / str(shift))
         try:

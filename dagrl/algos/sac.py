@@ -21,7 +21,18 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, check_shift, encoder, minibatches, mlp, random_shift, to_numpy
+from dagrl.networks import (
+    Shift,
+    TwinQ,
+    Weights,
+    as_tensors,
+    check_shift,
+    encoder,
+    image_shift,
+    minibatches,
+    mlp,
+    to_numpy,
+)
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -77,9 +88,6 @@ class Config:
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         check_shift(self.augment_shift, obs_space)
-
-    def augment(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        return random_shift(obs, self.augment_shift, gen) if self.augment_shift else obs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -160,6 +168,7 @@ class CriticState:
     device: torch.device
     steps: int = 0
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
 
     def state_dict(self) -> dict:
         return {
@@ -192,6 +201,7 @@ class ActorState:
     device: torch.device
     steps: int = 0
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
 
     def alpha(self) -> float:
         return self.cfg.alpha if self.cfg.alpha is not None else float(self.log_alpha.detach().exp())
@@ -251,6 +261,7 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
     graphs = wants_graphs(cfg.cuda_graphs, dev)
     opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr, capturable=graphs)
     state = CriticState(cfg, q, target, policy, opt, torch.Generator(device=dev).manual_seed(ctx.seed), dev)
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(critic_step, state), dev, [state.gen], enabled=graphs)
     return state
 
@@ -270,6 +281,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
         torch.optim.Adam([log_alpha], lr=cfg.policy_lr, capturable=graphs), -float(np.prod(ctx.action_space.shape)),
         torch.Generator(device=dev).manual_seed(ctx.seed), dev,
     )  # fmt: skip
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(actor_step, state), dev, [state.gen], enabled=graphs)
     return state
 
@@ -310,7 +322,7 @@ def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
 def critic_step(state: CriticState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One twin-Q gradient step on batch ``b`` (``b["alpha"]``: the actor's temperature), then Polyak."""
     cfg = state.cfg
-    obs, next_obs = cfg.augment(b["obs"], state.gen), cfg.augment(b["next_obs"], state.gen)
+    obs, next_obs = state.augment(b["obs"], state.gen), state.augment(b["next_obs"], state.gen)
     with torch.no_grad():
         next_action, next_logp = state.policy(next_obs, state.gen)
         tq1, tq2 = state.target(next_obs, next_action)
@@ -332,7 +344,7 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     """One policy gradient step on batch ``b``; then, unless fixed, one temperature step."""
     cfg = state.cfg
     alpha = cfg.alpha if cfg.alpha is not None else state.log_alpha.detach().exp()
-    obs = cfg.augment(b["obs"], state.gen)
+    obs = state.augment(b["obs"], state.gen)
     action, logp = state.policy(obs, state.gen)
     q1, q2 = state.q(obs, action)
     loss = (alpha * logp - torch.min(q1, q2)).mean()

@@ -20,7 +20,18 @@ from dagrl.context import RoleContext
 from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import TwinQ, Weights, as_tensors, check_shift, encoder, minibatches, mlp, random_shift, to_numpy
+from dagrl.networks import (
+    Shift,
+    TwinQ,
+    Weights,
+    as_tensors,
+    check_shift,
+    encoder,
+    image_shift,
+    minibatches,
+    mlp,
+    to_numpy,
+)
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
@@ -81,9 +92,6 @@ class Config:
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         check_shift(self.augment_shift, obs_space)
-
-    def augment(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        return random_shift(obs, self.augment_shift, gen) if self.augment_shift else obs
         unit_interval(self, "gamma", "tau")
 
 
@@ -148,6 +156,7 @@ class CriticState:
     synced: bool = False  # the target policy starts as a copy of the first policy weights received
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
     step_and_polyak: CapturedStep | None = None  # the same, then the targets' Polyak step
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
 
     def state_dict(self) -> dict:
         return {
@@ -181,6 +190,7 @@ class ActorState:
     gen: torch.Generator  # augment_shift's draws
     steps: int = 0
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
@@ -229,6 +239,7 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
     gen = torch.Generator(device=dev).manual_seed(ctx.seed)
     state = CriticState(cfg, q, target, target_policy, given, opt, gen, dev)
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(critic_step, state, polyak=False), dev, [gen], enabled=graphs)
     state.step_and_polyak = CapturedStep(partial(critic_step, state, polyak=True), dev, [gen], enabled=graphs)
     return state
@@ -246,6 +257,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, capturable=graphs)
     state = ActorState(cfg, policy, q, opt, dev, gen)
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(actor_step, state), dev, [gen], enabled=graphs)
     return state
 
@@ -292,7 +304,7 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
     (the target policy toward ``state.given``)."""
     cfg, policy = state.cfg, state.target_policy
     half = policy.scale
-    obs, next_obs = cfg.augment(b["obs"], state.gen), cfg.augment(b["next_obs"], state.gen)
+    obs, next_obs = state.augment(b["obs"], state.gen), state.augment(b["next_obs"], state.gen)
     with torch.no_grad():
         noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
         noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
@@ -318,7 +330,7 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
 
 def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One deterministic policy-gradient step on batch ``b`` against Q1."""
-    obs = state.cfg.augment(b["obs"], state.gen)
+    obs = state.augment(b["obs"], state.gen)
     loss = -state.q(obs, state.policy(obs))[0].mean()
     state.optimizer.zero_grad()
     loss.backward()
