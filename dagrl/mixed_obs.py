@@ -205,12 +205,27 @@ class MixedEncoder(nn.Module):
         self.cnns = nn.ModuleDict({p.key: NatureCNN(p.image[0], p.image[1:]) for p in space.images})
         self.features = sum(self.cnns[p.key].features if p.image else p.size for p in space.parts)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    @property
+    def values_size(self) -> int:
+        """How many ``float32`` values the entries that are not images hold."""
+        return self.values_bytes // FLOAT_BYTES
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        """The entries that are not images, ``[B, values_size]`` ``float32``, bit for bit."""
         obs = obs.flatten(1)
         if obs.dtype != torch.uint8:
             obs = obs.to(torch.uint8)
         # the entries' bytes lead each row, on a float32 boundary: one view reads them all
-        values = obs[:, : self.values_bytes].contiguous().view(torch.float32)
+        return obs[:, : self.values_bytes].contiguous().view(torch.float32)
+
+    def forward(self, obs: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """The features; ``norm`` (PPO's ``norm_obs``) standardises the entries that are not images."""
+        obs = obs.flatten(1)
+        if obs.dtype != torch.uint8:
+            obs = obs.to(torch.uint8)
+        values = self.values(obs)
+        if norm is not None:
+            values = norm(values)
         out = []
         for p in self.parts:
             if p.image:

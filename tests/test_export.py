@@ -92,7 +92,12 @@ def test_a_policy_over_a_dict_holding_an_image_takes_the_packed_vector(tmp_path)
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.vector import make_env
 
-    _, rundir = train("graphs/ppo-brighthalf-flip.yaml", tmp_path, ["stop.iterations=2", "stop.mean_return=null"])
+    overrides = [
+        "stop.iterations=2",
+        "stop.mean_return=null",
+        "hyperparameters.norm_obs=true",
+    ]  # the state's norm inside
+    _, rundir = train("graphs/ppo-brighthalf-flip.yaml", tmp_path, overrides)
     assert main(["export", str(rundir.path)]) == 0
     (path,) = (rundir.path / "export").glob("*.pt2")
     policy = torch.export.load(path).module()

@@ -169,8 +169,41 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
         assert torch.equal(net(batch.float()), features)  # an algorithm's .float() copy reads the same
     trunk = ActorCritic(space, graph.action_space, 64).trunk
     assert trunk(torch.as_tensor(obs[None]))[0, -1] == shown["state"][0]  # the state's value, bit for bit
-    with pytest.raises(ValueError, match="norm_obs"):
-        ActorCritic(space, graph.action_space, 64, norm_obs=True)
+
+
+def test_norm_obs_standardises_a_dicts_other_entries_and_leaves_its_images_to_the_cnn():
+    import torch
+
+    import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
+    from dagrl.algos.ppo import ActorCritic, Config
+    from dagrl.mixed_obs import mixed_space
+
+    space = vector_observations(gym.make("BrightHalfFlip-v0", size=36)).observation_space
+    agent = ActorCritic(space, gym.spaces.Discrete(2), 64, norm_obs=True)
+    assert agent.obs_norm.mean.shape == (1,)  # the state's one value, not the 1,300 bytes
+    envs = vector_observations(gym.make("BrightHalfFlip-v0", size=36))
+    obs = torch.as_tensor(np.stack([envs.reset(seed=s)[0] for s in range(64)]))
+    flips = agent.trunk.values(obs)[:, 0]
+    assert set(flips.tolist()) == {-1.0, 1.0}
+    agent.fold_statistics(obs, [], None)
+    assert float(agent.obs_norm.mean[0]) == pytest.approx(float(flips.double().mean()))
+    agent.obs_norm.mean.fill_(0.5)
+    agent.obs_norm.var.fill_(4.0)
+    expected = (flips - 0.5) / 2.0
+    assert torch.allclose(agent.features(obs)[:, -1], expected, atol=1e-6)  # the state's feature, standardised
+    sd = agent.state_dict()
+    assert "obs_norm.mean" in sd and not any(k.startswith("trunk.") and "norm" in k for k in sd)
+    Config(norm_obs=True).check_spaces(space, gym.spaces.Discrete(2))
+    cameras = mixed_space(
+        gym.spaces.Dict(
+            {
+                "left": gym.spaces.Box(0, 255, (36, 36, 3), np.uint8),
+                "right": gym.spaces.Box(0, 255, (36, 36, 3), np.uint8),
+            }
+        )
+    )
+    with pytest.raises(ValueError, match="norm_obs: true: .* holds only images"):
+        Config(norm_obs=True).check_spaces(cameras, gym.spaces.Discrete(2))
 
 
 @pytest.mark.slow

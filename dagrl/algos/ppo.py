@@ -66,9 +66,10 @@ class Config:
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
     norm_obs: bool = False
-    """Standardise vector observations by a running mean/std (MuJoCo), clipped to +-10. The statistics
-    are buffers of the network: the learner folds in each batch after its update, samplers and
-    evaluators receive them with the weights, the checkpoint keeps them."""
+    """Standardise vector observations by a running mean/std (MuJoCo), clipped to +-10; for a ``Dict``
+    holding images, its other entries (the CNN scales the images). The statistics are buffers of the
+    network: the learner folds in each batch after its update, samplers and evaluators receive them
+    with the weights, the checkpoint keeps them."""
     norm_reward: bool = False
     """Divide rewards by the running std of the discounted return (as gymnasium's ``NormalizeReward``),
     clipped to +-10; the statistic is kept like ``norm_obs``'s."""
@@ -83,8 +84,8 @@ class Config:
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
-        if self.norm_obs and (is_image(obs_space) or isinstance(obs_space, MixedBox)):
-            raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
+        if self.norm_obs:
+            _check_norm_obs(obs_space)
         _heads(act_space)  # a MultiDiscrete space it cannot act in
 
     def check_budget(self, env_steps: int | None) -> None:
@@ -105,6 +106,20 @@ def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
     return layer
 
 
+def _check_norm_obs(obs_space: gym.Space) -> None:
+    if is_image(obs_space):
+        raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
+    if isinstance(obs_space, MixedBox) and not obs_space.values:
+        raise ValueError(f"norm_obs: true: {obs_space} holds only images, which the CNN scales itself")
+
+
+def _norm_shape(obs_space: gym.Space) -> tuple[int, ...]:
+    """What ``norm_obs`` standardises: the observation, or a ``Dict``'s entries that are not images."""
+    if isinstance(obs_space, MixedBox):
+        return (sum(p.size for p in obs_space.values),)
+    return tuple(obs_space.shape)
+
+
 class ActorCritic(nn.Module):
     """Separate tanh MLPs for the policy and the value over vector observations; over images
     (``uint8`` ``[C, H, W]``) one shared Nature CNN with a linear head each. Categorical or
@@ -115,8 +130,9 @@ class ActorCritic(nn.Module):
         self, obs_space: gym.Space, act_space: gym.Space, hidden: int, norm_obs: bool = False, norm_reward: bool = False
     ):
         super().__init__()
-        if norm_obs and (is_image(obs_space) or isinstance(obs_space, MixedBox)):
-            raise ValueError("norm_obs is for vector observations; the CNN scales uint8 images itself")
+        if norm_obs:
+            _check_norm_obs(obs_space)
+        self.mixed = isinstance(obs_space, MixedBox)  # norm_obs: the Dict's entries that are not images
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         self.heads = _heads(act_space)  # MultiDiscrete / MultiBinary: the choices per entry
         self.box = not self.discrete and self.heads is None
@@ -126,7 +142,7 @@ class ActorCritic(nn.Module):
             n_act = sum(self.heads)
         else:  # the Gaussian's means
             n_act = int(np.prod(act_space.shape))
-        self.obs_norm = RunningNorm(obs_space.shape) if norm_obs else None
+        self.obs_norm = RunningNorm(_norm_shape(obs_space)) if norm_obs else None
         self.return_norm = RunningNorm(()) if norm_reward else None
         self.trunk, width = encoder(obs_space, hidden)
         if is_image(obs_space):
@@ -141,7 +157,9 @@ class ActorCritic(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(n_act)) if self.box else None
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.trunk(obs if self.obs_norm is None else self.obs_norm(obs))
+        if self.obs_norm is None:
+            return self.trunk(obs)
+        return self.trunk(obs, self.obs_norm) if self.mixed else self.trunk(self.obs_norm(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs)).squeeze(-1)
@@ -174,7 +192,7 @@ class ActorCritic(nn.Module):
     def fold_statistics(self, obs: torch.Tensor, disc_returns: list, reduce) -> None:
         """Fold a batch's observations and discounted returns into the running statistics (after an update)."""
         if self.obs_norm is not None:
-            self.obs_norm.update(obs, reduce)
+            self.obs_norm.update(self.trunk.values(obs) if self.mixed else obs, reduce)
         if self.return_norm is not None:
             self.return_norm.update(torch.as_tensor(np.concatenate([d.ravel() for d in disc_returns])), reduce)
 
