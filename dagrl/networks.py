@@ -170,14 +170,25 @@ def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator | None = N
     return x.gather(2, rows).gather(3, cols)
 
 
-def check_shift(shift: int, obs_space) -> None:
-    """Refuse an ``augment_shift`` for observations that hold no ``uint8`` ``[C, H, W]`` image."""
+def has_cnn(space) -> bool:
+    """Whether :func:`encoder` gives ``space`` a CNN: an image, or a ``Dict`` holding one."""
     from dagrl.mixed_obs import MixedBox
 
-    if shift and not (is_image(obs_space) or isinstance(obs_space, MixedBox)):
+    return is_image(space) or isinstance(space, MixedBox)
+
+
+def check_shift(shift: int, obs_space) -> None:
+    """Refuse an ``augment_shift`` for observations that hold no ``uint8`` ``[C, H, W]`` image."""
+    if shift and not has_cnn(obs_space):
         raise ValueError(
             f"augment_shift: {shift} is for uint8 [C, H, W] images (or a Dict holding them), not {obs_space}"
         )
+
+
+def check_share_encoder(share: bool, obs_space) -> None:
+    """Refuse ``share_encoder: true`` (an off-policy actor reading its critic's CNN) without a CNN."""
+    if share and not has_cnn(obs_space):
+        raise ValueError(f"share_encoder: true is for image observations (a CNN to share), not {obs_space}")
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,11 @@ class TwinQ(nn.Module):
         self.q1, self.q2 = mlp(n_in, 1, hidden), mlp(n_in, 1, hidden)
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self.trunk(obs), act.flatten(1)], -1)
+        return self.heads(self.trunk(obs), act)
+
+    def heads(self, features: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both Q values from the trunk's ``features``."""
+        x = torch.cat([features, act.flatten(1)], -1)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
 

@@ -162,6 +162,16 @@ OTHER_CASES = [
         ["hyperparameters", "augment_shift: 2", "uint8 [C, H, W] images", "Pendulum-v1"],
     ),
     (
+        "sac-share-encoder-on-vectors",
+        ["graphs/sac-pendulum-single.yaml", "--set", "hyperparameters.share_encoder=true"],
+        ["hyperparameters", "share_encoder: true is for image observations", "Pendulum-v1"],
+    ),
+    (
+        "td3-share-encoder-on-vectors",
+        ["graphs/td3-pendulum-apex.yaml", "--set", "hyperparameters.share_encoder=true"],
+        ["hyperparameters", "share_encoder: true is for image observations", "Pendulum-v1"],
+    ),
+    (
         "sac-augment-shift-negative",
         ["graphs/sac-brighthalf.yaml", "--set", "hyperparameters.augment_shift=-1"],
         ["augment_shift", "-1"],

@@ -170,6 +170,29 @@ def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
     assert torch.equal(shifted, again)  # the generator decides
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_an_actor_with_share_encoder_trains_its_head_on_the_critics_cnn(tmp_path, algo):
+    overrides = ["hyperparameters.share_encoder=true", f"runs_dir={tmp_path}"]
+    graph = load_graph(f"graphs/{algo}-brighthalf.yaml", overrides)
+    policy = build_policy(graph, run_dir=tmp_path)
+    try:
+        actor = policy.hosts["actor"][0].target.state
+        trained = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
+        assert trained == {id(p) for p in actor.policy.net.parameters()}  # the head only
+        before = {k: v.clone() for k, v in actor.policy.trunk.state_dict().items()}
+        metrics = [policy.step().metrics for _ in range(12)]  # 4 envs x 8 steps a call: past learning_starts
+        assert any(m.get("perf/frames", 0) > 0 for m in metrics)
+        critic = policy.hosts["critic"][0].target.state
+        sent = actor.policy.trunk.state_dict()
+        assert all(torch.equal(sent[k], v) for k, v in critic.q.trunk.state_dict().items())  # the critic's CNN
+        assert not all(torch.equal(sent[k], v) for k, v in before.items())  # which its losses trained
+        published = policy.hosts["actor"][0].call("publish").result()  # what samplers act with
+        weights = published.policy if algo == "sac" else published
+        assert all(np.array_equal(weights[f"trunk.{k}"], v.numpy()) for k, v in sent.items())
+    finally:
+        policy.close()
+
+
 FLIP = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36, continuous: true}"]
 
 

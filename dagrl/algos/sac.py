@@ -26,6 +26,7 @@ from dagrl.networks import (
     TwinQ,
     Weights,
     as_tensors,
+    check_share_encoder,
     check_shift,
     encoder,
     image_shift,
@@ -78,6 +79,11 @@ class Config:
     augment_shift: int = 0
     """Image observations only: in every gradient step, each batch image moved by up to this many
     pixels (DrQ's random shift, :func:`dagrl.networks.random_shift`; 4 for 84x84 in DrQ); 0: none."""
+    share_encoder: bool = False
+    """Image observations only: the actor reads the critic's encoder, its features detached (DrQ's and
+    DrQ-v2's actor; Stable-Baselines3's ``share_features_extractor``), instead of training a CNN of its
+    own: one CNN forward per actor step instead of three passes. The actor's trunk is then the
+    critic's, copied at each exchange and sent with the policy."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
@@ -88,6 +94,7 @@ class Config:
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         check_shift(self.augment_shift, obs_space)
+        check_share_encoder(self.share_encoder, obs_space)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,7 +121,11 @@ class Policy(nn.Module):
         return torch.tanh(mean) * self.scale + self.bias
 
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.net(self.trunk(obs)).chunk(2, dim=-1)
+        return self.act(self.trunk(obs), gen)
+
+    def act(self, features: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled action and its log-probability from the trunk's ``features``."""
+        mean, log_std = self.net(features).chunk(2, dim=-1)
         log_std = -5 + 3.5 * (torch.tanh(log_std) + 1)  # in [-5, 2]
         std = log_std.exp()
         noise = torch.randn(mean.shape, generator=gen, device=mean.device)
@@ -276,8 +287,9 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     log_alpha = torch.zeros(1, device=dev, requires_grad=True)
     graphs = wants_graphs(cfg.cuda_graphs, dev)
+    trained = policy.net.parameters() if cfg.share_encoder else policy.parameters()
     state = ActorState(
-        cfg, policy, q, torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr, capturable=graphs), log_alpha,
+        cfg, policy, q, torch.optim.Adam(trained, lr=cfg.policy_lr, capturable=graphs), log_alpha,
         torch.optim.Adam([log_alpha], lr=cfg.policy_lr, capturable=graphs), -float(np.prod(ctx.action_space.shape)),
         torch.Generator(device=dev).manual_seed(ctx.seed), dev,
     )  # fmt: skip
@@ -345,8 +357,14 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     cfg = state.cfg
     alpha = cfg.alpha if cfg.alpha is not None else state.log_alpha.detach().exp()
     obs = state.augment(b["obs"], state.gen)
-    action, logp = state.policy(obs, state.gen)
-    q1, q2 = state.q(obs, action)
+    if cfg.share_encoder:  # the critic's features, which the actor's loss does not train
+        with torch.no_grad():
+            features = state.q.trunk(obs)
+        action, logp = state.policy.act(features, state.gen)
+        q1, q2 = state.q.heads(features, action)
+    else:
+        action, logp = state.policy(obs, state.gen)
+        q1, q2 = state.q(obs, action)
     loss = (alpha * logp - torch.min(q1, q2)).mean()
     state.optimizer.zero_grad()
     loss.backward()
@@ -380,6 +398,8 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     if not batches:
         return {"perf/frames": 0.0}
     state.q.load_state_dict(as_tensors(critic_out.q))
+    if cfg.share_encoder:
+        state.policy.trunk.load_state_dict(state.q.trunk.state_dict())  # published with the policy
     outs = [state.step(b) for b in batches]
     state.steps += len(outs)
     return {

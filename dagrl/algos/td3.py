@@ -25,6 +25,7 @@ from dagrl.networks import (
     TwinQ,
     Weights,
     as_tensors,
+    check_share_encoder,
     check_shift,
     encoder,
     image_shift,
@@ -82,6 +83,10 @@ class Config:
     """Image observations only: in every gradient step, each batch image moved by up to this many
     pixels (DrQ's random shift, :func:`dagrl.networks.random_shift`, which DrQ-v2 pairs with a
     deterministic actor as here; 4 for 84x84); 0: none."""
+    share_encoder: bool = False
+    """Image observations only: the actor reads the critic's encoder, its features detached (DrQ-v2's
+    actor; Stable-Baselines3's ``share_features_extractor``), instead of training a CNN of its own. The
+    actor's trunk is then the critic's, copied at each exchange and sent with the policy."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden")
@@ -92,6 +97,7 @@ class Config:
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         check_shift(self.augment_shift, obs_space)
+        check_share_encoder(self.share_encoder, obs_space)
         unit_interval(self, "gamma", "tau")
 
 
@@ -113,7 +119,11 @@ class Policy(nn.Module):
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net(self.trunk(obs))) * self.scale + self.bias
+        return self.act(self.trunk(obs))
+
+    def act(self, features: torch.Tensor) -> torch.Tensor:
+        """The action for the trunk's ``features``."""
+        return torch.tanh(self.net(features)) * self.scale + self.bias
 
 
 Metrics = dict[str, float]
@@ -255,7 +265,8 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     graphs = wants_graphs(cfg.cuda_graphs, dev)
     gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, capturable=graphs)
+    trained = policy.net.parameters() if cfg.share_encoder else policy.parameters()
+    opt = torch.optim.Adam(trained, lr=cfg.lr, capturable=graphs)
     state = ActorState(cfg, policy, q, opt, dev, gen)
     state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(actor_step, state), dev, [gen], enabled=graphs)
@@ -331,7 +342,12 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
 def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One deterministic policy-gradient step on batch ``b`` against Q1."""
     obs = state.augment(b["obs"], state.gen)
-    loss = -state.q(obs, state.policy(obs))[0].mean()
+    if state.cfg.share_encoder:  # the critic's features, which the actor's loss does not train
+        with torch.no_grad():
+            features = state.q.trunk(obs)
+        loss = -state.q.heads(features, state.policy.act(features))[0].mean()
+    else:
+        loss = -state.q(obs, state.policy(obs))[0].mean()
     state.optimizer.zero_grad()
     loss.backward()
     state.optimizer.step()
@@ -363,6 +379,8 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
     if not batches:
         return {"perf/frames": 0.0}
     state.q.load_state_dict(as_tensors(critic_out.q, state.device))
+    if cfg.share_encoder:
+        state.policy.trunk.load_state_dict(state.q.trunk.state_dict())  # published with the policy
     outs = [state.step(b) for b in batches]
     state.steps += len(outs)
     return {
