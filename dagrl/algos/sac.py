@@ -110,7 +110,7 @@ class Policy(nn.Module):
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
         n_act = int(np.prod(act_space.shape))
-        self.trunk, n_obs = encoder(obs_space, hidden)  # its own: the critic's trunk is not shared
+        self.trunk, n_obs = encoder(obs_space, hidden)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, 2 * n_act, hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))

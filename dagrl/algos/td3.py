@@ -93,12 +93,12 @@ class Config:
         at_least(self, 1, "eval_episodes", "n_step")
         at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip", "augment_shift")
         positive(self, "lr")
+        unit_interval(self, "gamma", "tau")
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         check_shift(self.augment_shift, obs_space)
         check_share_encoder(self.share_encoder, obs_space)
-        unit_interval(self, "gamma", "tau")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ class Policy(nn.Module):
         super().__init__()
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"TD3 needs a continuous (Box) action space, got {act_space}")
-        self.trunk, n_obs = encoder(obs_space, hidden)  # its own: the critic's trunk is not shared
+        self.trunk, n_obs = encoder(obs_space, hidden)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, int(np.prod(act_space.shape)), hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
