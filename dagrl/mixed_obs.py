@@ -1,7 +1,8 @@
 """Observations holding an image beside other values: a ``Dict`` of camera pixels and a state vector.
 
 Gymnasium's ``AddRenderObservation(render_only=False)`` gives such a ``Dict``; so do robots with a
-camera and joint sensors. Samplers, Dask, replay and the learner carry one array per observation, so
+camera and joint sensors. A ``Tuple`` holding an image is taken the same way, its entries keyed
+``"0"``, ``"1"``, ... Samplers, Dask, replay and the learner carry one array per observation, so
 :class:`MixedObservation` lays every part out in one flat ``uint8`` vector and records where each part
 lies in a :class:`MixedBox`:
 
@@ -19,6 +20,7 @@ concatenated in the ``Dict``'s order (what Stable-Baselines3's ``CombinedExtract
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +81,7 @@ class MixedBox(gym.spaces.Box):
         bytes could read as ``nan``)."""
         out = super().sample(mask, probability)
         for p in self.values:
-            sub = self.source.spaces[p.key]
+            sub = _entry(self.source.spaces, p.key)
             sub.seed(int(self.np_random.integers(2**31)))
             out[p.start : p.stop] = np.asarray(gym.spaces.flatten(sub, sub.sample()), np.float32).view(np.uint8)
         return out
@@ -104,7 +106,8 @@ def _as_image(space: gym.Space) -> tuple[tuple[int, int, int], bool] | None:
 
 
 def mixed_space(space: gym.Space) -> MixedBox | None:
-    """The packed form of a ``Dict`` observation space with at least one image entry, else ``None``.
+    """The packed form of a ``Dict`` or ``Tuple`` observation space with at least one image entry, else
+    ``None``.
 
     >>> space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
     ...                          "state": gym.spaces.Box(-1, 1, (5,))})
@@ -114,10 +117,14 @@ def mixed_space(space: gym.Space) -> MixedBox | None:
     >>> [(p.key, p.start, p.stop) for p in packed.parts]  # the state's 5 float32s first
     [('pixels', 20, 12308), ('state', 0, 20)]
     """
-    if not isinstance(space, gym.spaces.Dict):
+    if isinstance(space, gym.spaces.Dict):
+        entries = list(space.spaces.items())
+    elif isinstance(space, gym.spaces.Tuple):
+        entries = [(str(i), sub) for i, sub in enumerate(space.spaces)]
+    else:
         return None
     found: dict[str, tuple[tuple[int, int, int], bool] | gym.spaces.Box] = {}
-    for key, sub in space.spaces.items():
+    for key, sub in entries:
         image = _as_image(sub)
         if image is None:
             flat = gym.spaces.flatten_space(sub)
@@ -142,13 +149,18 @@ def mixed_space(space: gym.Space) -> MixedBox | None:
     return MixedBox(tuple(placed[key] for key in found), size, space)
 
 
+def _entry(entries: Any, key: str) -> Any:
+    """Entry ``key`` of a ``Dict``'s mapping, or of a ``Tuple``'s sequence (keys ``"0"``, ``"1"``, ...)."""
+    return entries[key] if isinstance(entries, Mapping) else entries[int(key)]
+
+
 def pack(space: MixedBox, observation: dict[str, Any]) -> np.ndarray:
     """One ``Dict`` observation as ``space``'s ``uint8`` vector."""
     out = np.zeros(space.shape, np.uint8)
     for p in space.parts:
-        value = observation[p.key]
+        value = _entry(observation, p.key)
         if p.image is None:
-            flat = np.asarray(gym.spaces.flatten(space.source.spaces[p.key], value), np.float32).ravel()
+            flat = np.asarray(gym.spaces.flatten(_entry(space.source.spaces, p.key), value), np.float32).ravel()
             out[p.start : p.stop] = flat.view(np.uint8)
         else:
             out[p.start : p.stop] = (np.moveaxis(value, -1, 0) if p.channels_last else value).ravel()

@@ -344,7 +344,7 @@ def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
 def vector_observations(env: gym.Env) -> gym.Env:
     """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
     own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
-    ``FlattenObservation``; a ``Dict`` holding an image as one ``uint8`` vector instead, laid out so
+    ``FlattenObservation``; a ``Dict`` or ``Tuple`` holding an image as one ``uint8`` vector instead, laid out so
     that the networks give the image a CNN: :mod:`dagrl.mixed_obs`) or are integers other than an image (an Atari
     console's ``uint8`` RAM, an image too small for the CNN); a channels-last ``uint8`` image
     ``(H, W, C)``, ``C <= 4``, channels first (an ALE game's RGB screen, CarRacing's); ``uint8`` ``(C, H, W)`` images

@@ -171,6 +171,26 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     assert trunk(torch.as_tensor(obs[None]))[0, -1] == shown["state"][0]  # the state's value, bit for bit
 
 
+def test_a_tuple_holding_an_image_is_packed_as_a_dict_is():
+    import torch
+
+    from dagrl.mixed_obs import MixedBox, MixedEncoder, unpack
+
+    space = gym.spaces.Tuple((gym.spaces.Box(0, 255, (40, 40, 3), np.uint8), gym.spaces.Discrete(3)))
+    env = vector_observations(Fixed(space))
+    packed = env.observation_space
+    assert isinstance(packed, MixedBox) and packed.dtype == np.uint8
+    assert [(p.key, p.image) for p in packed.parts] == [("0", (3, 40, 40)), ("1", None)]
+    obs, _ = env.reset(seed=0)
+    space.seed(0)
+    shown = space.sample()  # what the reset showed
+    parts = unpack(packed, obs)
+    assert np.array_equal(parts["0"], np.moveaxis(shown[0], -1, 0))
+    assert parts["1"].tolist() == np.eye(3, dtype=np.float32)[shown[1]].tolist()  # one-hot, as flattened
+    features = MixedEncoder(packed)(torch.as_tensor(obs[None]))
+    assert features.shape == (1, 512 + 3) and features[0, -3:].tolist() == parts["1"].tolist()
+
+
 def test_norm_obs_standardises_a_dicts_other_entries_and_leaves_its_images_to_the_cnn():
     import torch
 
