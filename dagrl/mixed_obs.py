@@ -8,7 +8,8 @@ lies in a :class:`MixedBox`:
 
 * first the entries that are not images, as gymnasium flattens them (a ``Discrete`` one-hot), each
   value a ``float32`` written as its 4 bytes;
-* then each image, channels first, one byte per pixel as the env gives it;
+* then each image, channels first (stacked frames folded into the channels: :mod:`dagrl.image_layout`),
+  one byte per pixel as the env gives it;
 * then zero bytes up to a multiple of 4, so that any row of a batch starts on a ``float32`` boundary.
 
 Images therefore travel, and are stored in replay, at one byte a pixel (zarr compresses them as it
@@ -29,7 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.networks import NatureCNN, is_image
+from dagrl.image_layout import ImageLayout, image_layout
+from dagrl.networks import NatureCNN
 
 FLOAT_BYTES = 4
 """Bytes of each value of an entry that is not an image (``float32``)."""
@@ -44,10 +46,13 @@ class Part:
     """The entry's first byte."""
     size: int
     """Its number of values: pixels of an image, ``float32`` values otherwise."""
-    image: tuple[int, int, int] | None = None
-    """``(C, H, W)`` for an image, else ``None`` (the entry flattened)."""
-    channels_last: bool = False
-    """The env gives this image ``(H, W, C)``; it is turned channels-first when packed."""
+    layout: ImageLayout | None = None
+    """How the env gives an image entry, which is packed channels first; ``None`` for the others (flattened)."""
+
+    @property
+    def image(self) -> tuple[int, int, int] | None:
+        """``(C, H, W)`` for an image, else ``None``."""
+        return self.layout.shape if self.layout else None
 
     @property
     def stop(self) -> int:
@@ -94,17 +99,6 @@ class MixedBox(gym.spaces.Box):
         return f"MixedBox({inner})"
 
 
-def _as_image(space: gym.Space) -> tuple[tuple[int, int, int], bool] | None:
-    """``((C, H, W), channels_last)`` if ``space`` is an image the CNN takes, else ``None``."""
-    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8 or len(space.shape) != 3:
-        return None
-    if is_image(space):
-        return tuple(space.shape), False
-    h, w, c = space.shape
-    chw = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
-    return ((c, h, w), True) if c <= 4 and is_image(chw) else None
-
-
 def mixed_space(space: gym.Space) -> MixedBox | None:
     """The packed form of a ``Dict`` or ``Tuple`` observation space with at least one image entry, else
     ``None``.
@@ -123,9 +117,9 @@ def mixed_space(space: gym.Space) -> MixedBox | None:
         entries = [(str(i), sub) for i, sub in enumerate(space.spaces)]
     else:
         return None
-    found: dict[str, tuple[tuple[int, int, int], bool] | gym.spaces.Box] = {}
+    found: dict[str, ImageLayout | gym.spaces.Box] = {}
     for key, sub in entries:
-        image = _as_image(sub)
+        image = image_layout(sub)
         if image is None:
             flat = gym.spaces.flatten_space(sub)
             if not isinstance(flat, gym.spaces.Box):
@@ -141,9 +135,8 @@ def mixed_space(space: gym.Space) -> MixedBox | None:
             placed[key] = Part(key, start, size)
             start = placed[key].stop
     for key, image in found.items():
-        if not isinstance(image, gym.spaces.Box):
-            shape, last = image
-            placed[key] = Part(key, start, int(np.prod(shape)), shape, last)
+        if isinstance(image, ImageLayout):
+            placed[key] = Part(key, start, int(np.prod(image.shape)), image)
             start = placed[key].stop
     size = -(-start // FLOAT_BYTES) * FLOAT_BYTES
     return MixedBox(tuple(placed[key] for key in found), size, space)
@@ -163,7 +156,7 @@ def pack(space: MixedBox, observation: dict[str, Any]) -> np.ndarray:
             flat = np.asarray(gym.spaces.flatten(_entry(space.source.spaces, p.key), value), np.float32).ravel()
             out[p.start : p.stop] = flat.view(np.uint8)
         else:
-            out[p.start : p.stop] = (np.moveaxis(value, -1, 0) if p.channels_last else value).ravel()
+            out[p.start : p.stop] = p.layout.channels_first(np.asarray(value)).ravel()
     return out
 
 

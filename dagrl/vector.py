@@ -346,17 +346,18 @@ def vector_observations(env: gym.Env) -> gym.Env:
     own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
     ``FlattenObservation``; a ``Dict`` or ``Tuple`` holding an image as one ``uint8`` vector instead, laid out so
     that the networks give the image a CNN: :mod:`dagrl.mixed_obs`) or are integers other than an image (an Atari
-    console's ``uint8`` RAM, an image too small for the CNN); a channels-last ``uint8`` image
-    ``(H, W, C)``, ``C <= 4``, channels first (an ALE game's RGB screen, CarRacing's); ``uint8`` ``(C, H, W)`` images
-    (:func:`dagrl.networks.is_image`) and float ``Box`` observations unchanged.
+    console's ``uint8`` RAM, an image too small for the CNN); other ``uint8`` images as ``(C, H, W)``, stacked
+    frames folded into the channels (an ALE game's RGB screen, CarRacing's, a stack of them:
+    :mod:`dagrl.image_layout`); ``(C, H, W)`` images (:func:`dagrl.networks.is_image`) and float ``Box``
+    observations unchanged.
 
     >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
     Box(0.0, 1.0, (16,), float32)
 
     Raises ``ValueError`` for a space of no fixed size (``Sequence``, ``Graph``).
     """
+    from dagrl.image_layout import image_layout
     from dagrl.mixed_obs import MixedObservation, mixed_space
-    from dagrl.networks import is_image
 
     space = env.observation_space
     mixed = mixed_space(space)
@@ -370,19 +371,15 @@ def vector_observations(env: gym.Env) -> gym.Env:
         if not isinstance(flat, gym.spaces.Box):  # a Sequence flattens to a Sequence
             raise ValueError(f"observation space {space} has no fixed-size vector form")
         env = gym.wrappers.FlattenObservation(env)
-    elif is_image(space) or np.issubdtype(space.dtype, np.floating):
+    elif np.issubdtype(space.dtype, np.floating):
         return env
-    elif space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] <= 4 < space.shape[0]:
-        chw = gym.spaces.Box(0, 255, (space.shape[2], *space.shape[:2]), np.uint8)
-        if is_image(chw):  # channels last: turned, not flattened
-            return gym.wrappers.TransformObservation(env, _channels_first, chw)
+    elif (layout := image_layout(space)) is not None:
+        if layout.order == "chw":
+            return env
+        return gym.wrappers.TransformObservation(env, layout.channels_first, layout.space)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flattened bounds are float64: gymnasium warns on the cast
         return gym.wrappers.DtypeObservation(env, np.float32)
-
-
-def _channels_first(obs: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(obs.transpose(2, 0, 1))
 
 
 def importable_env_id(env_id: str) -> str:

@@ -33,14 +33,18 @@ def test_the_encoder_follows_the_observation_space():
     assert "critic.0.weight" in flat.state_dict()  # vector checkpoints keep their keys
 
 
+STACK_2 = "env.wrappers=[{gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]"
+
+
 @pytest.mark.parametrize(
     ("graph_file", "overrides", "obs_shape"),
     [
         ("graphs/ppo-brighthalf.yaml", [], (16, 4, 1, 84, 84)),
         ("graphs/ppo-atari.yaml", ["hyperparameters.num_steps=64"], (64, 4, 4, 84, 84)),  # Pong, 4 frames
         ("graphs/ppo-brighthalf-flip.yaml", [], (16, 4, 4 + 36 * 36)),  # a Dict: the state's 4 bytes, pixels
+        ("graphs/ppo-brighthalf-flip.yaml", [STACK_2], (16, 4, 2 * 4 + 2 * 36 * 36)),  # each entry 2 frames
     ],
-    ids=["brighthalf", "atari-pong", "dict-image"],
+    ids=["brighthalf", "atari-pong", "dict-image", "dict-stacked-frames"],
 )
 def test_uint8_observations_cross_dask_as_uint8(client, graph_file, overrides, obs_shape):
     """Samplers, Dask transfer and the learner's update on uint8 images (the Atari preset: ale-py)."""

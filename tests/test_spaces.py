@@ -72,6 +72,57 @@ def test_channels_last_images_turn_channels_first_and_small_ones_become_vectors(
     assert small.observation_space.dtype == np.float32 and not is_image(small.observation_space)
 
 
+@pytest.mark.parametrize(
+    ("shape", "turn"),
+    [
+        ((3, 40, 40, 3), lambda raw: raw.transpose(0, 3, 1, 2)),  # FrameStackObservation of an RGB screen
+        ((2, 3, 40, 40), lambda raw: raw),  # stacked channels-first frames
+    ],
+    ids=["frames-channels-last", "frames-channels-first"],
+)
+def test_stacked_frames_fold_into_the_channels_of_one_image(shape, turn):
+    """Before, a 4-D ``uint8`` observation was no image: flattened to ``float32`` and given an MLP."""
+    stack, channels = shape[0], (shape[3] if shape[3] <= 4 else shape[1])
+    env = vector_observations(Fixed(gym.spaces.Box(0, 255, shape, np.uint8)))
+    assert env.observation_space.shape == (stack * channels, 40, 40) and is_image(env.observation_space)
+    raw, _ = Fixed(gym.spaces.Box(0, 255, shape, np.uint8)).reset(seed=6)
+    obs = env.reset(seed=6)[0]
+    assert obs.dtype == np.uint8 and obs.flags.c_contiguous
+    for frame in range(stack):  # the oldest frame's channels first, each frame's in its own order
+        np.testing.assert_array_equal(obs[frame * channels : (frame + 1) * channels], turn(raw)[frame])
+
+
+def test_a_dict_of_stacked_frames_packs_them_as_one_image():
+    """gymnasium's ``FrameStackObservation`` of a ``Dict`` stacks each entry: ``pixels`` ``(3, H, W, 1)``
+    and ``state`` ``(3, 1)``. The pixels become one 3-channel image of the packed vector, the states 3 values."""
+    import torch
+
+    import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
+    from dagrl.algos.ppo import ActorCritic
+    from dagrl.mixed_obs import MixedBox, unpack
+
+    def stacked():
+        return gym.wrappers.FrameStackObservation(gym.make("BrightHalfFlip-v0", size=36), 3)
+
+    env, raw = vector_observations(stacked()), stacked()
+    space = env.observation_space
+    assert isinstance(space, MixedBox) and [(p.key, p.image, p.size) for p in space.parts] == [
+        ("pixels", (3, 36, 36), 3 * 36 * 36),
+        ("state", None, 3),
+    ]
+    env.reset(seed=2), raw.reset(seed=2)
+    for _ in range(3):  # the stack full of real frames
+        obs, shown = env.step(1)[0], raw.step(1)[0]
+    parts = unpack(space, obs)
+    np.testing.assert_array_equal(parts["pixels"], shown["pixels"][..., 0])  # frame t-2, t-1, t as channels
+    np.testing.assert_array_equal(parts["state"], shown["state"][:, 0])
+    net = ActorCritic(space, gym.spaces.Discrete(2), hidden=16)
+    (cnn,) = net.trunk.cnns.values()
+    assert cnn.convs[0].in_channels == 3
+    dist, value = net.dist_value(torch.as_tensor(np.stack([obs, obs])))
+    assert dist.probs.shape == (2, 2) and torch.isfinite(value).all()
+
+
 def test_a_space_that_is_no_vector_is_refused_with_its_name():
     with pytest.raises(ValueError, match="Sequence"):
         vector_observations(Fixed(gym.spaces.Sequence(gym.spaces.Discrete(3))))
