@@ -18,6 +18,9 @@ included), evaluators, ``dagrl eval``, the graph check and ``dagrl tune``'s prob
 imports and applies them, so a bad path or argument is named before anything starts; like an env
 id's module, a wrapper's module must be importable on every worker.
 
+YAML has no tuple: a list among a wrapper's arguments reaches it as a tuple
+(``gymnasium.wrappers.ResizeObservation: {shape: [64, 64]}``).
+
 Rewards and episode ends the wrappers change are what the algorithm learns from and what the
 metrics count (``charts/episode_return`` of a ``ClipReward`` run is a clipped return). EnvPool steps
 its envs in C++ and takes no Python wrapper: a graph with both is refused.
@@ -107,13 +110,19 @@ def wrap(env: gym.Env, wrappers: Sequence[Wrapper]) -> gym.Env:
     for path, kwargs in wrappers:
         make = resolve(path)
         try:
-            wrapped = make(env, **kwargs)
+            wrapped = make(env, **{k: _tuples(v) for k, v in kwargs.items()})
         except (TypeError, ValueError, AssertionError, gym.error.Error) as err:
             raise ValueError(f"{path}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {err}") from None
         if not isinstance(wrapped, gym.Env):
             raise ValueError(f"{path} returned a {type(wrapped).__name__}, not a gymnasium env")
         env = wrapped
     return env
+
+
+def _tuples(value: Any) -> Any:
+    """``value`` with its lists as tuples, nested ones too: YAML has no tuple, and wrappers such as
+    ``ResizeObservation(shape=(64, 64))`` take only one."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def as_functions(given: Sequence[Wrapper]) -> list[Callable[[gym.Env], gym.Env]]:

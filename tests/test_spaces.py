@@ -185,6 +185,27 @@ def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_p
     assert summary["iterations"] == 2 and np.isfinite(rundir.read_metrics()[-1]["losses/value"])
 
 
+def test_an_rgb_screen_resized_and_stacked_from_the_graph_is_one_image(graphs_dir, tmp_path):
+    """``ResizeObservation``'s ``shape`` must be a tuple, which YAML cannot write (the graph's list is passed
+    as one); 2 stacked RGB frames ``(2, 64, 64, 3)`` reach the CNN as 6 channels. Trained 2 iterations."""
+    pytest.importorskip("ale_py")
+    overrides = [
+        "env.id=ale_py:ALE/Pong-v5",
+        "env.wrappers=[{gymnasium.wrappers.ResizeObservation: {shape: [64, 64]}},"
+        " {gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]",
+        "roles.sampler.envs=2",
+        "hyperparameters.num_steps=16",
+        "hyperparameters.update_epochs=1",
+        "hyperparameters.minibatch_size=32",
+        "stop.env_steps=64",
+    ]
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", overrides)
+    assert graph.observation_space.shape == (6, 64, 64) and is_image(graph.observation_space)
+    assert graph.to_dict()["env"]["wrappers"][0] == {"gymnasium.wrappers.ResizeObservation": {"shape": [64, 64]}}
+    summary, rundir = train(f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path, overrides)
+    assert summary["iterations"] == 2 and np.isfinite(rundir.read_metrics()[-1]["losses/value"])
+
+
 def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     """``pixels`` (channels last) and ``state``: one ``uint8`` vector, the image a byte a pixel and the state's
     ``float32`` as its bytes, which the encoder cuts apart again: a CNN for the image, the state as it was."""
