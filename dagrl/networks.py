@@ -30,8 +30,8 @@ MIN_IMAGE_SIDE = 36
 def is_image(space) -> bool:
     """A ``uint8`` observation of shape ``(C, H, W)`` (stacked frames first, as gymnasium's
     ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``), at least
-    :data:`MIN_IMAGE_SIDE` pixels high and wide. (Channels-last images are turned channels-first
-    where envs are made: :func:`dagrl.vector.vector_observations`.)"""
+    :data:`MIN_IMAGE_SIDE` pixels high and wide. (Channels-last images and stacks of frames are made
+    such an image where envs are made: :mod:`dagrl.image_layout`.)"""
     shape = tuple(getattr(space, "shape", ()) or ())
     return len(shape) == 3 and np.dtype(space.dtype) == np.uint8 and min(shape[1:]) >= MIN_IMAGE_SIDE
 
