@@ -10,7 +10,9 @@ core is free meanwhile), ``cost: busy`` spins (a CPU-bound one: the core is take
 right). 16 steps an episode: guessing earns 8, seeing earns 16. It checks that an image pipeline
 (uint8 through samplers, transport and replay, a CNN encoder) learns at all, in seconds on a CPU.
 With ``continuous: true`` the action is a number in [-1, 1] whose sign names the half (positive:
-right), for SAC and TD3.
+right), for SAC and TD3. With ``blink: true`` every other image is noise only, and its step asks for
+the half of the image before: one frame earns 12 on average, the last two frames (gymnasium's
+``FrameStackObservation`` of 2) 16, so reaching 15 shows that a stack of frames reaches the CNN.
 
 ``dagrl.envs:BrightHalfFlip-v0`` is the same task as a ``Dict`` of the image (channels last) and a
 state: a ``flip`` of +-1 that, at +1, asks for the dark half instead. Either entry alone earns 8; it
@@ -124,18 +126,24 @@ class BrightHalf(gym.Env):
         length: int = 16,
         render_mode: str | None = None,
         continuous: bool = False,
+        blink: bool = False,
     ):
         if size < 36:  # the Nature CNN's three convolutions need 36 pixels
             raise ValueError(f"size must be >= 36, got {size}")
         self.observation_space = gym.spaces.Box(0, 255, (channels, size, size), np.uint8)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(2)
-        self.continuous = continuous
+        self.continuous, self.blink = continuous, blink
         self.length, self.size, self.channels = length, size, channels
         self.render_mode = render_mode
 
     def _show(self) -> np.ndarray:
-        self.side = int(self.np_random.integers(2))
+        shown = not (self.blink and self.t % 2)  # else noise only: the step asks for the half shown before
+        if shown:
+            self.side = int(self.np_random.integers(2))
         img = self.np_random.integers(0, 120, (self.channels, self.size, self.size), dtype=np.uint8)
+        if not shown:
+            self.img = img
+            return img
         half = self.size // 2
         cols = slice(half, None) if self.side else slice(0, half)
         img[:, :, cols] += 100

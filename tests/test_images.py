@@ -77,6 +77,19 @@ def test_ppo_with_the_cnn_learns_which_half_is_bright(client, tmp_path):
 
 
 @pytest.mark.slow
+def test_ppo_learns_from_a_stack_of_frames_what_one_frame_does_not_show(client, tmp_path):
+    """BrightHalf with ``blink``: every other image is noise only, its step asking for the half shown
+    before. One frame earns 12 of 16 on average (this graph unstacked: 12.15 after 10k env steps, 12.85 at
+    best); gymnasium's ``FrameStackObservation`` of 2 gives ``(2, 1, 36, 36)``, folded into 2 channels of
+    one image for the CNN (``dagrl/image_layout.py``), and 15 is reached (in 12 iterations, seed 1)."""
+    overrides = ["env.kwargs.size=36", "env.kwargs.blink=true", STACK_2, "stop.env_steps=15000"]
+    space = load_graph("graphs/ppo-brighthalf.yaml", overrides).observation_space
+    assert space.shape == (2, 36, 36) and is_image(space)  # before: a float32 (2, 1, 36, 36) for an MLP
+    summary, _ = train("graphs/ppo-brighthalf.yaml", tmp_path, overrides, client=client)
+    assert summary["stop_reason"] == "mean_return", summary
+
+
+@pytest.mark.slow
 def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
     graph = load_graph("graphs/dqn-brighthalf.yaml", [f"runs_dir={tmp_path}"])
     policy = build_policy(graph, run_dir=tmp_path)
