@@ -366,7 +366,7 @@ def parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
     )
 
-    graph = sub.add_parser("graph", help="print a graph's roles, replicas, fragments and edges")
+    graph = sub.add_parser("graph", help="print a graph's spaces and encoder, roles, replicas, fragments and edges")
     graph.add_argument("graph", help="a graph file or name (`dagrl graphs`)")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")

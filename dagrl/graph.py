@@ -249,6 +249,9 @@ class Graph:
     path: str
     policy_options: Any = None
     """The options dataclass of ``spec.policy`` (:data:`dagrl.distribution.POLICY_OPTIONS`)."""
+    env_observation_space: Any = None
+    """The observation space of the env with its ``env.wrappers``, before dagrl made it what the networks
+    take (:attr:`observation_space`; :func:`dagrl.vector.vector_observations`)."""
 
     @property
     def name(self) -> str:
@@ -363,7 +366,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
-    obs_space, act_space = _probe_env(spec.env, where)
+    obs_space, act_space, env_obs_space = _probe_env(spec.env, where)
     if spec.policy != "single":
         _check_workers_can_make(spec.env, where)
     if algo.action_spaces and not isinstance(act_space, algo.action_spaces):
@@ -390,7 +393,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             raise ConfigError(where, "hyperparameters", str(err)) from None
     if spec.policy == "async":
         _warn_idle_samplers(spec, algo, options, where)
-    return Graph(spec, algo, config, obs_space, act_space, where, options)
+    return Graph(spec, algo, config, obs_space, act_space, where, options, env_obs_space)
 
 
 def _warn_idle_samplers(spec: GraphSpec, algo: Algorithm, options: Any, where: str) -> None:
@@ -421,7 +424,9 @@ def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: 
             )
 
 
-def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
+def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:
+    """The observation and action spaces the networks are built for, and the observation space the
+    wrapped env gives before :func:`dagrl.vector.vector_observations`."""
     import gymnasium as gym
 
     module, _, name = env.id.rpartition(":")
@@ -448,6 +453,7 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     except (TypeError, ValueError, gym.error.Error) as err:
         raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
     probe = _wrap_probe(probe, env.wrappers, where)
+    own = probe.observation_space
     from dagrl.vector import vector_observations
 
     try:
@@ -455,7 +461,7 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any]:
     except ValueError as err:
         probe.close()
         raise ConfigError(where, "env.id", f"{env.id}: {err}") from None
-    spaces = probe.observation_space, probe.action_space
+    spaces = probe.observation_space, probe.action_space, own
     probe.close()
     return spaces
 

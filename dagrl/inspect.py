@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import gymnasium as gym
+
 from dagrl.distribution import INFERENCE_ROLE
 from dagrl.fragment import Edge
 from dagrl.graph import Graph
@@ -42,6 +46,8 @@ def describe(graph: Graph) -> str:
     lines = [
         f"graph {graph.name}: algorithm {spec.algorithm}, env {spec.env.id}, policy {spec.policy}, seed {spec.seed}"
     ]
+    lines.append(f"observations: {observations(graph.observation_space, graph.env_observation_space)}")
+    lines.append(f"actions: {graph.action_space}")
     lines.append("roles:")
     active = graph.active_roles
     for name, rdef in algo.roles.items():
@@ -66,6 +72,32 @@ def describe(graph: Graph) -> str:
         out = "   => metrics" if node is algo.graph.output else ""
         lines.append(f"  {node.name:<10} @{node.role:<10}{arrow}{out}")
     return "\n".join(lines)
+
+
+def observations(space: Any, env_space: Any = None) -> str:
+    """What the networks take and the encoder that gives them, and what the env gave where that differs.
+
+    >>> import numpy as np
+    >>> stacked = gym.spaces.Box(0, 255, (4, 96, 96, 3), np.uint8)  # 4 RGB frames, channels last
+    >>> observations(gym.spaces.Box(0, 255, (12, 96, 96), np.uint8), stacked)
+    'uint8 image (12, 96, 96): a Nature CNN; the env gives Box(0, 255, (4, 96, 96, 3), uint8)'
+    """
+    from dagrl.mixed_obs import MixedBox
+    from dagrl.networks import is_image
+
+    if isinstance(space, MixedBox):
+        parts = ", ".join(f"{p.key} image {p.image}" if p.image else f"{p.key} {p.size} float32" for p in space.parts)
+        shown = f"uint8 vector of {space.shape[0]} bytes ({parts}): a Nature CNN per image, the rest beside"
+        env_space = space.source
+    elif is_image(space):
+        shown = f"uint8 image {space.shape}: a Nature CNN"
+    elif isinstance(space, gym.spaces.Box):
+        shown = f"{space.dtype} {space.shape}: an MLP"
+    else:
+        shown = str(space)
+    if env_space is not None and env_space != space:
+        shown += f"; the env gives {env_space}"
+    return shown
 
 
 def to_dot(graph: Graph) -> str:
