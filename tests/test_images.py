@@ -213,6 +213,17 @@ def test_an_actor_with_share_encoder_trains_its_head_on_the_critics_cnn(tmp_path
 FLIP = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36, continuous: true}"]
 
 
+@pytest.mark.slow
+def test_sac_with_share_encoder_learns_from_pixels_under_split_learner(client, tmp_path):
+    """Critic and actor on workers of their own: the actor's head learns on the critic's CNN as of the round
+    before (split-learner's delayed edge), copied with the critic's weights (7.0k env steps, seed 1)."""
+    overrides = ["policy=split-learner", "hyperparameters.share_encoder=true", "stop.wall_time_s=300"]
+    summary, rundir = train("graphs/sac-brighthalf.yaml", tmp_path, overrides, client=client)
+    assert summary["stop_reason"] == "mean_return", summary
+    where = {a["role"]: a["address"] for a in json.loads((rundir.path / "actors.json").read_text())}
+    assert where["critic"] != where["actor"]
+
+
 def test_a_dicts_images_are_shifted_and_its_other_entries_kept():
     from dagrl.mixed_obs import mixed_space, unpack
     from dagrl.networks import Shift, image_shift
