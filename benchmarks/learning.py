@@ -76,7 +76,7 @@ def reference(algorithm: str, env_id: str, budget: int) -> dict[str, Any] | None
 
 def final_eval(path: Path, episodes: int) -> list[float] | None:
     """The returns of ``episodes`` greedy episodes with the run's final checkpoint (read back if done)."""
-    from dagrl.evaluation import evaluate_checkpoint, write_result
+    from dagrl.checkpoint_eval import evaluate_checkpoint, write_result
 
     if episodes < 1:
         return None

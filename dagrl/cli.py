@@ -176,7 +176,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from dagrl.evaluation import evaluate_checkpoint, write_result
+    from dagrl.checkpoint_eval import evaluate_checkpoint, write_result
 
     result = evaluate_checkpoint(args.run, args.episodes, args.seed, args.set, args.video)
     run = Path(result.checkpoint).parent.parent

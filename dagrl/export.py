@@ -74,7 +74,7 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     """Write the greedy policy of the checkpoint ``run`` names (a run directory's newest, or one file) to
     ``out`` (default ``<run>/export/<checkpoint>.pt2``); check that the file read back acts as the
     evaluator does on observations from the env."""
-    from dagrl.evaluation import _hosts, eval_graph, load_run
+    from dagrl.checkpoint_eval import _hosts, eval_graph, load_run
     from dagrl.evaluator import EpisodeRunner
     from dagrl.runtime.executor import Executor
     from dagrl.runtime.hosts import close_all

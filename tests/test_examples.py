@@ -3,8 +3,11 @@ real LocalCluster (whose workers import it as they import any algorithm module).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import torch
 
 from dagrl.graph import load_graph
 from dagrl.policies import build_policy
@@ -32,9 +35,18 @@ def test_the_example_runs_on_a_cluster_exactly_as_in_one_process(client):
 
 
 @pytest.mark.slow
-def test_the_example_a2c_learns_cartpole(tmp_path):
+def test_the_example_a2c_learns_cartpole_and_dagrl_eval_and_export_take_its_run(tmp_path, capsys):
     """Seed 1 reached 475 after 71,040 env steps (555 one-step updates), 9 s in one process."""
+    from dagrl.cli import main
+
     summary, rundir = train(GRAPH, tmp_path, ["policy=single", "evaluate.every=100"])
     assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 475, summary
     evals = [r["eval/return_mean"] for r in rundir.read_metrics() if "eval/return_mean" in r]
     assert len(evals) == summary["iterations"] // 100  # its greedy evaluator ran every 100 iterations
+    capsys.readouterr()
+    assert main(["eval", str(rundir.path), "--episodes", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(result["returns"]) == 3
+    assert main(["export", str(rundir.path), "--out", str(tmp_path / "a2c.pt2")]) == 0
+    policy = torch.export.load(str(tmp_path / "a2c.pt2")).module()
+    assert policy(torch.zeros(2, 4)).shape == (2,)

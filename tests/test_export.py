@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from dagrl.checkpoint_eval import eval_graph, evaluate_checkpoint
 from dagrl.cli import main
-from dagrl.evaluation import eval_graph, evaluate_checkpoint
 from dagrl.runtime.hosts import role_seed
 from tests.helpers import train
 

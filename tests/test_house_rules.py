@@ -61,3 +61,20 @@ def test_the_worker_list_check_itself_finds_a_call(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(client):\n    return client.scheduler_info(n_workers=-1)['workers']\n")
     assert scheduler_info_calls(bad) == [2]
+
+
+def test_what_dagrl_exports_stays_itself_after_every_module_is_imported():
+    """Importing a submodule sets it as an attribute of its package: a ``dagrl/evaluation.py`` replaced
+    the ``@evaluation`` decorator, and ``from dagrl import evaluation`` in an algorithm file failed with
+    "'module' object is not callable" once ``dagrl eval`` had imported that module."""
+    import importlib
+    import pkgutil
+    import types
+
+    import dagrl
+
+    for info in pkgutil.walk_packages(dagrl.__path__, "dagrl."):
+        if not info.name.endswith("__main__"):  # that one runs the command line
+            importlib.import_module(info.name)
+    shadowed = [name for name in dagrl.__all__ if isinstance(getattr(dagrl, name), types.ModuleType)]
+    assert not shadowed
