@@ -100,6 +100,8 @@ class LearnerState:
     cfg: Config
     net: ActorCritic
     optimizer: torch.optim.Optimizer
+    ctx: RoleContext
+    """Averages gradients over data-parallel learner replicas (``policy: dp-learners``); else a no-op."""
 
     def state_dict(self) -> dict:  # what a checkpoint holds, and a rollback or resume restores
         return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -121,7 +123,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     torch.manual_seed(ctx.seed)
     net = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(ctx.device)
-    return LearnerState(cfg, net, torch.optim.Adam(net.parameters(), lr=cfg.lr))
+    return LearnerState(cfg, net, torch.optim.Adam(net.parameters(), lr=cfg.lr), ctx)
 
 
 @role("evaluator", recover="replace")  # started only when the graph's evaluate.every asks for it
@@ -187,6 +189,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
     state.optimizer.zero_grad()
     loss.backward()
+    state.ctx.average_gradients(net.parameters())  # replicas under dp-learners step alike
     nn.utils.clip_grad_norm_(net.parameters(), 0.5)
     state.optimizer.step()
     return {"losses/policy": pg_loss.item(), "losses/value": v_loss.item(), "losses/entropy": entropy.item()}

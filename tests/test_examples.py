@@ -17,8 +17,8 @@ GRAPH = "examples/a2c-cartpole.yaml"
 LOSSES = ["losses/policy", "losses/value", "losses/entropy"]
 
 
-def first_iterations(policy_name, client, n=5):
-    policy = build_policy(load_graph(GRAPH, [f"policy={policy_name}"]), client)
+def first_iterations(policy_name, client, n=5, overrides=()):
+    policy = build_policy(load_graph(GRAPH, [f"policy={policy_name}", *overrides]), client)
     try:
         return [policy.step() for _ in range(n)]
     finally:
@@ -32,6 +32,13 @@ def test_the_example_runs_on_a_cluster_exactly_as_in_one_process(client):
         np.testing.assert_array_equal(a.episodes.returns, b.episodes.returns)
         assert [a.metrics[k] for k in LOSSES] == [b.metrics[k] for k in LOSSES]
     assert single[0].metrics["losses/value"] != single[-1].metrics["losses/value"]  # it trains
+
+
+def test_the_examples_learner_replicas_stay_identical_under_dp_learners(client):
+    """Its update averages gradients through ``ctx.average_gradients``; without that line the policy stops
+    the run after the first iteration (``ReplicasDiverged``: the replicas' weights differ)."""
+    steps = first_iterations("dp-learners", client, n=3, overrides=["roles.learner.replicas=2"])
+    assert [s.env_steps for s in steps] == [2 * 4 * 16] * 3
 
 
 @pytest.mark.slow
