@@ -192,7 +192,12 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
     state.ctx.average_gradients(net.parameters())  # replicas under dp-learners step alike
     nn.utils.clip_grad_norm_(net.parameters(), 0.5)
     state.optimizer.step()
-    return {"losses/policy": pg_loss.item(), "losses/value": v_loss.item(), "losses/entropy": entropy.item()}
+    return {
+        "losses/policy": pg_loss.item(),
+        "losses/value": v_loss.item(),
+        "losses/entropy": entropy.item(),
+        "perf/frames": float(len(returns)),  # samples learnt from: the update frame rate on the RL page
+    }
 
 
 @fragment(role="evaluator")

@@ -377,9 +377,21 @@ class Tuning:
 
 def steady_rate(rows: list[dict[str, Any]]) -> float | None:
     """Env steps/s from the first row after both an update and a third of the run (workers started
-    meanwhile settle) to the last row."""
+    meanwhile settle) to the last row. An update is a row with ``perf/frames`` above 0; where the
+    algorithm reports no ``perf/frames`` at all, every row is taken to hold one.
+
+    >>> rows = [{"time_s": t, "env_steps": 100 * t} for t in range(1, 10)]
+    >>> steady_rate(rows)  # no perf/frames: from the row at a third of the run
+    100.0
+    >>> steady_rate([{**r, "perf/frames": 0.0} for r in rows]) is None  # nothing learnt yet
+    True
+    """
     settled = rows[-1]["time_s"] / 3 if rows else 0.0
-    start = next((i for i, r in enumerate(rows) if r.get("perf/frames", 0) > 0 and r["time_s"] >= settled), None)
+    counted = any("perf/frames" in r for r in rows)
+    start = next(
+        (i for i, r in enumerate(rows) if (not counted or r.get("perf/frames", 0) > 0) and r["time_s"] >= settled),
+        None,
+    )
     if start is None or len(rows) - start < 3:
         return None
     a, b = rows[start], rows[-1]
