@@ -168,11 +168,24 @@ def test_ppo_acts_on_an_atari_consoles_ram(graphs_dir, tmp_path):
     assert summary["env_steps"] >= 512 and summary["iterations"] >= 8
 
 
-def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_path):
-    """ALE's own (210, 160, 3) frames, no preprocessing: channels first, the Nature CNN over 210 x 160."""
+RESIZED_AND_STACKED = (  # ResizeObservation's shape must be a tuple, which YAML cannot write: the list is passed as one
+    "env.wrappers=[{gymnasium.wrappers.ResizeObservation: {shape: [64, 64]}},"
+    " {gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]"
+)
+
+
+@pytest.mark.parametrize(
+    ("wrappers", "shape"),
+    [([], (3, 210, 160)), ([RESIZED_AND_STACKED], (6, 64, 64))],
+    ids=["screen", "resized-and-stacked"],
+)
+def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_path, wrappers, shape):
+    """ALE's own (210, 160, 3) frames, no preprocessing: channels first, the Nature CNN over 210 x 160; resized
+    to 64 x 64 and 2 stacked from the graph's ``env.wrappers``, ``(2, 64, 64, 3)``: one image of 6 channels."""
     pytest.importorskip("ale_py")
     overrides = [
         "env.id=ale_py:ALE/Pong-v5",
+        *wrappers,
         "roles.sampler.envs=2",
         "hyperparameters.num_steps=16",
         "hyperparameters.update_epochs=1",
@@ -180,28 +193,9 @@ def test_ppo_acts_on_an_atari_games_rgb_screen_through_the_cnn(graphs_dir, tmp_p
         "stop.env_steps=64",
     ]
     graph = load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", overrides)
-    assert graph.observation_space.shape == (3, 210, 160) and is_image(graph.observation_space)
-    summary, rundir = train(f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path, overrides)
-    assert summary["iterations"] == 2 and np.isfinite(rundir.read_metrics()[-1]["losses/value"])
-
-
-def test_an_rgb_screen_resized_and_stacked_from_the_graph_is_one_image(graphs_dir, tmp_path):
-    """``ResizeObservation``'s ``shape`` must be a tuple, which YAML cannot write (the graph's list is passed
-    as one); 2 stacked RGB frames ``(2, 64, 64, 3)`` reach the CNN as 6 channels. Trained 2 iterations."""
-    pytest.importorskip("ale_py")
-    overrides = [
-        "env.id=ale_py:ALE/Pong-v5",
-        "env.wrappers=[{gymnasium.wrappers.ResizeObservation: {shape: [64, 64]}},"
-        " {gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]",
-        "roles.sampler.envs=2",
-        "hyperparameters.num_steps=16",
-        "hyperparameters.update_epochs=1",
-        "hyperparameters.minibatch_size=32",
-        "stop.env_steps=64",
-    ]
-    graph = load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", overrides)
-    assert graph.observation_space.shape == (6, 64, 64) and is_image(graph.observation_space)
-    assert graph.to_dict()["env"]["wrappers"][0] == {"gymnasium.wrappers.ResizeObservation": {"shape": [64, 64]}}
+    assert graph.observation_space.shape == shape and is_image(graph.observation_space)
+    if wrappers:  # the run's config keeps the list as written
+        assert graph.to_dict()["env"]["wrappers"][0] == {"gymnasium.wrappers.ResizeObservation": {"shape": [64, 64]}}
     summary, rundir = train(f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path, overrides)
     assert summary["iterations"] == 2 and np.isfinite(rundir.read_metrics()[-1]["losses/value"])
 
