@@ -44,6 +44,7 @@ def train(
     >>> train(g)["iterations"]
     2
     """
+    from dagrl.inspect import observations
     from dagrl.policies import POLICIES, build_policy
     from dagrl.runtime.driver import Trainer
     from dagrl.runtime.progress import Progress
@@ -53,6 +54,7 @@ def train(
         rundir.write_config(graph.to_dict())
     spec = graph.spec
     log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
+    log.info("observations: %s", observations(graph.observation_space, graph.env_observation_space))
     if resume is not None:
         c = resume["counters"]
         log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
