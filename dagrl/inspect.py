@@ -75,24 +75,25 @@ def describe(graph: Graph) -> str:
 
 
 def observations(space: Any, env_space: Any = None) -> str:
-    """What the networks take and the encoder that gives them, and what the env gave where that differs.
+    """What the networks take, what the built-in algorithms' encoder (:func:`dagrl.networks.encoder`) makes
+    of it, and what the env gave where that differs.
 
     >>> import numpy as np
     >>> stacked = gym.spaces.Box(0, 255, (4, 96, 96, 3), np.uint8)  # 4 RGB frames, channels last
     >>> observations(gym.spaces.Box(0, 255, (12, 96, 96), np.uint8), stacked)
-    'uint8 image (12, 96, 96): a Nature CNN; the env gives Box(0, 255, (4, 96, 96, 3), uint8)'
+    'uint8 image (12, 96, 96); networks.encoder: a Nature CNN; the env gives Box(0, 255, (4, 96, 96, 3), uint8)'
     """
     from dagrl.mixed_obs import MixedBox
     from dagrl.networks import is_image
 
     if isinstance(space, MixedBox):
         parts = ", ".join(f"{p.key} image {p.image}" if p.image else f"{p.key} {p.size} float32" for p in space.parts)
-        shown = f"uint8 vector of {space.shape[0]} bytes ({parts}): a Nature CNN per image, the rest beside"
+        shown = f"uint8 vector of {space.shape[0]} bytes ({parts}); networks.encoder: a Nature CNN per image"
         env_space = space.source
     elif is_image(space):
-        shown = f"uint8 image {space.shape}: a Nature CNN"
+        shown = f"uint8 image {space.shape}; networks.encoder: a Nature CNN"
     elif isinstance(space, gym.spaces.Box):
-        shown = f"{space.dtype} {space.shape}: an MLP"
+        shown = f"{space.dtype} {space.shape}; networks.encoder: an MLP"
     else:
         shown = str(space)
     if env_space is not None and env_space != space:

@@ -343,12 +343,12 @@ def test_dagrl_graph_says_what_the_networks_take_and_what_the_env_gave(graphs_di
     stacked = ["env.wrappers=[{gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]"]
     lines = describe(load_graph(f"{graphs_dir}/ppo-brighthalf-flip.yaml", stacked)).splitlines()
     assert lines[1].startswith(
-        "observations: uint8 vector of 2600 bytes (pixels image (2, 36, 36), state 2 float32): a Nature CNN per image"
+        "observations: uint8 vector of 2600 bytes (pixels image (2, 36, 36), state 2 float32); networks.encoder"
     ), lines[1]
     assert "the env gives Dict('pixels': Box(0, 255, (2, 36, 36, 1), uint8)" in lines[1]
     assert lines[2] == "actions: Discrete(2)"
     lake = describe(load_graph(f"{graphs_dir}/dqn-cartpole-single.yaml", ["env.id=FrozenLake-v1"])).splitlines()
-    assert lake[1] == "observations: float32 (16,): an MLP; the env gives Discrete(16)"
+    assert lake[1] == "observations: float32 (16,); networks.encoder: an MLP; the env gives Discrete(16)"
     assert describe(load_graph(f"{graphs_dir}/ppo-brighthalf.yaml")).splitlines()[1] == (
-        "observations: uint8 image (1, 84, 84): a Nature CNN"
+        "observations: uint8 image (1, 84, 84); networks.encoder: a Nature CNN"
     )
