@@ -78,6 +78,34 @@ def test_replicas_fold_identical_normalisation_statistics(cluster, tmp_path):
     assert float(a["return_norm.count."]) == 3 * rows_per_iteration
 
 
+def _in_a_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def test_a_closed_run_leaves_no_group_for_the_next_run_on_its_workers(cluster, tmp_path):
+    """The group is each worker process's default one. Left in place, a later run's learner on such a
+    worker averaged its gradients with the gone replicas and waited for them until gloo's timeout."""
+    from dagrl.policies import build_policy
+
+    cluster.wait_for_workers(4, timeout=60)
+    policy = build_policy(load_graph("graphs/ppo-cartpole-dp.yaml", [f"runs_dir={tmp_path}"]), cluster)
+    try:
+        policy.step()
+        learners = {h.address for h in policy.hosts["learner"]}
+        assert all(cluster.run(_in_a_group, workers=list(learners)).values())
+    finally:
+        policy.close()
+    assert not any(cluster.run(_in_a_group).values())
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["roles.learner.resources={}", f"runs_dir={tmp_path}"])
+    policy = build_policy(graph, cluster)
+    try:
+        assert policy.step().metrics["losses/value"] > 0  # a learner alone again, wherever it landed
+    finally:
+        policy.close()
+
+
 def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
     """Also under ``anneal_lr``: each replica trains on half of a batch, and both count the whole of it."""
     over = ["stop.iterations=4", "stop.mean_return=null", "hyperparameters.anneal_lr=true", "stop.env_steps=2048"]

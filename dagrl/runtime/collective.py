@@ -32,10 +32,12 @@ def free_port() -> int:
 
 def join(backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
     """Make this process rank ``rank`` of a fresh default group (leaving any earlier one)."""
+    global _JOINED
     import torch.distributed as dist
 
+    leave()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # one the worker's own code formed: a replica needs the default group
     if world == 1:
         return
     dist.init_process_group(
@@ -45,6 +47,22 @@ def join(backend: str, host: str, port: int, rank: int, world: int, timeout_s: f
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    _JOINED = True
+
+
+_JOINED = False
+"""This process's default group is one :func:`join` formed (not one its own code made)."""
+
+
+def leave() -> None:
+    """Leave the group :func:`join` made this process part of, if any (a local teardown: no peer is
+    waited for). A group the process's own code formed is left alone."""
+    global _JOINED
+    import torch.distributed as dist
+
+    if _JOINED and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _JOINED = False
 
 
 def digest(obj: Any) -> str:

@@ -161,6 +161,12 @@ class RoleHost:
 
             torch.set_num_threads(torch_threads)
         ctx.device, self.device_note = resolve_device(wants_gpu, gpu_fallback)
+        if not any(h.in_group for h in HOSTS.values()):
+            from dagrl.runtime.collective import leave
+
+            leave()  # a group left by a run that ended without closing its hosts: its peers are gone
+        self.in_group = False
+        """This host's process joined its role's data-parallel group (``dp-learners``)."""
         algo = load_algorithm(algorithm)
         self.role, self.index, self.device = role, ctx.index, ctx.device
         self.fragments = algo.fragments
@@ -187,7 +193,19 @@ class RoleHost:
                 return
             self.closed = True
             HOSTS.pop(self.host_id, None)
-            close_each([getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None)])
+            close_each(
+                [getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None), self._leave]
+            )
+
+    def _leave(self) -> None:
+        """Leave the data-parallel group: the process's default group outlives the run otherwise, and a
+        later run's learner on this worker would average its gradients with the gone replicas (and wait
+        for them until the group's timeout)."""
+        if self.in_group:
+            from dagrl.runtime.collective import leave
+
+            self.in_group = False
+            leave()
 
     def call(self, fragment: str, *args: Any) -> Any:
         """Run ``fragment(state, *args)`` under the host's lock (one fragment at a time per role state)."""
@@ -220,6 +238,7 @@ class RoleHost:
 
         with self.lock:
             join(backend, host, port, rank, world, timeout_s)
+            self.in_group = world > 1
 
     def digest(self) -> str | None:
         """A hash of the role state's checkpoint (data-parallel replicas must agree on it)."""
