@@ -35,9 +35,9 @@ def join(backend: str, host: str, port: int, rank: int, world: int, timeout_s: f
     global _JOINED
     import torch.distributed as dist
 
-    leave()
     if dist.is_initialized():
-        dist.destroy_process_group()  # one the worker's own code formed: a replica needs the default group
+        dist.destroy_process_group()  # an earlier run's, or the worker code's own: a replica needs the default one
+    _JOINED = False
     if world == 1:
         return
     dist.init_process_group(
