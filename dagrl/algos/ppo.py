@@ -10,6 +10,7 @@ APPO does (the runtime bounds how stale it may be).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -482,50 +483,92 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
     b_adv, b_ret = torch.cat(advantages), torch.cat(returns)
     batch = len(b_obs)
     mb = min(cfg.minibatch_size, batch)
-    stats = {"policy": 0.0, "value": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clipfrac": 0.0}
+
+    def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        dist, value = agent.dist_value(b_obs[idx])
+        return clipped_loss(cfg, dist, value, b_act[idx], b_logp[idx], b_adv[idx], b_ret[idx])
+
+    lr = start_update(state)
+    metrics, steps = train_epochs(state, batch, mb, loss_of)
+    agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
+    end_update(state, metrics, lr, sum(r.env_steps for r in rollouts))
+    metrics["perf/frames"] = float(steps * mb)
+    return metrics
+
+
+def start_update(state: LearnerState) -> float | None:
+    """Under ``anneal_lr``, set the optimizer's rate for this update and return it; else ``None``."""
+    if not state.cfg.anneal_lr:
+        return None
+    lr = annealed_lr(state.cfg, state.trained_steps, state.ctx.env_steps_budget)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def end_update(state: LearnerState, metrics: Metrics, lr: float | None, env_steps: int) -> None:
+    """Count the update and, under ``anneal_lr``, the env steps trained on (over all replicas)."""
+    state.updates += 1
+    if lr is not None:
+        state.trained_steps += int(state.ctx.sum_over_replicas(np.array([env_steps]))[0])
+        metrics["losses/lr"] = lr
+
+
+def clipped_loss(
+    cfg: Config,
+    dist: torch.distributions.Distribution,
+    value: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped objective on one minibatch (``logprobs``: the behaviour policy's): the loss to
+    minimise and its parts (policy, value, entropy, approximate KL, clip fraction)."""
+    logratio = dist.log_prob(actions) - logprobs
+    ratio = logratio.exp()
+    adv = advantages
+    if cfg.norm_adv and len(adv) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    v_loss = ((value - returns) ** 2).mean()
+    entropy = dist.entropy().mean()
+    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+    parts = {"policy": pg_loss, "value": v_loss, "entropy": entropy, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, parts
+
+
+def train_epochs(
+    state: LearnerState,
+    n: int,
+    mb: int,
+    loss_of: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> tuple[Metrics, int]:
+    """``update_epochs`` passes over ``n`` items (transitions, or whole env sequences) in random
+    minibatches of ``mb``, a gradient step on ``loss_of(indices)`` each (gradients averaged over
+    data-parallel replicas, clipped); stops early past ``target_kl``. The mean of the loss parts, and
+    the number of gradient steps."""
+    cfg, agent = state.cfg, state.agent
+    stats: dict[str, float] = {}
     steps = 0
-    if cfg.anneal_lr:
-        lr = annealed_lr(cfg, state.trained_steps, state.ctx.env_steps_budget)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
     for _ in range(cfg.update_epochs):
-        order = torch.randperm(batch, generator=state.gen).to(dev)
-        for start in range(0, batch - mb + 1, mb):
-            idx = order[start : start + mb]
-            dist, value = agent.dist_value(b_obs[idx])
-            logratio = dist.log_prob(b_act[idx]) - b_logp[idx]
-            ratio = logratio.exp()
-            adv = b_adv[idx]
-            if cfg.norm_adv and len(idx) > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-            v_loss = ((value - b_ret[idx]) ** 2).mean()
-            entropy = dist.entropy().mean()
-            loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+        order = torch.randperm(n, generator=state.gen).to(state.device)
+        for start in range(0, n - mb + 1, mb):
+            loss, parts = loss_of(order[start : start + mb])
             state.optimizer.zero_grad()
             loss.backward()
             state.ctx.average_gradients(agent.parameters())
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             state.optimizer.step()
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).mean().item()
-                clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
-            stats["policy"] += pg_loss.item()
-            stats["value"] += v_loss.item()
-            stats["entropy"] += entropy.item()
-            stats["approx_kl"] += approx_kl
-            stats["clipfrac"] += clipfrac
+            for k, v in parts.items():
+                stats[k] = stats.get(k, 0.0) + v.item()
             steps += 1
-        if cfg.target_kl is not None and state.ctx.mean_over_replicas(approx_kl) > cfg.target_kl:
+        if cfg.target_kl is not None and state.ctx.mean_over_replicas(parts["approx_kl"].item()) > cfg.target_kl:
             break
-    agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
-    state.updates += 1
-    metrics = {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}
-    metrics["perf/frames"] = float(steps * mb)
-    if cfg.anneal_lr:
-        state.trained_steps += int(state.ctx.sum_over_replicas(np.array([sum(r.env_steps for r in rollouts)]))[0])
-        metrics["losses/lr"] = lr
-    return metrics
+    return {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}, steps
 
 
 def annealed_lr(cfg: Config, trained_steps: int, budget: int | None) -> float:
