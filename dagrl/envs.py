@@ -34,6 +34,11 @@ off-policy correction does not (``dagrl bench vtrace --env dagrl.envs:LaterPayof
 pays the share of its entries the action matches; 8 steps an episode, so guessing earns ``8 / choices``
 and matching earns 8.
 
+``dagrl.envs.KeepEntries`` is a wrapper that keeps only some entries of a flat ``Box`` observation,
+to turn a fully observed task into a partially observed one: ``env.wrappers: [{dagrl.envs.KeepEntries:
+{indices: [0, 2]}}]`` shows CartPole's cart position and pole angle without their velocities (rl-zoo's
+``CartPoleNoVel``), which a policy then has to infer from what it saw before (``ppo_lstm``).
+
 MuJoCo envs: before dagrl makes one it routes MuJoCo's warnings to the ``dagrl`` logger, each distinct
 message once per process (:func:`route_mujoco_warnings`).
 
@@ -57,7 +62,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["BrightHalf", "Combination", "CostlyCartPole", "LaterPayoff", "make_atari", "route_mujoco_warnings"]
+__all__ = [
+    "BrightHalf", "Combination", "CostlyCartPole", "KeepEntries", "LaterPayoff", "make_atari", "route_mujoco_warnings",
+]  # fmt: skip
 
 log = logging.getLogger("dagrl")
 
@@ -253,6 +260,29 @@ class Combination(gym.Env):
         reward = float(np.mean(np.asarray(action) == self.target))
         self.t += 1
         return self._draw(), reward, False, self.t >= self.length, {}
+
+
+class KeepEntries(gym.ObservationWrapper):
+    """Only the entries ``indices`` of a one-dimensional ``Box`` observation, in that order.
+
+    >>> env = KeepEntries(gym.make("CartPole-v1"), indices=[0, 2])  # position and angle, no velocities
+    >>> env.observation_space.shape, env.reset(seed=0)[0].shape
+    ((2,), (2,))
+    """
+
+    def __init__(self, env: gym.Env, indices: Any):
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            raise ValueError(f"KeepEntries needs a one-dimensional Box observation, got {space}")
+        self.indices = np.asarray(indices, np.int64)
+        n = space.shape[0]
+        if self.indices.ndim != 1 or not len(self.indices) or ((self.indices < 0) | (self.indices >= n)).any():
+            raise ValueError(f"KeepEntries: indices must be a non-empty list within 0..{n - 1}, got {list(indices)}")
+        self.observation_space = gym.spaces.Box(space.low[self.indices], space.high[self.indices], dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.indices]
 
 
 def make_atari(

@@ -31,8 +31,13 @@ class EpisodeRunner:
     """``run`` keeps the action function it is given in :attr:`captured` and plays nothing (``dagrl export``)."""
     captured: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def run(self, act: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
-        """``episodes`` whole episodes from fresh resets (new seeds each call); their mean and spread."""
+    def run(
+        self, act: Callable[[torch.Tensor], torch.Tensor], ended: Callable[[np.ndarray], None] | None = None
+    ) -> dict[str, float]:
+        """``episodes`` whole episodes from fresh resets (new seeds each call); their mean and spread.
+
+        ``ended``, for a policy that carries a state between steps (a recurrent one): called after
+        every step with the mask of envs whose episode ended, whose next observation starts a new one."""
         if self.capture:
             self.captured = act
             return {}
@@ -56,6 +61,8 @@ class EpisodeRunner:
                 lengths.extend(steps[done].tolist())
                 running[done] = 0.0
                 steps[done] = 0
+                if ended is not None:
+                    ended(done)
         self.last_returns, self.last_lengths = returns[: self.episodes], lengths[: self.episodes]
         out = np.asarray(self.last_returns)
         return {"eval/return_mean": float(out.mean()), "eval/return_std": float(out.std())}

@@ -92,6 +92,13 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         nodes = graph.algorithm.eval_graph
         executor = Executor()
         executor.wait(executor.run_nodes(nodes.nodes, hosts, graph.algorithm.roles)[nodes.output.id])
+        if getattr(runner.captured, "recurrent", False):
+            raise ConfigError(
+                "dagrl export",
+                "",
+                f"algorithm {graph.spec.algorithm}: its policy carries a recurrent state from step to step; "
+                "dagrl export writes policies that act on the observation alone",
+            )
         policy = GreedyPolicy(runner.net, runner.captured, runner.envs.single_action_space)
         policy.eval().requires_grad_(False)
         obs = _observations(runner.envs, 32)

@@ -1,0 +1,327 @@
+"""PPO with a recurrent policy: an LSTM between the encoder and the heads, as fragments.
+
+For tasks one observation does not reveal (a velocity left out, a screen that flickers, a cue shown
+once): the policy carries a state from step to step instead of being handed a stack of frames.
+Samplers keep each env's LSTM state across rollouts, zeroed where an episode starts. A rollout
+carries the state its envs began it with and where episodes started; the learner unrolls the LSTM
+from there over whole env sequences (truncated back-propagation through ``num_steps`` steps), so a
+minibatch holds ``minibatch_size // num_steps`` env sequences rather than shuffled transitions. This
+is the scheme of CleanRL's ``ppo_atari_lstm`` and SB3-contrib's ``RecurrentPPO``.
+
+The heads are PPO's (:class:`~dagrl.algos.ppo.ActorCritic` over the LSTM's output), and so are the
+loss, the epochs, ``anneal_lr``, ``norm_obs`` and ``norm_reward``. There is no ``inference`` role:
+central inference would have to keep every sampler's LSTM state, which it does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.algos import ppo
+from dagrl.algos.ppo import ACTION_SPACES, ActorCritic, Metrics, Rollout, Weights, gae, publish
+from dagrl.context import RoleContext
+from dagrl.episodes import EpisodeTracker
+from dagrl.evaluator import EpisodeRunner
+from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.mixed_obs import MixedBox
+from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
+
+__all__ = [
+    "ACTION_SPACES", "Config", "RecurrentActorCritic", "collect", "evaluate", "evaluator", "learner", "publish",
+    "sampler", "train_iteration", "update",
+]  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config(ppo.Config):
+    lstm: int = 128
+    """Width of the LSTM's state (its hidden and its cell vectors each)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lstm < 1:
+            raise ValueError(f"lstm must be >= 1, got {self.lstm}")
+        if self.minibatch_size < self.num_steps:
+            raise ValueError(
+                f"minibatch_size {self.minibatch_size} < num_steps {self.num_steps}: a minibatch holds whole "
+                "env sequences of num_steps steps"
+            )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------
+
+State = tuple[torch.Tensor, torch.Tensor]
+"""The LSTM's hidden and cell vectors, ``[1, N, lstm]`` each."""
+
+
+class RecurrentActorCritic(nn.Module):
+    """The observation encoder (:func:`~dagrl.networks.encoder`: a Nature CNN for images), an LSTM, and
+    PPO's actor and critic over the LSTM's output (:attr:`heads`, which also hold ``norm_reward``'s
+    statistic); ``norm_obs``'s statistics are kept here, before the encoder."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
+        super().__init__()
+        if cfg.norm_obs:
+            ppo._check_norm_obs(obs_space)
+        self.mixed = isinstance(obs_space, MixedBox)
+        self.obs_norm = RunningNorm(ppo._norm_shape(obs_space)) if cfg.norm_obs else None
+        self.trunk, width = encoder(obs_space, cfg.hidden)
+        self.core = nn.LSTM(width, cfg.lstm)
+        for name, param in self.core.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        out_space = gym.spaces.Box(-np.inf, np.inf, (cfg.lstm,), np.float32)
+        self.heads = ActorCritic(out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward)
+        self.width = cfg.lstm
+
+    def initial(self, n: int, device: torch.device | str = "cpu") -> State:
+        """The state of ``n`` envs at their first step: zeros."""
+        zeros = torch.zeros(1, n, self.width, device=device)
+        return zeros, zeros.clone()
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_norm is None:
+            return self.trunk(obs)
+        return self.trunk(obs, self.obs_norm) if self.mixed else self.trunk(self.obs_norm(obs))
+
+    def unroll(self, obs: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """The LSTM's outputs ``[T, N, lstm]`` for observations ``[T, N, ...]`` from ``state``, zeroed
+        before each step whose ``starts`` (``[T, N]``) is 1 (an episode's first observation); and the
+        state after the last step."""
+        T, N = starts.shape
+        x = self.features(obs.reshape(T * N, *obs.shape[2:])).reshape(T, N, -1)
+        h, c = state
+        # one LSTM call per stretch of steps in which no env starts an episode (then the state is zeroed)
+        cuts = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), T]
+        outs = []
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            keep = (1.0 - starts[a]).view(1, N, 1)
+            out, (h, c) = self.core(x[a:b], (h * keep, c * keep))
+            outs.append(out)
+        return torch.cat(outs), (h, c)
+
+    def step(self, obs: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """One step of ``N`` envs: the LSTM's output ``[N, lstm]`` and the state after it."""
+        out, state = self.unroll(obs.unsqueeze(0), state, starts.unsqueeze(0))
+        return out[0], state
+
+    def fold_statistics(self, obs: torch.Tensor, disc_returns: list, reduce) -> None:
+        """As :meth:`ActorCritic.fold_statistics`: observations here, discounted returns in the heads."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(self.trunk.values(obs) if self.mixed else obs, reduce)
+        self.heads.fold_statistics(obs, disc_returns, reduce)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data between fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecurrentRollout(Rollout):
+    """A :class:`~dagrl.algos.ppo.Rollout` and what the learner needs to unroll the LSTM over it."""
+
+    starts: np.ndarray | None = None  # [T, N], 1 where obs[t] is an episode's first observation
+    state: tuple[np.ndarray, np.ndarray] | None = None  # the LSTM state [N, lstm] x 2 before obs[0]
+    last_start: np.ndarray | None = None  # [N], 1 where last_obs starts an episode
+
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState:
+    cfg: Config
+    envs: gym.vector.VectorEnv
+    agent: RecurrentActorCritic
+    gen: torch.Generator
+    obs: np.ndarray
+    lstm: State
+    """Each env's LSTM state after its last step."""
+    starts: np.ndarray
+    """Per env, 1 where :attr:`obs` is an episode's first observation."""
+    episodes: EpisodeTracker
+    disc_return: np.ndarray
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs.action_space.seed(ctx.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
+    n, gen = envs.num_envs, torch.Generator().manual_seed(ctx.seed)
+    starts = np.ones(n, np.float32)  # every env at an episode's first observation
+    return SamplerState(cfg, envs, agent, gen, obs, agent.initial(n), starts, EpisodeTracker(n), np.zeros(n))
+
+
+@role("learner")
+def learner(ctx: RoleContext, cfg: Config) -> ppo.LearnerState:
+    device = torch.device(ctx.device)
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = RecurrentActorCritic(ctx.observation_space, ctx.action_space, cfg).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
+    return ppo.LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
+
+
+@role("evaluator", recover="replace")
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+    envs = ctx.make_envs()
+    agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
+    return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
+    """Step every env ``num_steps`` times with the given weights, each env's LSTM state carried on."""
+    cfg, envs, agent = state.cfg, state.envs, state.agent
+    agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    heads = agent.heads
+    T, N = cfg.num_steps, envs.num_envs
+    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), obs_array(state.obs).dtype)
+    act_buf = np.zeros((T, N, *envs.single_action_space.shape), envs.single_action_space.dtype)
+    logp_buf = np.zeros((T, N), np.float32)
+    rew_buf = np.zeros((T, N), np.float32)
+    done_buf = np.zeros((T, N), np.float32)
+    start_buf = np.zeros((T, N), np.float32)
+    disc_buf = np.zeros((T, N), np.float32) if heads.return_norm is not None else None
+    first = tuple(s[0].numpy().copy() for s in state.lstm)
+    space = envs.single_action_space
+    with torch.no_grad():
+        for t in range(T):
+            obs_buf[t], start_buf[t] = state.obs, state.starts
+            out, state.lstm = agent.step(obs_tensor(state.obs), state.lstm, torch.from_numpy(state.starts))
+            act, logp = heads.sample(out, state.gen)
+            act, logp = act.numpy(), logp.numpy()
+            env_act = np.clip(act, space.low, space.high) if heads.box else act
+            state.obs, reward, terminated, truncated, info = envs.step(env_act)
+            act_buf[t], logp_buf[t] = act, logp
+            rew_buf[t] = reward
+            done = terminated | truncated
+            done_buf[t] = done
+            state.episodes.step(reward, done)
+            if disc_buf is not None:
+                state.disc_return = state.disc_return * cfg.gamma + reward
+                disc_buf[t] = state.disc_return
+            cut = truncated & ~terminated
+            if cut.any():  # cut by a time limit: bootstrap its tail with the state the episode reached
+                rows = np.flatnonzero(cut)
+                final = obs_tensor(np.stack([info["final_obs"][i] for i in rows]))
+                h, c = state.lstm
+                tail, _ = agent.step(final, (h[:, rows], c[:, rows]), torch.zeros(len(rows)))
+                rew_buf[t, cut] += cfg.gamma * heads.value(tail).numpy() * heads.reward_scale()
+            state.disc_return[done] = 0.0
+            state.starts = done.astype(np.float32)
+    episodes = state.episodes.take()
+    return RecurrentRollout(
+        obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N, disc_buf,
+        start_buf, first, state.starts.copy(),
+    )  # fmt: skip
+
+
+@fragment(role="learner")
+def update(state: ppo.LearnerState, rollouts: list[RecurrentRollout]) -> Metrics:
+    """Clipped-PPO epochs over whole env sequences, the LSTM unrolled from each sequence's first state;
+    advantages from the current critic."""
+    cfg, agent, dev = state.cfg, state.agent, state.device
+    heads = agent.heads
+
+    def cat(field: str, axis: int = 1) -> torch.Tensor:  # the rollouts' envs side by side
+        return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis), device=dev)
+
+    obs, actions, logprobs, starts = cat("obs"), cat("actions"), cat("logprobs"), cat("starts")
+    h0 = torch.as_tensor(np.concatenate([r.state[0] for r in rollouts]), device=dev).unsqueeze(0)
+    c0 = torch.as_tensor(np.concatenate([r.state[1] for r in rollouts]), device=dev).unsqueeze(0)
+    T, N = starts.shape
+    with torch.no_grad():
+        out, after = agent.unroll(obs, (h0, c0), starts)
+        values = heads.value(out.reshape(T * N, -1)).reshape(T, N).cpu().numpy()
+        last_out, _ = agent.step(cat("last_obs", 0), after, cat("last_start", 0))
+        last = heads.value(last_out).cpu().numpy()
+    rewards = heads.scaled_rewards(np.concatenate([r.rewards for r in rollouts], 1))
+    dones = np.concatenate([r.dones for r in rollouts], 1)
+    adv = gae(rewards, values, dones, last, cfg.gamma, cfg.gae_lambda)
+    advantages, returns = torch.as_tensor(adv, device=dev), torch.as_tensor(adv + values, device=dev)
+    seqs = min(max(1, cfg.minibatch_size // T), N)
+
+    def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out, _ = agent.unroll(obs[:, idx], (h0[:, idx], c0[:, idx]), starts[:, idx])
+        dist, value = heads.dist_value(out.reshape(T * len(idx), -1))
+        act = actions[:, idx].reshape(T * len(idx), *actions.shape[2:])
+        old, adv, ret = (x[:, idx].reshape(-1) for x in (logprobs, advantages, returns))
+        return ppo.clipped_loss(cfg, dist, value, act, old, adv, ret)
+
+    lr = ppo.start_update(state)
+    metrics, steps = ppo.train_epochs(state, N, seqs, loss_of)
+    flat_obs = obs.reshape(T * N, *obs.shape[2:])
+    agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
+    ppo.end_update(state, metrics, lr, sum(r.env_steps for r in rollouts))
+    metrics["perf/frames"] = float(steps * seqs * T)
+    return metrics
+
+
+class Greedy:
+    """The most likely action of each env, its LSTM state carried from step to step and zeroed where an
+    episode ended (:meth:`ended`, called by :meth:`EpisodeRunner.run`)."""
+
+    recurrent = True
+    """Acts on more than the observation it is given: ``dagrl export`` refuses it."""
+
+    def __init__(self, agent: RecurrentActorCritic, n: int):
+        self.agent, self.state, self.starts = agent, agent.initial(n), torch.ones(n)
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        out, self.state = self.agent.step(obs, self.state, self.starts)
+        self.starts = torch.zeros_like(self.starts)
+        return self.agent.heads.greedy(out)
+
+    def ended(self, done: np.ndarray) -> None:
+        self.starts = torch.as_tensor(done, dtype=torch.float32)
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
+    """``eval_episodes`` whole episodes acting greedily, the LSTM state carried within each."""
+    state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    act = Greedy(state.net, state.envs.num_envs)
+    return state.run(act, act.ended)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    rollouts = collect(weights)
+    return update(rollouts)
