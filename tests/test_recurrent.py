@@ -16,6 +16,7 @@ from dagrl.schema import ConfigError
 from tests.helpers import train
 
 GRAPH = "graphs/ppo-lstm-blink.yaml"
+NOVEL = "graphs/ppo-lstm-cartpole-novel.yaml"
 BLINK = {"size": 36, "blink": True}
 LOSSES = ["losses/policy", "losses/value", "losses/entropy", "losses/approx_kl"]
 
@@ -98,3 +99,13 @@ def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(clie
     assert main(["export", str(rundir.path), "--out", str(tmp_path / "lstm.pt2")]) == 2
     assert "carries a recurrent state" in capsys.readouterr().err
     assert not (tmp_path / "lstm.pt2").exists()
+
+
+@pytest.mark.slow
+def test_ppo_lstm_balances_cartpole_without_its_velocities(tmp_path):
+    """Seeds 1-4 reached 475 after 98k, 27k, 77k and 77k env steps (rl-zoo's RecurrentPPO budget for
+    CartPoleNoVel is 100k); feed-forward PPO on the same graph stays near 41 at 100k (BENCHMARKS.md)."""
+    space = load_graph(NOVEL).observation_space
+    assert space.shape == (2,)  # the cart's position and the pole's angle
+    summary, _ = train(NOVEL, tmp_path, ["policy=single", "seed=2"])
+    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 475, summary
