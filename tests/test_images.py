@@ -41,10 +41,11 @@ STACK_2 = "env.wrappers=[{gymnasium.wrappers.FrameStackObservation: {stack_size:
     [
         ("graphs/ppo-brighthalf.yaml", [], (16, 4, 1, 84, 84)),
         ("graphs/ppo-atari.yaml", ["hyperparameters.num_steps=64"], (64, 4, 4, 84, 84)),  # Pong, 4 frames
+        ("graphs/ppo-lstm-atari.yaml", ["hyperparameters.num_steps=64"], (64, 4, 1, 84, 84)),  # 1 frame, an LSTM
         ("graphs/ppo-brighthalf-flip.yaml", [], (16, 4, 4 + 36 * 36)),  # a Dict: the state's 4 bytes, pixels
         ("graphs/ppo-brighthalf-flip.yaml", [STACK_2], (16, 4, 2 * 4 + 2 * 36 * 36)),  # each entry 2 frames
     ],
-    ids=["brighthalf", "atari-pong", "dict-image", "dict-stacked-frames"],
+    ids=["brighthalf", "atari-pong", "atari-pong-lstm", "dict-image", "dict-stacked-frames"],
 )
 def test_uint8_observations_cross_dask_as_uint8(client, graph_file, overrides, obs_shape):
     """Samplers, Dask transfer and the learner's update on uint8 images (the Atari preset: ale-py)."""

@@ -350,3 +350,15 @@ def test_a_candidate_on_another_backend_has_its_env_time_swapped_in(tmp_path, gr
     assert main([*args, "--quiet"]) == 0
     tuned = load_graph(out)
     assert tuned.role("sampler").vector == "envpool" and tuned.role("sampler").envs >= 4
+
+
+def test_a_probe_keeps_the_env_step_budget_an_annealed_learning_rate_ends_at():
+    """A graph with ``anneal_lr: true`` needs ``stop.env_steps``; the fragment probe's graph once dropped
+    it, and ``dagrl tune`` stopped at its first fragment probe."""
+    from dagrl.tune.measure import probe_data
+
+    path = "graphs/ppo-lstm-cartpole-novel.yaml"
+    data = read_yaml(path)
+    assert data["hyperparameters"]["anneal_lr"] is True
+    graph = resolve_graph(probe_data(data, "sampler", 2, ("num_steps", 16)), path)
+    assert graph.spec.stop.env_steps == data["stop"]["env_steps"] and graph.spec.policy == "single"

@@ -169,7 +169,10 @@ def probe_data(data: dict[str, Any], sampler: str, envs: int, length: tuple[str,
     data["roles"][sampler] = {**(data["roles"][sampler] or {}), "replicas": 1, "envs": envs}
     data.setdefault("hyperparameters", {})[length[0]] = length[1]
     learn_at_once(data)
+    budget = (data.get("stop") or {}).get("env_steps")
     data["stop"] = {"iterations": 10**9}
+    if budget is not None:  # what ends with the run (PPO's anneal_lr) keeps the graph's clock, as in verify
+        data["stop"]["env_steps"] = budget
     return data
 
 
