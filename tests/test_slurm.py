@@ -41,9 +41,9 @@ def cluster_file(tmp_path: Path, partition: str = "debug") -> str:
     return str(path)
 
 
-def dagrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def dagrl(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dagrl", *args], capture_output=True, text=True, timeout=timeout, env=os.environ
+        [sys.executable, "-m", "dagrl", *args], capture_output=True, text=True, timeout=timeout, env=os.environ, cwd=cwd
     )
 
 
@@ -230,4 +230,34 @@ def test_a_sweep_runs_its_trials_in_slurm_jobs_of_the_pool_asked_for(slurm, tmp_
     assert all("--gres" not in (out / "jobs" / s).read_text() for s in scripts)  # the cpu pool, not the gpu one
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert sorted(r["summary"]["iterations"] for r in records) == [3, 3]
+    assert not slurm.jobs()
+
+
+def test_an_algorithm_of_the_users_own_beside_the_graph_runs_in_slurm_jobs(slurm, tmp_path):
+    """A user's module in the directory ``dagrl submit`` runs from (``algorithm: my_a2c``, not installed
+    anywhere): the driver job starts there, and so do the worker jobs it submits, whose processes import
+    the module as the driver does."""
+    work = tmp_path / "work"
+    work.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    (work / "my_a2c.py").write_text((repo / "examples" / "a2c.py").read_text())
+    graph = (repo / "examples" / "a2c-cartpole.yaml").read_text()
+    graph = graph.replace("algorithm: examples.a2c", "algorithm: my_a2c")
+    assert "algorithm: my_a2c" in graph
+    (work / "my-graph.yaml").write_text(graph)
+    out = dagrl(
+        "submit", "my-graph.yaml", "--cluster", cluster_file(tmp_path), "--set", f"runs_dir={tmp_path / 'runs'}",
+        "--set", "stop.iterations=3", "--set", "checkpoint.every=3", cwd=work,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = Path(re.search(r"run directory (\S+)", out.stdout).group(1))
+    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert state == "COMPLETED", log
+    assert "done (iterations)" in log
+    actors = json.loads((run / "actors.json").read_text())
+    assert {a["role"] for a in actors} == {"sampler", "learner"}
+    assert len({a["env"]["SLURM_JOB_ID"] for a in actors}) == 3  # each in a worker job of its own
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and "losses/policy" in rows[-1]  # A2C's own metrics
     assert not slurm.jobs()
