@@ -13,6 +13,13 @@ Using it, in any process with torch::
     policy = torch.export.load("policy.pt2").module()
     actions = policy(torch.as_tensor(observations))   # a batch: (B, *observation shape)
 
+A recurrent policy (``ppo_lstm``) takes its state besides the observations and returns the state after
+them; ``dagrl.json``'s ``"state"`` lists the state's tensors, zeros at an episode's first step::
+
+    h, c = torch.zeros(n, 128), torch.zeros(n, 128)    # n envs; the shapes in dagrl.json's "state"
+    actions, h, c = policy(torch.as_tensor(observations), h, c)
+    h[done], c[done] = 0.0, 0.0                          # the envs whose episode ended
+
 Observations are what dagrl's envs give, in the observation space's dtype (``float32`` vectors,
 ``uint8`` images): the env made with the graph's ``env.kwargs`` and ``env.wrappers``, then
 :func:`dagrl.vector.vector_observations` (``dagrl.vector.make_env`` does both; float ``Box``
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,7 @@ from torch import nn
 
 from dagrl.schema import ConfigError
 
-__all__ = ["Exported", "GreedyPolicy", "export_policy"]
+__all__ = ["Exported", "GreedyPolicy", "RecurrentGreedyPolicy", "export_policy"]
 
 
 class GreedyPolicy(nn.Module):
@@ -52,8 +60,19 @@ class GreedyPolicy(nn.Module):
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        action = self.act(obs.to(torch.float32))
+        return self.clipped(self.act(obs.to(torch.float32)))
+
+    def clipped(self, action: torch.Tensor) -> torch.Tensor:
         return torch.max(torch.min(action, self.high), self.low) if self.clip else action
+
+
+class RecurrentGreedyPolicy(GreedyPolicy):
+    """A policy that carries a state between steps (``act.recurrent``, as ``ppo_lstm``'s): ``forward(obs,
+    *state)`` returns the actions and the state after them, by ``act.step``."""
+
+    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        action, *after = self.act.step(obs.to(torch.float32), *state)
+        return (self.clipped(action), *after)
 
 
 @dataclass
@@ -63,10 +82,12 @@ class Exported:
 
     def line(self) -> str:
         i = self.info
+        state = "".join(f", state {tuple(t['shape'])}" for t in i.get("state", []))
         return (
             f"{i['algorithm']} on {i['env']['id']}: greedy policy of {Path(i['checkpoint']).name} (iteration "
             f"{i['iteration']}, {i['env_steps']:,} env steps) -> {self.path}; observations "
-            f"{tuple(i['observation']['shape'])} {i['observation']['dtype']} in, actions {i['action']['space']} out"
+            f"{tuple(i['observation']['shape'])} {i['observation']['dtype']}{state} in, actions {i['action']['space']}"
+            f"{' and the state' if state else ''} out"
         )
 
 
@@ -92,19 +113,19 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         nodes = graph.algorithm.eval_graph
         executor = Executor()
         executor.wait(executor.run_nodes(nodes.nodes, hosts, graph.algorithm.roles)[nodes.output.id])
-        if getattr(runner.captured, "recurrent", False):
-            raise ConfigError(
-                "dagrl export",
-                "",
-                f"algorithm {graph.spec.algorithm}: its policy carries a recurrent state from step to step; "
-                "dagrl export writes policies that act on the observation alone",
-            )
-        policy = GreedyPolicy(runner.net, runner.captured, runner.envs.single_action_space)
+        recurrent = getattr(runner.captured, "recurrent", False)
+        kind = RecurrentGreedyPolicy if recurrent else GreedyPolicy
+        policy = kind(runner.net, runner.captured, runner.envs.single_action_space)
         policy.eval().requires_grad_(False)
         obs = _observations(runner.envs, 32)
     finally:
         close_all([h for handles in hosts.values() for h in handles])
-    program = torch.export.export(policy, (obs,), dynamic_shapes={"obs": {0: torch.export.Dim.DYNAMIC}})
+    args = (obs, *runner.captured.initial_state(len(obs))) if recurrent else (obs,)
+    batch = {0: torch.export.Dim.DYNAMIC}  # every input's first dimension: the batch
+    shapes = {"obs": batch, **({"state": (batch,) * (len(args) - 1)} if recurrent else {})}
+    with warnings.catch_warnings():  # nn.LSTM re-assigns its flat weight list when traced; harmless (checked below)
+        warnings.filterwarnings("ignore", message=r".*_flat_weights.*assigned during export", category=UserWarning)
+        program = torch.export.export(policy, args, dynamic_shapes=shapes)
     counters = ckpt.get("counters", {})
     space = graph.observation_space
     info = {
@@ -117,6 +138,8 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         "iteration": int(counters.get("iteration", 0)),
         "env_steps": int(counters.get("env_steps", 0)),
     }
+    if recurrent:  # what to pass besides the observations: each entry zeros of [batch, *shape] at first
+        info["state"] = [{"shape": list(s.shape[1:]), "dtype": str(s.dtype).removeprefix("torch.")} for s in args[1:]]
     path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}.pt2"
     path.parent.mkdir(parents=True, exist_ok=True)
     archive = io.BytesIO()  # torch wants a file named *.pt2 or a buffer; the file then replaces the old at once
@@ -124,7 +147,7 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(archive.getvalue())
     tmp.replace(path)
-    _check(path, policy, obs)
+    _check(path, policy, args)
     return Exported(path, info)
 
 
@@ -138,11 +161,19 @@ def _observations(envs: Any, steps: int) -> torch.Tensor:
     return torch.as_tensor(np.concatenate(seen))
 
 
-def _check(path: Path, policy: nn.Module, obs: torch.Tensor) -> None:
-    """The file read back acts as ``policy`` on ``obs``, and on one observation alone."""
+def _check(path: Path, policy: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+    """The file read back acts as ``policy`` on ``args`` (the observations, then any state), and on the
+    first row alone; a recurrent policy also from the state its first step left."""
     loaded = torch.export.load(path).module()
+    inputs = [args, tuple(a[:1] for a in args)]
     with torch.no_grad():
-        pairs = [(policy(x), loaded(x)) for x in (obs, obs[:1])]
+        if len(args) > 1:
+            inputs.append((args[0], *_outputs(policy(*args))[1:]))
+        pairs = [(w, g) for x in inputs for w, g in zip(_outputs(policy(*x)), _outputs(loaded(*x)), strict=True)]
     if any(w.shape != g.shape or not torch.allclose(w.float(), g.float(), atol=1e-5) for w, g in pairs):
         path.unlink()
         raise RuntimeError(f"{path}: the exported policy acts unlike the evaluator's; removed")
+
+
+def _outputs(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)

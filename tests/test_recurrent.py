@@ -87,7 +87,7 @@ def test_ppo_lstm_on_a_cluster_runs_exactly_as_in_one_process(client):
 def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(client, tmp_path, capsys):
     """One frame earns 12 of 16 on average (``test_images``: feed-forward PPO stays at 12-12.9); the LSTM
     reaches 15 (seeds 1-4: 15-18 iterations, ~2k env steps). ``dagrl eval`` plays it greedily with its
-    state carried; ``dagrl export``, which writes policies of the observation alone, refuses it."""
+    state carried; ``dagrl export`` writes it as a function of the observations and the state."""
     from dagrl.cli import main
 
     summary, rundir = train(GRAPH, tmp_path, client=client)
@@ -96,9 +96,11 @@ def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(clie
     assert main(["eval", str(rundir.path), "--episodes", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert np.mean(result["returns"]) >= 14, result["returns"]  # a greedy policy without its state earns ~12
-    assert main(["export", str(rundir.path), "--out", str(tmp_path / "lstm.pt2")]) == 2
-    assert "carries a recurrent state" in capsys.readouterr().err
-    assert not (tmp_path / "lstm.pt2").exists()
+    assert main(["export", str(rundir.path), "--out", str(tmp_path / "lstm.pt2")]) == 0
+    policy = torch.export.load(str(tmp_path / "lstm.pt2")).module()
+    frames = torch.randint(0, 256, (5, 1, 36, 36), dtype=torch.uint8)
+    actions, h, c = policy(frames, torch.zeros(5, 128), torch.zeros(5, 128))
+    assert actions.shape == (5,) and h.shape == c.shape == (5, 128) and h.abs().max() > 0
 
 
 @pytest.mark.slow

@@ -114,8 +114,11 @@ class RecurrentActorCritic(nn.Module):
         return torch.cat(outs), (h, c)
 
     def step(self, obs: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
-        """One step of ``N`` envs: the LSTM's output ``[N, lstm]`` and the state after it."""
-        out, state = self.unroll(obs.unsqueeze(0), state, starts.unsqueeze(0))
+        """One step of ``N`` envs: the LSTM's output ``[N, lstm]`` and the state after it (what
+        :meth:`unroll` computes for one step, without its data-dependent stretches: ``torch.export``
+        takes it)."""
+        keep = (1.0 - starts).view(1, -1, 1)
+        out, state = self.core(self.features(obs).unsqueeze(0), (state[0] * keep, state[1] * keep))
         return out[0], state
 
     def fold_statistics(self, obs: torch.Tensor, disc_returns: list, reduce) -> None:
@@ -285,10 +288,13 @@ def update(state: ppo.LearnerState, rollouts: list[RecurrentRollout]) -> Metrics
 
 class Greedy:
     """The most likely action of each env, its LSTM state carried from step to step and zeroed where an
-    episode ended (:meth:`ended`, called by :meth:`EpisodeRunner.run`)."""
+    episode ended (:meth:`ended`, called by :meth:`EpisodeRunner.run`).
+
+    :meth:`step` is the same policy as a function of the observations and the state, ``[N, lstm]``
+    each of hidden and cell, for ``dagrl export`` (:attr:`recurrent`)."""
 
     recurrent = True
-    """Acts on more than the observation it is given: ``dagrl export`` refuses it."""
+    """Acts on its state as well as the observation: ``dagrl export`` exports :meth:`step`."""
 
     def __init__(self, agent: RecurrentActorCritic, n: int):
         self.agent, self.state, self.starts = agent, agent.initial(n), torch.ones(n)
@@ -300,6 +306,15 @@ class Greedy:
 
     def ended(self, done: np.ndarray) -> None:
         self.starts = torch.as_tensor(done, dtype=torch.float32)
+
+    def initial_state(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state at an episode's first step: zeros, ``[n, lstm]`` each."""
+        return tuple(s[0] for s in self.agent.initial(n))
+
+    def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Actions and the state after them, from observations ``[N, ...]`` and the state before."""
+        out, (h, c) = self.agent.step(obs, (h.unsqueeze(0), c.unsqueeze(0)), obs.new_zeros(obs.shape[0]))
+        return self.agent.heads.greedy(out), h[0], c[0]
 
 
 @fragment(role="evaluator")
