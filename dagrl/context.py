@@ -17,11 +17,12 @@ class Acting(Protocol):
     """What picks actions for a batch of observations: a sampler's own network, or, under
     ``central-inference``, the batched ``inference`` role reached through :meth:`RoleContext.acting`.
 
-    ``__call__(obs)`` takes observations stacked on the first axis and returns arrays with the same
-    first axis (e.g. actions and their log-probs); ``load(weights)`` takes what the learner publishes.
+    ``__call__(obs, *extra)`` takes observations stacked on the first axis (and any other arrays along
+    the same axis: a recurrent policy's state) and returns arrays with the same first axis (e.g. actions
+    and their log-probs); ``load(weights)`` takes what the learner publishes.
     """
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, ...]: ...
+    def __call__(self, obs: np.ndarray, *extra: np.ndarray) -> tuple[np.ndarray, ...]: ...
 
     def load(self, weights: Any) -> None: ...
 

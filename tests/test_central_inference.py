@@ -43,12 +43,12 @@ def _ask(batcher, requests, gaps_s=()):
     server = BatchServer(batcher)
     answers = [None] * len(requests)
 
-    def one(i, obs):
+    def one(i, request):
         time.sleep(gaps_s[i] if i < len(gaps_s) else 0.0)
         client = InferenceClient(f"sampler[{i}]", timeout_s=10.0)
         client.attach(server.endpoint)
         try:
-            answers[i] = client(obs)
+            answers[i] = client(*request) if isinstance(request, tuple) else client(request)
         except Exception as err:
             answers[i] = err
 
@@ -73,6 +73,24 @@ def test_one_forward_answers_every_sampler_with_its_own_rows():
     stats = batcher.stats()
     assert stats["inference/forwards"] == 1 and stats["inference/batch_rows"] == 6
     assert stats["inference/batch_requests"] == 3
+
+
+def test_a_request_of_several_arrays_is_batched_array_by_array():
+    """A recurrent policy's samplers send their envs' states beside the observations (``ppo_lstm``):
+    each array is concatenated with the same array of the other requests, and each answer cut back."""
+
+    def step(obs, state):
+        return obs.sum(axis=1), state + 1
+
+    batcher = Batcher(step, threading.RLock(), expected=2, max_wait_s=10.0)
+    requests = [(np.full((n, 3), i, np.float32), np.full((n, 4), 10 * i, np.float32)) for i, n in enumerate([2, 1])]
+    answers = _ask(batcher, requests)
+    for (obs, state), (summed, after) in zip(requests, answers, strict=True):
+        np.testing.assert_array_equal(summed, obs.sum(axis=1))
+        np.testing.assert_array_equal(after, state + 1)
+    assert batcher.stats()["inference/batch_rows"] == 3
+    mixed = _ask(Batcher(step, threading.RLock(), expected=2, max_wait_s=10.0), [requests[0], requests[1][0]])
+    assert all(isinstance(a, InferenceError) and "requests of [1, 2] arrays" in str(a) for a in mixed)
 
 
 def test_a_missing_sampler_delays_the_batch_by_max_wait_only():

@@ -9,8 +9,10 @@ minibatch holds ``minibatch_size // num_steps`` env sequences rather than shuffl
 is the scheme of CleanRL's ``ppo_atari_lstm`` and SB3-contrib's ``RecurrentPPO``.
 
 The heads are PPO's (:class:`~dagrl.algos.ppo.ActorCritic` over the LSTM's output), and so are the
-loss, the epochs, ``anneal_lr``, ``norm_obs`` and ``norm_reward``. There is no ``inference`` role:
-central inference would have to keep every sampler's LSTM state, which it does not.
+loss, the epochs, ``anneal_lr``, ``norm_obs`` and ``norm_reward``. Under ``central-inference`` the
+``inference`` role keeps no state: each request carries its envs' LSTM state beside the observations, and
+the answer the state after the step (SEED RL keeps it on the server instead; here it is ``2 x lstm``
+``float32`` values an env and step on the sampler's socket).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from dagrl.mixed_obs import MixedBox
 from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
 
 __all__ = [
-    "ACTION_SPACES", "Config", "RecurrentActorCritic", "collect", "evaluate", "evaluator", "learner", "publish",
-    "sampler", "train_iteration", "update",
+    "ACTION_SPACES", "Acting", "Config", "RecurrentActorCritic", "collect", "evaluate", "evaluator", "inference",
+    "learner", "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
@@ -128,6 +130,27 @@ class RecurrentActorCritic(nn.Module):
         self.heads.fold_statistics(obs, disc_returns, reduce)
 
 
+class Acting:
+    """Picks actions for a batch of observations from their envs' LSTM states ``h``, ``c`` (``[N, lstm]``
+    each) and ``starts`` (1 where an observation is an episode's first): ``(actions, log-probs, h, c)``,
+    the state after the step. A sampler acts with its own; under ``central-inference`` the ``inference``
+    role acts for all samplers with one, batched, the states travelling with the observations."""
+
+    def __init__(self, agent: RecurrentActorCritic, gen: torch.Generator, device: str = "cpu"):
+        self.agent, self.gen, self.device = agent, gen, device
+
+    def __call__(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, ...]:
+        dev = self.device
+        state = (torch.as_tensor(h, device=dev).unsqueeze(0), torch.as_tensor(c, device=dev).unsqueeze(0))
+        with torch.no_grad():
+            out, (h, c) = self.agent.step(obs_tensor(obs).to(dev), state, torch.as_tensor(starts, device=dev))
+            action, logp = self.agent.heads.sample(out, self.gen)
+        return tuple(t.cpu().numpy() for t in (action, logp, h[0], c[0]))
+
+    def load(self, weights: Weights) -> None:
+        self.agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+
+
 # ---------------------------------------------------------------------------------------------------
 # Data between fragments
 # ---------------------------------------------------------------------------------------------------
@@ -152,10 +175,11 @@ class SamplerState:
     cfg: Config
     envs: gym.vector.VectorEnv
     agent: RecurrentActorCritic
-    gen: torch.Generator
+    acting: Acting
+    """Picks the actions: the sampler's own ``agent``, or the ``inference`` role (``central-inference``)."""
     obs: np.ndarray
-    lstm: State
-    """Each env's LSTM state after its last step."""
+    lstm: tuple[np.ndarray, np.ndarray]
+    """Each env's LSTM state after its last step, ``[N, lstm]`` x 2."""
     starts: np.ndarray
     """Per env, 1 where :attr:`obs` is an episode's first observation."""
     episodes: EpisodeTracker
@@ -170,9 +194,11 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
-    n, gen = envs.num_envs, torch.Generator().manual_seed(ctx.seed)
+    n = envs.num_envs
+    acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
+    lstm = tuple(s[0].numpy() for s in agent.initial(n))
     starts = np.ones(n, np.float32)  # every env at an episode's first observation
-    return SamplerState(cfg, envs, agent, gen, obs, agent.initial(n), starts, EpisodeTracker(n), np.zeros(n))
+    return SamplerState(cfg, envs, agent, acting, obs, lstm, starts, EpisodeTracker(n), np.zeros(n))
 
 
 @role("learner")
@@ -183,6 +209,15 @@ def learner(ctx: RoleContext, cfg: Config) -> ppo.LearnerState:
         agent = RecurrentActorCritic(ctx.observation_space, ctx.action_space, cfg).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
     return ppo.LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
+
+
+@role("inference", recover="replace")
+def inference(ctx: RoleContext, cfg: Config) -> Acting:
+    """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        agent = RecurrentActorCritic(ctx.observation_space, ctx.action_space, cfg).to(ctx.device)
+    return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
 
 
 @role("evaluator", recover="replace")
@@ -211,14 +246,13 @@ def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
     done_buf = np.zeros((T, N), np.float32)
     start_buf = np.zeros((T, N), np.float32)
     disc_buf = np.zeros((T, N), np.float32) if heads.return_norm is not None else None
-    first = tuple(s[0].numpy().copy() for s in state.lstm)
+    first = tuple(s.copy() for s in state.lstm)
     space = envs.single_action_space
     with torch.no_grad():
         for t in range(T):
             obs_buf[t], start_buf[t] = state.obs, state.starts
-            out, state.lstm = agent.step(obs_tensor(state.obs), state.lstm, torch.from_numpy(state.starts))
-            act, logp = heads.sample(out, state.gen)
-            act, logp = act.numpy(), logp.numpy()
+            act, logp, *after = state.acting(state.obs, *state.lstm, state.starts)
+            state.lstm = tuple(after)
             env_act = np.clip(act, space.low, space.high) if heads.box else act
             state.obs, reward, terminated, truncated, info = envs.step(env_act)
             act_buf[t], logp_buf[t] = act, logp
@@ -233,8 +267,8 @@ def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
             if cut.any():  # cut by a time limit: bootstrap its tail with the state the episode reached
                 rows = np.flatnonzero(cut)
                 final = obs_tensor(np.stack([info["final_obs"][i] for i in rows]))
-                h, c = state.lstm
-                tail, _ = agent.step(final, (h[:, rows], c[:, rows]), torch.zeros(len(rows)))
+                h, c = (torch.from_numpy(s[rows]).unsqueeze(0) for s in state.lstm)
+                tail, _ = agent.step(final, (h, c), torch.zeros(len(rows)))
                 rew_buf[t, cut] += cfg.gamma * heads.value(tail).numpy() * heads.reward_scale()
             state.disc_return[done] = 0.0
             state.starts = done.astype(np.float32)

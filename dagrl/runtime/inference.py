@@ -172,11 +172,13 @@ class InferenceClient:
                 self._sock.close()
         self._sock = self._connected_to = None
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, ...]:
+    def __call__(self, obs: np.ndarray, *extra: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The inference role's answer for ``obs`` (and any ``extra`` arrays of the same first axis the
+        role's acting object takes, as a recurrent policy's state)."""
         t0 = time.perf_counter()
         try:
             sock = self._connection()
-            sock.sendall(encode((obs,)))
+            sock.sendall(encode((obs, *extra)))
             (n,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
             reply = decode(_recv_exactly(sock, n))
         except OSError as err:  # refused, reset, closed, timed out
@@ -214,13 +216,15 @@ class Batcher:
     def __init__(self, forward: Any, lock: threading.RLock, expected: int, max_wait_s: float):
         self.forward, self.lock = forward, lock
         self.expected, self.max_wait_s = max(1, expected), max_wait_s
-        self.pending: list[tuple[np.ndarray, Reply, float]] = []
+        self.pending: list[tuple[tuple[np.ndarray, ...], Reply, float]] = []
         self.counting = threading.Lock()  # the server's thread counts, the host's actor thread reads
         self._reset_stats()
 
-    def add(self, obs: np.ndarray, reply: Reply) -> None:
-        """Queue one sampler's observations; a full batch is answered at once."""
-        self.pending.append((obs, reply, time.perf_counter()))
+    def add(self, request: np.ndarray | tuple[np.ndarray, ...], reply: Reply) -> None:
+        """Queue one sampler's observations (or a tuple: the observations, then the other arrays the
+        acting object takes, each stacked on the same first axis); a full batch is answered at once."""
+        request = request if isinstance(request, tuple) else (request,)
+        self.pending.append((request, reply, time.perf_counter()))
         if len(self.pending) >= self.expected:
             self.flush()
 
@@ -234,11 +238,13 @@ class Batcher:
         batch, self.pending = self.pending, []
         if not batch:
             return
-        obs = np.concatenate([b[0] for b in batch])
         start = time.perf_counter()
         try:
+            if len({len(b[0]) for b in batch}) > 1:
+                raise ValueError(f"requests of {sorted({len(b[0]) for b in batch})} arrays in one batch")
+            inputs = [np.concatenate(arrays) for arrays in zip(*(b[0] for b in batch), strict=True)]
             with self.lock:
-                outs = self.forward(obs)
+                outs = self.forward(*inputs)
             outs = outs if isinstance(outs, tuple) else (outs,)
         except Exception as err:
             for _, reply, _ in batch:
@@ -247,12 +253,12 @@ class Batcher:
         with self.counting:
             self.busy_s += time.perf_counter() - start
             self.batches += 1
-            self.rows += len(obs)
+            self.rows += len(inputs[0])
             self.requests += len(batch)
             self.queued_s += sum(start - t for _, _, t in batch)
         at = 0
-        for b_obs, reply, _ in batch:
-            n = len(b_obs)
+        for request, reply, _ in batch:
+            n = len(request[0])
             reply(tuple(np.ascontiguousarray(o[at : at + n]) for o in outs))
             at += n
 
@@ -374,12 +380,14 @@ class BatchServer:
             if len(buf) < HEADER.size + n:
                 break
             try:
-                (obs,) = decode(bytes(buf[HEADER.size : HEADER.size + n]))
+                request = decode(bytes(buf[HEADER.size : HEADER.size + n]))
+                if isinstance(request, str) or not request:
+                    raise ValueError("no arrays")
             except (ValueError, TypeError, struct.error):
                 self._drop(conn)  # not a frame a sampler sends
                 return
             del buf[: HEADER.size + n]
-            self.batcher.add(obs, self._replier(conn))
+            self.batcher.add(request, self._replier(conn))
 
     def _replier(self, conn: socket.socket) -> Reply:
         def reply(answer: Any) -> None:
