@@ -203,20 +203,13 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 
 @role("learner")
 def learner(ctx: RoleContext, cfg: Config) -> ppo.LearnerState:
-    device = torch.device(ctx.device)
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
-        agent = RecurrentActorCritic(ctx.observation_space, ctx.action_space, cfg).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
-    return ppo.LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), device, ctx)
+    return ppo.new_learner(ctx, cfg, lambda obs_space, act_space: RecurrentActorCritic(obs_space, act_space, cfg))
 
 
 @role("inference", recover="replace")
 def inference(ctx: RoleContext, cfg: Config) -> Acting:
     """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
-        agent = RecurrentActorCritic(ctx.observation_space, ctx.action_space, cfg).to(ctx.device)
+    agent = ppo.seeded_agent(ctx, lambda o, a: RecurrentActorCritic(o, a, cfg), ctx.observation_space, ctx.action_space)
     return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
 
 
