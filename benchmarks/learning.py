@@ -1,6 +1,6 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|cartpole] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
+    dagrl bench learning [--preset mujoco|cartpole|recurrent] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
 Each graph runs for its budget of env steps once per seed (``single`` graphs in this process;
@@ -43,11 +43,16 @@ WINDOW = 10
 PRESETS = {
     "mujoco": ["sac-halfcheetah-single:100000", "td3-halfcheetah-single:100000", "ppo-hopper-single:300000"],
     "cartpole": ["ppo-cartpole-single:50000", "dqn-cartpole-single:50000"],
+    "recurrent": ["ppo-lstm-cartpole-novel:100000"],
 }
 
 CLEANRL_SAC = "docs.cleanrl.dev/rl-algorithms/sac (sac_continuous_action.py, training return, MuJoCo v2)"
 CLEANRL_TD3 = "docs.cleanrl.dev/rl-algorithms/td3 (td3_continuous_action.py, training return, MuJoCo v2)"
 TD7_REPO = "github.com/seungju-k1m/sac-td3-td7 README (4 seeds, evaluation return, MuJoCo v4)"
+ZOO_LSTM = (
+    "huggingface.co/sb3/ppo_lstm-CartPoleNoVel-v1 model card (rl-zoo RecurrentPPO, CartPole without its velocities, "
+    "as ppo-lstm-cartpole-novel.yaml)"
+)
 REFERENCES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("sac", "HalfCheetah"): [
         {"steps": 300_000, "return": 7847, "pm": 384, "source": TD7_REPO},
@@ -61,6 +66,7 @@ REFERENCES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"steps": 300_000, "return": 7316, "pm": 118, "source": TD7_REPO},
         {"steps": 1_000_000, "return": 9018.31, "pm": 1078.31, "source": CLEANRL_TD3},
     ],
+    ("ppo_lstm", "CartPole"): [{"steps": 100_000, "return": 500.0, "pm": 0.0, "source": ZOO_LSTM}],
     ("td3", "Hopper"): [
         {"steps": 300_000, "return": 733, "pm": 817, "source": TD7_REPO},
         {"steps": 1_000_000, "return": 3391.78, "pm": 232.21, "source": CLEANRL_TD3},

@@ -86,7 +86,7 @@ class Config:
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         if self.norm_obs:
-            _check_norm_obs(obs_space)
+            check_norm_obs(obs_space)
         _heads(act_space)  # a MultiDiscrete space it cannot act in
 
     def check_budget(self, env_steps: int | None) -> None:
@@ -107,14 +107,14 @@ def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
     return layer
 
 
-def _check_norm_obs(obs_space: gym.Space) -> None:
+def check_norm_obs(obs_space: gym.Space) -> None:
     if is_image(obs_space):
         raise ValueError("norm_obs: true is for vector observations; the CNN scales uint8 images itself")
     if isinstance(obs_space, MixedBox) and not obs_space.values:
         raise ValueError(f"norm_obs: true: {obs_space} holds only images, which the CNN scales itself")
 
 
-def _norm_shape(obs_space: gym.Space) -> tuple[int, ...]:
+def norm_shape(obs_space: gym.Space) -> tuple[int, ...]:
     """What ``norm_obs`` standardises: the observation, or a ``Dict``'s entries that are not images."""
     if isinstance(obs_space, MixedBox):
         return (sum(p.size for p in obs_space.values),)
@@ -132,7 +132,7 @@ class ActorCritic(nn.Module):
     ):
         super().__init__()
         if norm_obs:
-            _check_norm_obs(obs_space)
+            check_norm_obs(obs_space)
         self.mixed = isinstance(obs_space, MixedBox)  # norm_obs: the Dict's entries that are not images
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         self.heads = _heads(act_space)  # MultiDiscrete / MultiBinary: the choices per entry
@@ -143,7 +143,7 @@ class ActorCritic(nn.Module):
             n_act = sum(self.heads)
         else:  # the Gaussian's means
             n_act = int(np.prod(act_space.shape))
-        self.obs_norm = RunningNorm(_norm_shape(obs_space)) if norm_obs else None
+        self.obs_norm = RunningNorm(norm_shape(obs_space)) if norm_obs else None
         self.return_norm = RunningNorm(()) if norm_reward else None
         self.trunk, width = encoder(obs_space, hidden)
         if is_image(obs_space):

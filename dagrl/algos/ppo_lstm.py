@@ -75,9 +75,9 @@ class RecurrentActorCritic(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
         super().__init__()
         if cfg.norm_obs:
-            ppo._check_norm_obs(obs_space)
+            ppo.check_norm_obs(obs_space)
         self.mixed = isinstance(obs_space, MixedBox)
-        self.obs_norm = RunningNorm(ppo._norm_shape(obs_space)) if cfg.norm_obs else None
+        self.obs_norm = RunningNorm(ppo.norm_shape(obs_space)) if cfg.norm_obs else None
         self.trunk, width = encoder(obs_space, cfg.hidden)
         self.core = nn.LSTM(width, cfg.lstm)
         for name, param in self.core.named_parameters():
