@@ -19,6 +19,7 @@ learner's update differs. Runs under every policy; it is meant for ``async`` wit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,28 +156,49 @@ def vtrace(
     return targets, advantages
 
 
+Forward = Callable[[], tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]]
+"""The network over a batch, with gradients: the policy at its ``T * n`` steps (flat), the values
+``[T, n]``, and the values of the observations after its last steps ``[n]``."""
+
+
 @fragment(role="learner")
 def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
     """``update_epochs`` gradient steps on the whole batch, V-trace targets recomputed for each; fewer
     once the policy moved past ``target_kl`` (the KL estimate of PPO's update, against the batch's start)."""
-    cfg, agent, dev = state.cfg, state.agent, state.device
+    agent, dev = state.agent, state.device
     T = len(rollouts[0].rewards)  # every rollout has the same shape: stack them along envs
+    obs = torch.as_tensor(np.concatenate([r.obs for r in rollouts], axis=1), device=dev)
+    last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]), device=dev)
+    n = obs.shape[1]
+    flat_obs = obs.reshape(T * n, *obs.shape[2:])
+
+    def forward() -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            last = agent.value(last_obs)
+        return agent.dist(flat_obs), agent.value(flat_obs).reshape(T, n), last
+
+    return learn(state, rollouts, forward, flat_obs)
+
+
+def learn(state: LearnerState, rollouts: list[Rollout], forward: Forward, flat_obs: torch.Tensor) -> dict[str, float]:
+    """IMPALA's gradient steps on the batch ``rollouts`` make (stacked along envs), the network run by
+    ``forward`` (feed-forward here, unrolled by ``impala_lstm``); ``flat_obs``, its observations, for the
+    running statistics."""
+    cfg, agent, dev = state.cfg, state.agent, state.device
+    T = len(rollouts[0].rewards)
 
     def cat(field: str) -> torch.Tensor:
         return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis=1), device=dev)
 
-    obs, actions, behaviour = cat("obs"), cat("actions"), cat("logprobs")
-    dones = cat("dones")
+    actions, behaviour, dones = cat("actions"), cat("logprobs"), cat("dones")
     rewards = torch.as_tensor(np.concatenate([agent.scaled_rewards(r.rewards) for r in rollouts], axis=1), device=dev)
-    last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]), device=dev)
-    n = obs.shape[1]
-    flat_obs = obs.reshape(T * n, *obs.shape[2:])
+    n = actions.shape[1]
     flat_act = actions.reshape(T * n, *actions.shape[2:])
     stats = {"policy": 0.0, "value": 0.0, "entropy": 0.0, "rho_mean": 0.0, "rho_clipfrac": 0.0, "approx_kl": 0.0}
     start: torch.Tensor | None = None  # log-probs of the batch's actions before its first step
     steps = 0
     for _ in range(cfg.update_epochs):
-        dist = agent.dist(flat_obs)
+        dist, values, last = forward()
         logp = dist.log_prob(flat_act).reshape(T, n)
         if start is None:
             start = logp.detach()
@@ -187,10 +209,8 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
             break
         steps += 1
         stats["approx_kl"] += approx_kl
-        values = agent.value(flat_obs).reshape(T, n)
         with torch.no_grad():
             log_rhos = logp - behaviour if cfg.vtrace else torch.zeros_like(logp)
-            last = agent.value(last_obs)
             targets, adv = vtrace(
                 log_rhos, rewards, dones, values, last, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar
             )
@@ -213,7 +233,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
         stats["rho_clipfrac"] += (rhos > cfg.rho_bar).float().mean().item()
     if cfg.kl_adaptive_lr is not None:
         with torch.no_grad():
-            logratio = agent.dist(flat_obs).log_prob(flat_act).reshape(T, n) - start
+            logratio = forward()[0].log_prob(flat_act).reshape(T, n) - start
             moved = state.ctx.mean_over_replicas(((logratio.exp() - 1) - logratio).mean().item())
         adapt_lr(state.optimizer, moved, cfg.kl_adaptive_lr, cfg.lr, cfg.kl_adaptive_lr_max)
     agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)

@@ -123,6 +123,10 @@ class RecurrentActorCritic(nn.Module):
         out, state = self.core(self.features(obs).unsqueeze(0), (state[0] * keep, state[1] * keep))
         return out[0], state
 
+    def scaled_rewards(self, rewards: np.ndarray) -> np.ndarray:
+        """Rewards in the units the critic learns (:meth:`ActorCritic.scaled_rewards`)."""
+        return self.heads.scaled_rewards(rewards)
+
     def fold_statistics(self, obs: torch.Tensor, disc_returns: list, reduce) -> None:
         """As :meth:`ActorCritic.fold_statistics`: observations here, discounted returns in the heads."""
         if self.obs_norm is not None:
@@ -272,26 +276,52 @@ def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
     )  # fmt: skip
 
 
+@dataclass
+class Sequences:
+    """The env sequences of a batch of rollouts, side by side (``[T, N, ...]``), as the learner unrolls them."""
+
+    obs: torch.Tensor
+    starts: torch.Tensor
+    state: State
+    """The LSTM state before each sequence's first step, ``[1, N, lstm]`` x 2."""
+    last_obs: torch.Tensor
+    last_start: torch.Tensor
+
+    @classmethod
+    def of(cls, rollouts: list[RecurrentRollout], device: torch.device) -> Sequences:
+        def cat(values: list[np.ndarray], axis: int = 1) -> torch.Tensor:
+            return torch.as_tensor(np.concatenate(values, axis), device=device)
+
+        state = tuple(cat([r.state[i] for r in rollouts], 0).unsqueeze(0) for i in range(2))
+        return cls(
+            cat([r.obs for r in rollouts]), cat([r.starts for r in rollouts]), state,
+            cat([r.last_obs for r in rollouts], 0), cat([r.last_start for r in rollouts], 0),
+        )  # fmt: skip
+
+    def values(self, agent: RecurrentActorCritic) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The LSTM's outputs ``[T * N, lstm]`` over every step, the values ``[T, N]``, and the values of
+        the observations after the last steps ``[N]``, from the state the sequences end in."""
+        T, N = self.starts.shape
+        out, after = agent.unroll(self.obs, self.state, self.starts)
+        flat = out.reshape(T * N, -1)
+        last_out, _ = agent.step(self.last_obs, after, self.last_start)
+        return flat, agent.heads.value(flat).reshape(T, N), agent.heads.value(last_out)
+
+
 @fragment(role="learner")
 def update(state: ppo.LearnerState, rollouts: list[RecurrentRollout]) -> Metrics:
     """Clipped-PPO epochs over whole env sequences, the LSTM unrolled from each sequence's first state;
     advantages from the current critic."""
     cfg, agent, dev = state.cfg, state.agent, state.device
     heads = agent.heads
-
-    def cat(field: str, axis: int = 1) -> torch.Tensor:  # the rollouts' envs side by side
-        return torch.as_tensor(np.concatenate([getattr(r, field) for r in rollouts], axis), device=dev)
-
-    obs, actions, logprobs, starts = cat("obs"), cat("actions"), cat("logprobs"), cat("starts")
-    h0 = torch.as_tensor(np.concatenate([r.state[0] for r in rollouts]), device=dev).unsqueeze(0)
-    c0 = torch.as_tensor(np.concatenate([r.state[1] for r in rollouts]), device=dev).unsqueeze(0)
+    seq = Sequences.of(rollouts, dev)
+    obs, starts, (h0, c0) = seq.obs, seq.starts, seq.state
+    actions = torch.as_tensor(np.concatenate([r.actions for r in rollouts], 1), device=dev)
+    logprobs = torch.as_tensor(np.concatenate([r.logprobs for r in rollouts], 1), device=dev)
     T, N = starts.shape
     with torch.no_grad():
-        out, after = agent.unroll(obs, (h0, c0), starts)
-        values = heads.value(out.reshape(T * N, -1)).reshape(T, N).cpu().numpy()
-        last_out, _ = agent.step(cat("last_obs", 0), after, cat("last_start", 0))
-        last = heads.value(last_out).cpu().numpy()
-    rewards = heads.scaled_rewards(np.concatenate([r.rewards for r in rollouts], 1))
+        values, last = (v.cpu().numpy() for v in seq.values(agent)[1:])
+    rewards = agent.scaled_rewards(np.concatenate([r.rewards for r in rollouts], 1))
     dones = np.concatenate([r.dones for r in rollouts], 1)
     adv = gae(rewards, values, dones, last, cfg.gamma, cfg.gae_lambda)
     advantages, returns = torch.as_tensor(adv, device=dev), torch.as_tensor(adv + values, device=dev)

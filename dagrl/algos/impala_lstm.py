@@ -1,0 +1,66 @@
+"""IMPALA with a recurrent policy, the paper's own shape: V-trace over whole env sequences, an LSTM.
+
+The roles and the sampler side are ``ppo_lstm``'s (each env's LSTM state carried across rollouts, a
+rollout carrying the state it began with; under ``central-inference`` the states travel with the
+observations); the learner is IMPALA's (:func:`dagrl.algos.impala.learn`), its network unrolled over
+each batch's env sequences from the states they began with, as the paper's learner does with the
+actors' stored states. Stale rollouts under ``async`` are corrected by V-trace as in ``impala``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dagrl.algos import impala
+from dagrl.algos.ppo import LearnerState
+from dagrl.algos.ppo_lstm import (
+    ACTION_SPACES,
+    RecurrentRollout,
+    Sequences,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    inference,
+    learner,
+    publish,
+    sampler,
+)
+from dagrl.fragment import fragment, iteration
+
+__all__ = [  # ppo_lstm's roles, publish, collect, evaluator and action spaces are this algorithm's too
+    "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",
+    "publish", "sampler", "train_iteration", "update",
+]  # fmt: skip
+
+
+@dataclass
+class Config(impala.Config):
+    lstm: int = 128
+    """Width of the LSTM's state (its hidden and its cell vectors each)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lstm < 1:
+            raise ValueError(f"lstm must be >= 1, got {self.lstm}")
+
+
+@fragment(role="learner")
+def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> dict[str, float]:
+    """IMPALA's gradient steps on the batch, the LSTM unrolled over every env sequence for each."""
+    agent = state.agent
+    seq = Sequences.of(rollouts, state.device)
+
+    def forward() -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]:
+        flat, values, last = seq.values(agent)
+        return agent.heads.dist(flat), values, last.detach()
+
+    flat_obs = seq.obs.reshape(-1, *seq.obs.shape[2:])
+    return impala.learn(state, rollouts, forward, flat_obs)
+
+
+@iteration
+def train_iteration():
+    return update(collect(publish()))
