@@ -17,6 +17,7 @@ from dagrl.algos import impala
 from dagrl.algos.ppo import LearnerState
 from dagrl.algos.ppo_lstm import (
     ACTION_SPACES,
+    Recurrent,
     RecurrentRollout,
     Sequences,
     collect,
@@ -37,14 +38,8 @@ __all__ = [  # ppo_lstm's roles, publish, collect, evaluator and action spaces a
 
 
 @dataclass
-class Config(impala.Config):
-    lstm: int = 128
-    """Width of the LSTM's state (its hidden and its cell vectors each)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lstm < 1:
-            raise ValueError(f"lstm must be >= 1, got {self.lstm}")
+class Config(Recurrent, impala.Config):
+    """IMPALA's hyperparameters and the LSTM's width."""
 
 
 @fragment(role="learner")

@@ -32,10 +32,11 @@ from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
 from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
+from dagrl.schema import at_least
 
 __all__ = [
-    "ACTION_SPACES", "Acting", "Config", "RecurrentActorCritic", "collect", "evaluate", "evaluator", "inference",
-    "learner", "publish", "sampler", "train_iteration", "update",
+    "ACTION_SPACES", "Acting", "Config", "Recurrent", "RecurrentActorCritic", "Sequences", "collect", "evaluate",
+    "evaluator", "inference", "learner", "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
@@ -44,14 +45,22 @@ __all__ = [
 
 
 @dataclass
-class Config(ppo.Config):
+class Recurrent:
+    """The LSTM's hyperparameter, mixed into a recurrent algorithm's ``Config`` ahead of the base it
+    extends (``class Config(Recurrent, ppo.Config)``), whose checks run first."""
+
     lstm: int = 128
     """Width of the LSTM's state (its hidden and its cell vectors each)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the base's checks
+        at_least(self, 1, "lstm")
+
+
+@dataclass
+class Config(Recurrent, ppo.Config):
+    def __post_init__(self) -> None:
         super().__post_init__()
-        if self.lstm < 1:
-            raise ValueError(f"lstm must be >= 1, got {self.lstm}")
         if self.minibatch_size < self.num_steps:
             raise ValueError(
                 f"minibatch_size {self.minibatch_size} < num_steps {self.num_steps}: a minibatch holds whole "
