@@ -83,6 +83,18 @@ def test_a_recurrent_algorithm_on_a_cluster_runs_exactly_as_in_one_process(clien
     assert single[0].metrics["losses/value"] != single[-1].metrics["losses/value"]  # it trains
 
 
+def test_ppo_lstm_learner_replicas_stay_identical_under_dp_learners(client):
+    """Each replica unrolls its share of the env sequences; their gradients are averaged (the policy
+    compares the replicas' weights after every update and stops the run with ``ReplicasDiverged``)."""
+    graph = load_graph(GRAPH, ["policy=dp-learners", "roles.learner.replicas=2"])
+    policy = build_policy(graph, client)
+    try:
+        steps = [policy.step() for _ in range(3)]
+    finally:
+        policy.close()
+    assert [s.env_steps for s in steps] == [2 * 4 * 16] * 3
+
+
 @pytest.mark.slow
 def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(client, tmp_path, capsys):
     """One frame earns 12 of 16 on average (``test_images``: feed-forward PPO stays at 12-12.9); the LSTM
