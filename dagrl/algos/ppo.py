@@ -390,17 +390,17 @@ def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
     return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward)
 
 
-def seeded_agent(ctx: RoleContext, agent_of: AgentOf, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
-    """``agent_of(obs_space, act_space)`` initialised from the role's seed (the global torch RNG left
-    as it was), on the role's device."""
+def seeded_agent(ctx: RoleContext, agent_of: AgentOf) -> nn.Module:
+    """``agent_of`` for the run's observation and action spaces, initialised from the role's seed (the
+    global torch RNG left as it was), on the role's device."""
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        return agent_of(obs_space, act_space).to(ctx.device)
+        return agent_of(ctx.observation_space, ctx.action_space).to(ctx.device)
 
 
 def new_learner(ctx: RoleContext, cfg: Config, agent_of: AgentOf) -> LearnerState:
     """A learner of the network ``agent_of`` makes, with PPO's Adam; what ``learner`` builds."""
-    agent = seeded_agent(ctx, agent_of, ctx.observation_space, ctx.action_space)
+    agent = seeded_agent(ctx, agent_of)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), torch.device(ctx.device), ctx)
 
@@ -413,7 +413,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 @role("inference", recover="replace")
 def inference(ctx: RoleContext, cfg: Config) -> Acting:
     """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
-    agent = seeded_agent(ctx, lambda o, a: _agent(o, a, cfg), ctx.observation_space, ctx.action_space)
+    agent = seeded_agent(ctx, lambda obs_space, act_space: _agent(obs_space, act_space, cfg))
     return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
 
 

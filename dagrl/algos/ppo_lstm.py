@@ -222,7 +222,7 @@ def learner(ctx: RoleContext, cfg: Config) -> ppo.LearnerState:
 @role("inference", recover="replace")
 def inference(ctx: RoleContext, cfg: Config) -> Acting:
     """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
-    agent = ppo.seeded_agent(ctx, lambda o, a: RecurrentActorCritic(o, a, cfg), ctx.observation_space, ctx.action_space)
+    agent = ppo.seeded_agent(ctx, lambda obs_space, act_space: RecurrentActorCritic(obs_space, act_space, cfg))
     return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
 
 
