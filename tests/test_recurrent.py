@@ -61,6 +61,24 @@ def test_the_learner_unrolls_the_lstm_to_the_log_probs_the_sampler_acted_with():
     assert metrics["perf/frames"] == 2 * 3 * 12  # one epoch: every env sequence once, 2 a minibatch
 
 
+def test_an_episode_a_time_limit_cuts_is_bootstrapped_from_the_state_it_reached():
+    """As PPO's samplers do (``ppo.Steps``): the last reward of a cut episode gets gamma x the critic's
+    value of its final observation, here a constant 10 from the LSTM state the episode reached."""
+    cfg = ppo_lstm.Config(num_steps=16, minibatch_size=16)
+    ctx = RoleContext("sampler", 0, 1, 0, "CartPole-v1", {"max_episode_steps": 5}, num_envs=4)
+    state = ppo_lstm.sampler(ctx, cfg)
+    critic = state.agent.heads.critic[-1]
+    torch.nn.init.zeros_(critic.weight)
+    critic.bias.data.fill_(10.0)
+    weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
+    r = ppo_lstm.collect.fn(state, weights)
+    cut = (r.dones == 1) & np.isclose(r.rewards, 1 + cfg.gamma * 10)
+    assert cut.sum() > 0, "episodes of 5 steps must be cut by the time limit"
+    assert np.all(cut | np.isclose(r.rewards, 1.0))
+    np.testing.assert_array_equal(r.starts[1:], r.dones[:-1])  # an episode starts after each end
+    np.testing.assert_array_equal(r.last_start, r.dones[-1])
+
+
 def test_minibatches_hold_whole_sequences_and_the_graph_says_so_before_a_cluster_starts():
     with pytest.raises(ConfigError, match=r"hyperparameters.*minibatch_size 8 < num_steps 16") as err:
         load_graph(GRAPH, ["hyperparameters.minibatch_size=8"])

@@ -177,13 +177,20 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
             last = agent.value(last_obs)
         return agent.dist(flat_obs), agent.value(flat_obs).reshape(T, n), last
 
-    return learn(state, rollouts, forward, flat_obs)
+    return learn(state, rollouts, forward, flat_obs, policy=lambda: agent.dist(flat_obs))
 
 
-def learn(state: LearnerState, rollouts: list[Rollout], forward: Forward, flat_obs: torch.Tensor) -> dict[str, float]:
+def learn(
+    state: LearnerState,
+    rollouts: list[Rollout],
+    forward: Forward,
+    flat_obs: torch.Tensor,
+    policy: Callable[[], torch.distributions.Distribution] | None = None,
+) -> dict[str, float]:
     """IMPALA's gradient steps on the batch ``rollouts`` make (stacked along envs), the network run by
     ``forward`` (feed-forward here, unrolled by ``impala_lstm``); ``flat_obs``, its observations, for the
-    running statistics."""
+    running statistics. ``policy`` runs the policy alone (``kl_adaptive_lr``'s look at where the batch
+    left it), when that costs less than ``forward``."""
     cfg, agent, dev = state.cfg, state.agent, state.device
     T = len(rollouts[0].rewards)
 
@@ -233,7 +240,8 @@ def learn(state: LearnerState, rollouts: list[Rollout], forward: Forward, flat_o
         stats["rho_clipfrac"] += (rhos > cfg.rho_bar).float().mean().item()
     if cfg.kl_adaptive_lr is not None:
         with torch.no_grad():
-            logratio = forward()[0].log_prob(flat_act).reshape(T, n) - start
+            dist = policy() if policy is not None else forward()[0]
+            logratio = dist.log_prob(flat_act).reshape(T, n) - start
             moved = state.ctx.mean_over_replicas(((logratio.exp() - 1) - logratio).mean().item())
         adapt_lr(state.optimizer, moved, cfg.kl_adaptive_lr, cfg.lr, cfg.kl_adaptive_lr_max)
     agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)

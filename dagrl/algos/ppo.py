@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -438,38 +439,74 @@ def publish(state: LearnerState) -> Weights:
 @fragment(role="sampler")
 def collect(state: SamplerState, weights: Weights) -> Rollout:
     """Step every env ``num_steps`` times with the given weights."""
-    cfg, envs, agent = state.cfg, state.envs, state.agent
+    agent = state.agent
     agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    T, N = cfg.num_steps, envs.num_envs
-    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), obs_array(state.obs).dtype)  # images stay uint8
-    act_buf = np.zeros((T, N, *envs.single_action_space.shape), envs.single_action_space.dtype)
-    logp_buf = np.zeros((T, N), np.float32)
-    rew_buf = np.zeros((T, N), np.float32)
-    done_buf = np.zeros((T, N), np.float32)
-    disc_buf = np.zeros((T, N), np.float32) if agent.return_norm is not None else None
-    space = envs.single_action_space
+    steps = Steps(state, box=agent.box, norm_reward=agent.return_norm is not None)
+
+    def tail_value(rows: np.ndarray, final: np.ndarray) -> np.ndarray:
+        return agent.value(obs_tensor(final)).numpy() * agent.reward_scale()
+
     with torch.no_grad():
-        for t in range(T):
-            obs_buf[t] = state.obs
-            act, logp = state.acting(state.obs)
-            env_act = np.clip(act, space.low, space.high) if agent.box else act
-            state.obs, reward, terminated, truncated, info = envs.step(env_act)
-            act_buf[t], logp_buf[t] = act, logp
-            rew_buf[t] = reward
-            done = terminated | truncated
-            done_buf[t] = done
-            state.episodes.step(reward, done)
-            if disc_buf is not None:
-                state.disc_return = state.disc_return * cfg.gamma + reward
-                disc_buf[t] = state.disc_return
-            cut = truncated & ~terminated
-            if cut.any():  # the episode was cut by a time limit, not ended: bootstrap its tail (raw units)
-                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
-                tail = agent.value(obs_tensor(final)).numpy() * agent.reward_scale()
-                rew_buf[t, cut] += cfg.gamma * tail
-            state.disc_return[done] = 0.0
-    episodes = state.episodes.take()
-    return Rollout(obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N, disc_buf)
+        for t in range(state.cfg.num_steps):
+            steps.take(t, state, *state.acting(state.obs), tail_value)
+    return steps.rollout(state, Rollout)
+
+
+R = TypeVar("R", bound="Rollout")
+
+
+class Steps:
+    """The ``[T, N]`` buffers a PPO-style sampler fills over one rollout, and the bookkeeping of each env
+    step: episode statistics, the running discounted return (``norm_reward``), and the bootstrap of an
+    episode a time limit cut. The sampler picks the actions; :meth:`take` steps the envs with them."""
+
+    def __init__(self, state: SamplerState, box: bool, norm_reward: bool) -> None:
+        cfg, envs = state.cfg, state.envs
+        T, N = cfg.num_steps, envs.num_envs
+        self.gamma, self.box, self.space = cfg.gamma, box, envs.single_action_space
+        self.obs = np.zeros((T, N, *state.obs.shape[1:]), obs_array(state.obs).dtype)  # images stay uint8
+        self.actions = np.zeros((T, N, *self.space.shape), self.space.dtype)
+        self.logprobs = np.zeros((T, N), np.float32)
+        self.rewards = np.zeros((T, N), np.float32)
+        self.dones = np.zeros((T, N), np.float32)
+        self.disc_returns = np.zeros((T, N), np.float32) if norm_reward else None
+
+    def take(
+        self,
+        t: int,
+        state: SamplerState,
+        actions: np.ndarray,
+        logprobs: np.ndarray,
+        tail_value: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    ) -> np.ndarray:
+        """Step the envs from ``state.obs`` with ``actions`` and record step ``t``; returns where an episode
+        ended. ``tail_value(rows, final_obs)`` values, in raw reward units, the last observations of the
+        envs ``rows`` whose episode a time limit cut (not ended): their reward gets its discounted tail."""
+        self.obs[t] = state.obs
+        env_actions = np.clip(actions, self.space.low, self.space.high) if self.box else actions
+        state.obs, reward, terminated, truncated, info = state.envs.step(env_actions)
+        self.actions[t], self.logprobs[t], self.rewards[t] = actions, logprobs, reward
+        done = terminated | truncated
+        self.dones[t] = done
+        state.episodes.step(reward, done)
+        if self.disc_returns is not None:
+            state.disc_return = state.disc_return * self.gamma + reward
+            self.disc_returns[t] = state.disc_return
+        cut = truncated & ~terminated
+        if cut.any():
+            rows = np.flatnonzero(cut)
+            final = np.stack([info["final_obs"][i] for i in rows])
+            self.rewards[t, cut] += self.gamma * tail_value(rows, final)
+        state.disc_return[done] = 0.0
+        return done
+
+    def rollout(self, sampler: SamplerState, kind: type[R], **extra: object) -> R:
+        """The rollout of the steps taken, ``extra`` fields added (a subclass's)."""
+        T, N = self.rewards.shape
+        return kind(
+            self.obs, self.actions, self.logprobs, self.rewards, self.dones, obs_array(sampler.obs),
+            sampler.episodes.take(), T * N, self.disc_returns, **extra,
+        )  # fmt: skip
 
 
 @fragment(role="learner")

@@ -31,7 +31,7 @@ from dagrl.episodes import EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
-from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
+from dagrl.networks import RunningNorm, encoder, obs_tensor
 from dagrl.schema import at_least
 
 __all__ = [
@@ -241,48 +241,24 @@ def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
 @fragment(role="sampler")
 def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
     """Step every env ``num_steps`` times with the given weights, each env's LSTM state carried on."""
-    cfg, envs, agent = state.cfg, state.envs, state.agent
+    agent, heads = state.agent, state.agent.heads
     agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    heads = agent.heads
-    T, N = cfg.num_steps, envs.num_envs
-    obs_buf = np.zeros((T, N, *state.obs.shape[1:]), obs_array(state.obs).dtype)
-    act_buf = np.zeros((T, N, *envs.single_action_space.shape), envs.single_action_space.dtype)
-    logp_buf = np.zeros((T, N), np.float32)
-    rew_buf = np.zeros((T, N), np.float32)
-    done_buf = np.zeros((T, N), np.float32)
-    start_buf = np.zeros((T, N), np.float32)
-    disc_buf = np.zeros((T, N), np.float32) if heads.return_norm is not None else None
+    steps = ppo.Steps(state, box=heads.box, norm_reward=heads.return_norm is not None)
+    starts = np.zeros_like(steps.dones)
     first = tuple(s.copy() for s in state.lstm)
-    space = envs.single_action_space
+
+    def tail_value(rows: np.ndarray, final: np.ndarray) -> np.ndarray:  # from the state the episode reached
+        h, c = (torch.from_numpy(s[rows]).unsqueeze(0) for s in state.lstm)
+        out, _ = agent.step(obs_tensor(final), (h, c), torch.zeros(len(rows)))
+        return heads.value(out).numpy() * heads.reward_scale()
+
     with torch.no_grad():
-        for t in range(T):
-            obs_buf[t], start_buf[t] = state.obs, state.starts
+        for t in range(state.cfg.num_steps):
+            starts[t] = state.starts
             act, logp, *after = state.acting(state.obs, *state.lstm, state.starts)
             state.lstm = tuple(after)
-            env_act = np.clip(act, space.low, space.high) if heads.box else act
-            state.obs, reward, terminated, truncated, info = envs.step(env_act)
-            act_buf[t], logp_buf[t] = act, logp
-            rew_buf[t] = reward
-            done = terminated | truncated
-            done_buf[t] = done
-            state.episodes.step(reward, done)
-            if disc_buf is not None:
-                state.disc_return = state.disc_return * cfg.gamma + reward
-                disc_buf[t] = state.disc_return
-            cut = truncated & ~terminated
-            if cut.any():  # cut by a time limit: bootstrap its tail with the state the episode reached
-                rows = np.flatnonzero(cut)
-                final = obs_tensor(np.stack([info["final_obs"][i] for i in rows]))
-                h, c = (torch.from_numpy(s[rows]).unsqueeze(0) for s in state.lstm)
-                tail, _ = agent.step(final, (h, c), torch.zeros(len(rows)))
-                rew_buf[t, cut] += cfg.gamma * heads.value(tail).numpy() * heads.reward_scale()
-            state.disc_return[done] = 0.0
-            state.starts = done.astype(np.float32)
-    episodes = state.episodes.take()
-    return RecurrentRollout(
-        obs_buf, act_buf, logp_buf, rew_buf, done_buf, obs_array(state.obs), episodes, T * N, disc_buf,
-        start_buf, first, state.starts.copy(),
-    )  # fmt: skip
+            state.starts = steps.take(t, state, act, logp, tail_value).astype(np.float32)
+    return steps.rollout(state, RecurrentRollout, starts=starts, state=first, last_start=state.starts.copy())
 
 
 @dataclass
