@@ -13,6 +13,21 @@ os.environ.setdefault("DASK_CONFIG", tempfile.mkdtemp(prefix="dagrl-dask-config-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_collection_finish(session):
+    """Start the Debian installs the collected tests need (a fresh CI machine has none of them) while the
+    tests before them run: SLURM and munge, chromium, EGL."""
+    from tests import debian, slurm_node
+
+    files = {item.path.name for item in session.items}
+    needs = [
+        ({"test_slurm.py", "test_notebooks.py"}, debian.missing, (slurm_node.BINARIES, slurm_node.PACKAGES)),
+        ({"test_dashboard.py"}, debian.missing, debian.CHROMIUM),
+        ({"test_eval_command.py"}, debian.missing_libraries, debian.EGL),
+    ]
+    packages = [p for users, absent, (have, pkgs) in needs if files & users and absent(have) for p in pkgs]
+    debian.install_early(packages)
+
+
 @pytest.fixture(scope="session")
 def client():
     """Three worker processes (two samplers and a learner), one thread each, dashboard on a free port,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import threading
 
 HEADLESS_CHROMIUM_FLAGS = (
     "--headless=new",
@@ -18,20 +20,58 @@ HEADLESS_CHROMIUM_FLAGS = (
 )
 """Debian's chromium as root on a machine with no screen and no outside network (tests, benchmarks)."""
 
+CHROMIUM = (["chromium", "chromedriver"], ["chromium", "chromium-driver"])
+"""The browser and its WebDriver: binaries, then packages."""
+EGL = (["libEGL.so.1"], ["libegl1", "libegl-mesa0", "libgl1-mesa-dri"])
+"""Headless OpenGL for MuJoCo's renderer: libraries, then packages."""
+
+
+_early: threading.Thread | None = None
+"""The installs :func:`install_early` started, if any: what needs them waits for them first."""
+
+
+def missing(binaries: list[str]) -> bool:
+    return not all(shutil.which(b) for b in binaries)
+
+
+def missing_libraries(sonames: list[str]) -> bool:
+    known = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    return not all(f"{name} " in known for name in sonames)
+
 
 def ensure(binaries: list[str], packages: list[str]) -> None:
     """``apt-get install packages`` unless every one of ``binaries`` is already on PATH."""
-    if all(shutil.which(b) for b in binaries):
-        return
-    install(packages)
+    _wait_for_early()
+    if missing(binaries):
+        install(packages)
 
 
 def ensure_libraries(sonames: list[str], packages: list[str]) -> None:
     """``apt-get install packages`` unless the dynamic linker already knows every one of ``sonames``."""
-    known = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    if all(f"{name} " in known for name in sonames):
+    _wait_for_early()
+    if missing_libraries(sonames):
+        install(packages)
+
+
+def install_early(packages: list[str]) -> None:
+    """Start ``apt-get install packages`` in a thread while the tests that do not need them run (on a
+    fresh CI machine the downloads take minutes). :func:`ensure` waits for it; should it fail,
+    ``ensure``'s own install runs again and raises the error where a test needs the package."""
+    global _early
+    if not packages or os.geteuid() != 0 or _early is not None:
         return
-    install(packages)
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # reported by the test that needs the package (ensure)
+            install(packages)
+
+    _early = threading.Thread(target=run, name="apt-get", daemon=True)
+    _early.start()
+
+
+def _wait_for_early() -> None:
+    if _early is not None:
+        _early.join()
 
 
 def install(packages: list[str]) -> None:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 PACKAGES = ["slurm-wlm", "slurm-client", "munge"]
+BINARIES = ["slurmctld", "slurmd", "sbatch", "munged"]
 NODE_CPUS = 8
 NODE_MEMORY_MB = 16000
 
@@ -36,7 +37,7 @@ def install() -> None:
         from tests.debian import ensure
     except ImportError:  # run as a script: python tests/slurm_node.py
         from debian import ensure
-    ensure(["slurmctld", "slurmd", "sbatch", "munged"], PACKAGES)
+    ensure(BINARIES, PACKAGES)
 
 
 class SlurmNode:

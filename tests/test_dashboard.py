@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from dagrl.dashboard import ACTORS, METRICS
-from tests.debian import HEADLESS_CHROMIUM_FLAGS, ensure
+from tests.debian import CHROMIUM, HEADLESS_CHROMIUM_FLAGS, ensure
 
 ARTIFACTS = Path(os.environ.get("DAGRL_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
 def browser():
-    ensure(["chromium", "chromedriver"], ["chromium", "chromium-driver"])
+    ensure(*CHROMIUM)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

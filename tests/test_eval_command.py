@@ -132,9 +132,9 @@ def test_bad_eval_input_is_one_line_and_exit_2(argv, says, tmp_path, graphs_dir,
 def test_eval_records_a_mujoco_video_without_a_display(tmp_path, graphs_dir):
     """MuJoCo's default renderer (GLFW) needs a display; with none and no MUJOCO_GL, eval picks EGL."""
     pytest.importorskip("mujoco")
-    from tests.debian import ensure_libraries
+    from tests.debian import EGL, ensure_libraries
 
-    ensure_libraries(["libEGL.so.1"], ["libegl1", "libegl-mesa0", "libgl1-mesa-dri"])
+    ensure_libraries(*EGL)
     runs = tmp_path / "runs"
     args = ["stop.env_steps=64", "hyperparameters.num_steps=64", "stop.mean_return=null", f"runs_dir={runs}"]
     assert main(["run", f"{graphs_dir}/ppo-hopper-single.yaml", "--quiet", *[f"--set={a}" for a in args]]) == 0
