@@ -30,6 +30,8 @@ from typing import Any
 from dagrl import distribution
 from dagrl.fragment import Algorithm, load_algorithm
 from dagrl.runtime.tensorboard import available as tensorboard_available
+from dagrl.runtime.wandb_log import WandbSpec
+from dagrl.runtime.wandb_log import available as wandb_available
 from dagrl.schema import ConfigError, apply_overrides, at_least, from_dict, read_yaml, to_dict
 
 __all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "load_graph", "resolve_graph"]
@@ -232,6 +234,9 @@ class GraphSpec:
     tensorboard: bool = False
     """Also write each metrics row as TensorBoard scalars under ``<run>/tensorboard/``
     (:mod:`dagrl.runtime.tensorboard`; needs ``pip install "dagrl[tensorboard]"``)."""
+    wandb: WandbSpec = field(default_factory=WandbSpec)
+    """Also send each metrics row to Weights & Biases once ``wandb.project`` is set
+    (:mod:`dagrl.runtime.wandb_log`; needs ``pip install "dagrl[wandb]"``)."""
 
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -361,6 +366,8 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
     if spec.tensorboard and not tensorboard_available():
         raise ConfigError(where, "tensorboard", "true needs the tensorboard package: pip install 'dagrl[tensorboard]'")
+    if spec.wandb.project is not None and not wandb_available():
+        raise ConfigError(where, "wandb.project", "set, but the wandb package is missing: pip install 'dagrl[wandb]'")
     if spec.name and not NAME.fullmatch(spec.name):  # "": a graph built in code, not read from a file
         raise ConfigError(
             where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"

@@ -89,6 +89,12 @@ def train(
             board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
             stack.callback(board.close)
             trainer.listeners.append(board.on_row)
+        if spec.wandb.project is not None:
+            from dagrl.runtime.wandb_log import WandbLog
+
+            wandb_log = WandbLog(spec.wandb, rundir.path, graph.to_dict())
+            stack.push(lambda failed, *_: wandb_log.close(failed=failed is not None))
+            trainer.listeners.append(wandb_log.on_row)
         if client is not None:
             from dagrl.dashboard.feed import Feed
 

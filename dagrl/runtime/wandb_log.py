@@ -1,0 +1,92 @@
+"""Metrics rows to Weights & Biases (``wandb: {project: NAME}`` in a graph).
+
+Each row of ``metrics.jsonl`` is logged once, its numbers at W&B step = the row's ``env_steps`` (the
+x axis CleanRL and Stable-Baselines3 use); the graph as run (``config.yaml``) is the W&B run's config,
+the run directory's name its name. W&B's files go under ``<run>/wandb/``; ``metrics.jsonl`` stays the
+record.
+
+A W&B run's history cannot be rewritten, and its steps only go forward. So the W&B run id and the
+last env steps logged are kept in ``<run>/wandb.json``: ``dagrl run --resume`` continues the same W&B
+run, and rows redone after a learner rollback or a resume are sent once the run passes the env steps
+already logged (``metrics.jsonl`` holds the redone rows themselves).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger("dagrl")
+
+__all__ = ["WandbLog", "WandbSpec", "available"]
+
+STATE = "wandb.json"
+"""The W&B run id and the last env steps logged, in the run directory."""
+
+
+@dataclass
+class WandbSpec:
+    """Where a run's metrics go in Weights & Biases; nothing is sent while ``project`` is unset."""
+
+    project: str | None = None
+    """The W&B project; setting it turns the logging on."""
+    entity: str | None = None
+    """The W&B user or team (default: W&B's own, from ``wandb login`` or ``WANDB_ENTITY``)."""
+    group: str | None = None
+    """Groups runs in W&B's UI (the seeds of one setting, say)."""
+    tags: list[str] = field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """``offline``: written under ``<run>/wandb/`` only, for ``wandb sync`` later (a node with no
+    network); default: W&B's own (``WANDB_MODE``, else online)."""
+
+    def __post_init__(self) -> None:
+        if self.project is not None and not self.project.strip():
+            raise ValueError("project must not be empty (leave it out to log nothing)")
+
+
+def available() -> bool:
+    """Whether the ``wandb`` package is installed."""
+    return importlib.util.find_spec("wandb") is not None
+
+
+class WandbLog:
+    """A metrics-row listener sending rows to the W&B run of ``run_dir`` (a new one, or the one a
+    resumed run started)."""
+
+    def __init__(self, spec: WandbSpec, run_dir: str | Path, config: dict[str, Any]):
+        import wandb
+
+        self.run_dir = Path(run_dir)
+        state = self._read_state()
+        self.run_id = state.get("id") or uuid.uuid4().hex[:8]
+        self.last = int(state.get("last_env_steps", -1))
+        self.run = wandb.init(
+            project=spec.project, entity=spec.entity, group=spec.group, tags=spec.tags or None, mode=spec.mode,
+            name=self.run_dir.name, id=self.run_id, resume="allow", dir=str(self.run_dir), config=config,
+        )  # fmt: skip
+        self._write_state()
+        log.info("W&B: run %s in project %s (%s)", self.run_id, spec.project, self.run.settings.mode)
+
+    def _read_state(self) -> dict[str, Any]:
+        path = self.run_dir / STATE
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _write_state(self) -> None:
+        (self.run_dir / STATE).write_text(json.dumps({"id": self.run_id, "last_env_steps": self.last}) + "\n")
+
+    def on_row(self, row: dict[str, Any], _result: Any = None) -> None:
+        step = int(row["env_steps"])
+        if step <= self.last:  # redone after a rollback or a resume: W&B already has this step
+            return
+        values = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "env_steps"}
+        self.run.log(values, step=step)
+        self.last = step
+        self._write_state()
+
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)

@@ -1,0 +1,118 @@
+"""``wandb: {project: ...}``: every metrics row sent to Weights & Biases at its env steps, read back from
+the offline run's own file; a resumed run continues the same W&B run; bad settings are refused first."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from dagrl.cli import main
+from dagrl.graph import load_graph
+from dagrl.runtime.rundir import RunDir
+from dagrl.schema import ConfigError
+
+pytest.importorskip("wandb")
+
+GRAPH = "graphs/ppo-cartpole-single.yaml"
+OFFLINE = ["wandb.project=dagrl-test", "wandb.mode=offline", "wandb.group=tests", "stop.mean_return=null"]
+
+
+def records(path: Path) -> list:
+    """The records of a W&B run file (``run-<id>.wandb``): a 7-byte ``:W&B`` header, then LevelDB's log
+    format, 32 KiB blocks of chunks (4-byte checksum, 2-byte length, 1-byte type: full, first, middle,
+    last), each record one protobuf ``Record``."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw = path.read_bytes()
+    assert raw[:4] == b":W&B"
+    block, pos, out, pending = 32768, 7, [], b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):
+            pending = data
+        elif kind in (3, 4):
+            pending += data
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+    return out
+
+
+def history(run: Path) -> tuple[str, dict[int, dict], dict]:
+    """The W&B run id, ``{step: values}`` of every history row of every W&B file of ``run``, and the
+    config the run sent."""
+    (state,) = [json.loads((run / "wandb.json").read_text())]
+    rows, config = {}, {}
+    for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
+        assert path.name == f"run-{state['id']}.wandb"  # one W&B run, whatever the number of processes
+        for r in records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "history":
+                values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                rows[r.history.step.num] = values
+            elif kind == "run":
+                config.update({u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.run.config.update})
+    return state["id"], rows, config
+
+
+def test_every_metrics_row_reaches_wandb_at_its_env_steps_with_the_graph_as_config(tmp_path):
+    runs = tmp_path / "runs"
+    args = [*OFFLINE, "stop.iterations=3", f"runs_dir={runs}"]
+    assert main(["run", GRAPH, "--quiet", *[f"--set={a}" for a in args]]) == 0
+    (run,) = runs.iterdir()
+    _, rows, config = history(run)
+    metrics = RunDir(run).read_metrics()
+    assert sorted(rows) == [m["env_steps"] for m in metrics] and len(metrics) == 3
+    for m in metrics:
+        sent = rows[m["env_steps"]]
+        for key in ("iteration", "losses/approx_kl", "losses/value", "time_s"):
+            assert sent[key] == pytest.approx(m[key], rel=1e-9), key
+    assert config["algorithm"] == "ppo" and config["name"] == "ppo-cartpole-single"
+    assert config["hyperparameters"]["num_steps"] == load_graph(GRAPH).config.num_steps
+
+
+def test_a_resumed_run_goes_on_in_the_same_wandb_run_and_sends_each_env_step_once(tmp_path):
+    runs = tmp_path / "runs"
+    base = [*OFFLINE, "checkpoint.every=2", f"runs_dir={runs}"]
+    assert main(["run", GRAPH, "--quiet", *[f"--set={a}" for a in [*base, "stop.iterations=5"]]]) == 0
+    (run,) = runs.iterdir()
+    first_id, before, _ = history(run)
+    checkpoints = RunDir(run).list_checkpoints()
+    checkpoints[-1].unlink()  # iteration 5's checkpoint is lost: the resumed run redoes iteration 5
+    assert main(["run", "--resume", str(run), "--quiet", "--set=stop.iterations=7"]) == 0
+    run_id, rows, _ = history(run)
+    metrics = RunDir(run).read_metrics()
+    assert run_id == first_id and len(list(run.glob("wandb/offline-run-*"))) == 2
+    assert [m["iteration"] for m in metrics] == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted(rows) == [m["env_steps"] for m in metrics]  # iteration 5's steps once, as first sent
+    assert rows[metrics[4]["env_steps"]] == before[metrics[4]["env_steps"]]
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("wandb.mode=cloud", r"wandb\.mode: expected .*online.*got 'cloud'"),
+        ("wandb.project=' '", r"wandb: project must not be empty"),
+        ("wandb.projet=x", r"wandb\.projet: unknown key"),
+    ],
+)
+def test_bad_wandb_settings_are_refused_naming_the_key(override, says):
+    with pytest.raises(ConfigError, match=says) as err:
+        load_graph(GRAPH, [override])
+    assert GRAPH in str(err.value)
+
+
+def test_wandb_without_the_package_is_refused_before_anything_starts(monkeypatch):
+    import dagrl.graph
+
+    monkeypatch.setattr(dagrl.graph, "wandb_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"wandb\.project: set, but .*pip install 'dagrl\[wandb\]'"):
+        load_graph(GRAPH, ["wandb.project=x"])
