@@ -89,6 +89,7 @@ def train(
             board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
             stack.callback(board.close)
             trainer.listeners.append(board.on_row)
+        wandb_log = None
         if spec.wandb.project is not None:
             from dagrl.runtime.wandb_log import WandbLog
 
@@ -101,7 +102,10 @@ def train(
             feed = Feed(client, policy, rundir.path.name).start()
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
-        return trainer.run()
+        summary = trainer.run()
+        if wandb_log is not None:
+            wandb_log.on_end(summary)
+        return summary
 
 
 @contextlib.contextmanager

@@ -46,11 +46,11 @@ def records(path: Path) -> list:
     return out
 
 
-def history(run: Path) -> tuple[str, dict[int, dict], dict]:
-    """The W&B run id, ``{step: values}`` of every history row of every W&B file of ``run``, and the
-    config the run sent."""
+def history(run: Path) -> tuple[str, dict[int, dict], dict, dict]:
+    """The W&B run id, ``{step: values}`` of every history row of every W&B file of ``run``, the config
+    the run sent, and its summary."""
     (state,) = [json.loads((run / "wandb.json").read_text())]
-    rows, config = {}, {}
+    rows, config, summary = {}, {}, {}
     for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
         assert path.name == f"run-{state['id']}.wandb"  # one W&B run, whatever the number of processes
         for r in records(path):
@@ -58,23 +58,27 @@ def history(run: Path) -> tuple[str, dict[int, dict], dict]:
             if kind == "history":
                 values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
                 rows[r.history.step.num] = values
+            elif kind == "summary":
+                summary.update({u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update})
             elif kind == "run":
                 config.update({u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.run.config.update})
-    return state["id"], rows, config
+    return state["id"], rows, config, summary
 
 
-def test_every_metrics_row_reaches_wandb_at_its_env_steps_with_the_graph_as_config(tmp_path):
+def test_every_metrics_row_reaches_wandb_at_its_env_steps_with_the_graph_as_config_and_the_summary(tmp_path):
     runs = tmp_path / "runs"
     args = [*OFFLINE, "stop.iterations=3", f"runs_dir={runs}"]
     assert main(["run", GRAPH, "--quiet", *[f"--set={a}" for a in args]]) == 0
     (run,) = runs.iterdir()
-    _, rows, config = history(run)
+    _, rows, config, summary = history(run)
     metrics = RunDir(run).read_metrics()
     assert sorted(rows) == [m["env_steps"] for m in metrics] and len(metrics) == 3
     for m in metrics:
         sent = rows[m["env_steps"]]
         for key in ("iteration", "losses/approx_kl", "losses/value", "time_s"):
             assert sent[key] == pytest.approx(m[key], rel=1e-9), key
+    assert summary["dagrl/stop_reason"] == "iterations" and summary["dagrl/iterations"] == 3
+    assert summary["dagrl/mean_return"] == pytest.approx(json.loads((run / "summary.json").read_text())["mean_return"])
     assert config["algorithm"] == "ppo" and config["name"] == "ppo-cartpole-single"
     assert config["hyperparameters"]["num_steps"] == load_graph(GRAPH).config.num_steps
 
@@ -84,11 +88,11 @@ def test_a_resumed_run_goes_on_in_the_same_wandb_run_and_sends_each_env_step_onc
     base = [*OFFLINE, "checkpoint.every=2", f"runs_dir={runs}"]
     assert main(["run", GRAPH, "--quiet", *[f"--set={a}" for a in [*base, "stop.iterations=5"]]]) == 0
     (run,) = runs.iterdir()
-    first_id, before, _ = history(run)
+    first_id, before, *_ = history(run)
     checkpoints = RunDir(run).list_checkpoints()
     checkpoints[-1].unlink()  # iteration 5's checkpoint is lost: the resumed run redoes iteration 5
     assert main(["run", "--resume", str(run), "--quiet", "--set=stop.iterations=7"]) == 0
-    run_id, rows, _ = history(run)
+    run_id, rows, *_ = history(run)
     metrics = RunDir(run).read_metrics()
     assert run_id == first_id and len(list(run.glob("wandb/offline-run-*"))) == 2
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4, 5, 6, 7]

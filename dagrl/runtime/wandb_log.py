@@ -2,8 +2,9 @@
 
 Each row of ``metrics.jsonl`` is logged once, its numbers at W&B step = the row's ``env_steps`` (the
 x axis CleanRL and Stable-Baselines3 use); the graph as run (``config.yaml``) is the W&B run's config,
-the run directory's name its name. W&B's files go under ``<run>/wandb/``; ``metrics.jsonl`` stays the
-record.
+the run directory's name its name, and the run's summary (``summary.json``: how it stopped, its final
+mean return) joins the W&B run's summary as ``dagrl/<key>``. W&B's files go under ``<run>/wandb/``;
+``metrics.jsonl`` stays the record.
 
 A W&B run's history cannot be rewritten, and its steps only go forward. So the W&B run id and the
 last env steps logged are kept in ``<run>/wandb.json``: ``dagrl run --resume`` continues the same W&B
@@ -87,6 +88,11 @@ class WandbLog:
         self.run.log(values, step=step)
         self.last = step
         self._write_state()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        """The run's summary (how it stopped, its final mean return, ...) as the W&B run's summary."""
+        keep = {k: v for k, v in summary.items() if k != "run_dir" and isinstance(v, str | int | float)}
+        self.run.summary.update({f"dagrl/{k}": v for k, v in keep.items()})
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
