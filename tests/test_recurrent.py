@@ -61,6 +61,41 @@ def test_the_learner_unrolls_the_lstm_to_the_log_probs_the_sampler_acted_with():
     assert metrics["perf/frames"] == 2 * 3 * 12  # one epoch: every env sequence once, 2 a minibatch
 
 
+def test_burn_in_rebuilds_the_stored_state_and_moves_it_to_the_learners_weights():
+    """With ``burn_in: 6`` each rollout carries its sampler's 6 steps before it. Unrolled with the weights
+    that collected them, from the state stored before them, they give the state the sampler stored for
+    the rollout; with other weights, the state those weights reach (not the stored one)."""
+    cfg = ppo_lstm.Config(num_steps=12, minibatch_size=24, update_epochs=1, burn_in=6)
+    sampler, learner = roles(cfg)
+    weights = ppo_lstm.publish.fn(learner)
+    first, second = ppo_lstm.collect.fn(sampler, weights), ppo_lstm.collect.fn(sampler, weights)
+    assert not first.prefix.starts.any() and not first.prefix.obs.any()  # nothing before the first
+    np.testing.assert_array_equal(second.prefix.obs, first.obs[6:])
+    assert not second.starts[0].any()  # mid-episode: the state before it matters
+    rebuilt = ppo_lstm.Sequences.of([second], "cpu", learner.agent).state
+    for i in range(2):
+        assert np.abs(second.state[i]).max() > 0.05
+        np.testing.assert_allclose(rebuilt[i][0].numpy(), second.state[i], atol=1e-5)
+
+    with torch.no_grad():
+        for p in learner.agent.core.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        before = tuple(torch.as_tensor(s).unsqueeze(0) for s in second.prefix.state)
+        prefix = second.prefix
+        _, expected = learner.agent.unroll(torch.as_tensor(prefix.obs), before, torch.as_tensor(prefix.starts))
+    moved = ppo_lstm.Sequences.of([second], "cpu", learner.agent).state
+    for i in range(2):
+        torch.testing.assert_close(moved[i], expected[i])
+        assert not np.allclose(moved[i][0].numpy(), second.state[i], atol=1e-2)
+    assert ppo_lstm.update.fn(learner, [first, second])["perf/frames"] == 2 * 3 * 12
+
+
+def test_burn_in_longer_than_a_rollout_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"hyperparameters.*burn_in 40 > num_steps 16") as err:
+        load_graph(GRAPH, ["hyperparameters.burn_in=40"])
+    assert GRAPH in str(err.value)
+
+
 def test_an_episode_a_time_limit_cuts_is_bootstrapped_from_the_state_it_reached():
     """As PPO's samplers do (``ppo.Steps``): the last reward of a cut episode gets gamma x the critic's
     value of its final observation, here a constant 10 from the LSTM state the episode reached."""

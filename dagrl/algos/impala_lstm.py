@@ -46,7 +46,7 @@ class Config(Recurrent, impala.Config):
 def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> dict[str, float]:
     """IMPALA's gradient steps on the batch, the LSTM unrolled over every env sequence for each."""
     agent = state.agent
-    seq = Sequences.of(rollouts, state.device)
+    seq = Sequences.of(rollouts, state.device, agent)
 
     def forward() -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]:
         flat, values, last = seq.values(agent)

@@ -31,12 +31,12 @@ from dagrl.episodes import EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
-from dagrl.networks import RunningNorm, encoder, obs_tensor
+from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
 from dagrl.schema import at_least
 
 __all__ = [
-    "ACTION_SPACES", "Acting", "Config", "Recurrent", "RecurrentActorCritic", "Sequences", "collect", "evaluate",
-    "evaluator", "inference", "learner", "publish", "sampler", "train_iteration", "update",
+    "ACTION_SPACES", "Acting", "Config", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences", "collect",
+    "evaluate", "evaluator", "inference", "learner", "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
@@ -51,10 +51,18 @@ class Recurrent:
 
     lstm: int = 128
     """Width of the LSTM's state (its hidden and its cell vectors each)."""
+    burn_in: int = 0
+    """R2D2's burn-in: each rollout also carries the last ``burn_in`` steps of the one before it, and the
+    learner unrolls them without gradients from the state stored there, so each sequence starts from
+    the state the learner's own weights reach rather than the one the sampler's (older, under
+    ``async``) weights left. 0: the stored state as it is. At most ``num_steps``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the base's checks
         at_least(self, 1, "lstm")
+        at_least(self, 0, "burn_in")
+        if self.burn_in > self.num_steps:
+            raise ValueError(f"burn_in {self.burn_in} > num_steps {self.num_steps}: it comes from the rollout before")
 
 
 @dataclass
@@ -176,6 +184,17 @@ class RecurrentRollout(Rollout):
     starts: np.ndarray | None = None  # [T, N], 1 where obs[t] is an episode's first observation
     state: tuple[np.ndarray, np.ndarray] | None = None  # the LSTM state [N, lstm] x 2 before obs[0]
     last_start: np.ndarray | None = None  # [N], 1 where last_obs starts an episode
+    prefix: Prefix | None = None  # burn-in (Recurrent.burn_in): the steps before obs[0]
+
+
+@dataclass
+class Prefix:
+    """The ``B`` steps of an env sequence before a rollout's first (its sampler's previous rollout's
+    last), for the learner's burn-in; zeros before a sampler's first rollout, which starts episodes."""
+
+    obs: np.ndarray  # [B, N, *obs_shape]
+    starts: np.ndarray  # [B, N]
+    state: tuple[np.ndarray, np.ndarray]  # the LSTM state [N, lstm] x 2 before obs[0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -197,6 +216,8 @@ class SamplerState:
     """Per env, 1 where :attr:`obs` is an episode's first observation."""
     episodes: EpisodeTracker
     disc_return: np.ndarray
+    prefix: Prefix | None = None
+    """What the next rollout carries for burn-in (``burn_in`` > 0)."""
 
 
 @role("sampler", many=True)
@@ -211,7 +232,11 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
     lstm = tuple(s[0].numpy() for s in agent.initial(n))
     starts = np.ones(n, np.float32)  # every env at an episode's first observation
-    return SamplerState(cfg, envs, agent, acting, obs, lstm, starts, EpisodeTracker(n), np.zeros(n))
+    prefix = None
+    if cfg.burn_in:
+        b, ob = cfg.burn_in, obs_array(obs)
+        prefix = Prefix(np.zeros((b, *ob.shape), ob.dtype), np.zeros((b, n), np.float32), lstm)
+    return SamplerState(cfg, envs, agent, acting, obs, lstm, starts, EpisodeTracker(n), np.zeros(n), prefix)
 
 
 @role("learner")
@@ -252,13 +277,21 @@ def collect(state: SamplerState, weights: Weights) -> RecurrentRollout:
         out, _ = agent.step(obs_tensor(final), (h, c), torch.zeros(len(rows)))
         return heads.value(out).numpy() * heads.reward_scale()
 
+    T, B = state.cfg.num_steps, state.cfg.burn_in
     with torch.no_grad():
-        for t in range(state.cfg.num_steps):
+        for t in range(T):
+            if t == T - B:
+                before_tail = tuple(s.copy() for s in state.lstm)  # the next rollout's burn-in starts here
             starts[t] = state.starts
             act, logp, *after = state.acting(state.obs, *state.lstm, state.starts)
             state.lstm = tuple(after)
             state.starts = steps.take(t, state, act, logp, tail_value).astype(np.float32)
-    return steps.rollout(state, RecurrentRollout, starts=starts, state=first, last_start=state.starts.copy())
+    prefix = state.prefix
+    if B:
+        state.prefix = Prefix(steps.obs[T - B :].copy(), starts[T - B :].copy(), before_tail)
+    return steps.rollout(
+        state, RecurrentRollout, starts=starts, state=first, last_start=state.starts.copy(), prefix=prefix
+    )
 
 
 @dataclass
@@ -273,11 +306,21 @@ class Sequences:
     last_start: torch.Tensor
 
     @classmethod
-    def of(cls, rollouts: list[RecurrentRollout], device: torch.device) -> Sequences:
+    def of(
+        cls, rollouts: list[RecurrentRollout], device: torch.device, agent: RecurrentActorCritic | None = None
+    ) -> Sequences:
+        """The rollouts' sequences; where they carry a burn-in :class:`Prefix` and ``agent`` is given, each
+        sequence's first state is the one ``agent`` reaches over the prefix (no gradients)."""
+
         def cat(values: list[np.ndarray], axis: int = 1) -> torch.Tensor:
             return torch.as_tensor(np.concatenate(values, axis), device=device)
 
         state = tuple(cat([r.state[i] for r in rollouts], 0).unsqueeze(0) for i in range(2))
+        if agent is not None and rollouts[0].prefix is not None:
+            prefixes = [r.prefix for r in rollouts]
+            before = tuple(cat([p.state[i] for p in prefixes], 0).unsqueeze(0) for i in range(2))
+            with torch.no_grad():
+                _, state = agent.unroll(cat([p.obs for p in prefixes]), before, cat([p.starts for p in prefixes]))
         return cls(
             cat([r.obs for r in rollouts]), cat([r.starts for r in rollouts]), state,
             cat([r.last_obs for r in rollouts], 0), cat([r.last_start for r in rollouts], 0),
@@ -299,7 +342,7 @@ def update(state: ppo.LearnerState, rollouts: list[RecurrentRollout]) -> Metrics
     advantages from the current critic."""
     cfg, agent, dev = state.cfg, state.agent, state.device
     heads = agent.heads
-    seq = Sequences.of(rollouts, dev)
+    seq = Sequences.of(rollouts, dev, agent)
     obs, starts, (h0, c0) = seq.obs, seq.starts, seq.state
     actions = torch.as_tensor(np.concatenate([r.actions for r in rollouts], 1), device=dev)
     logprobs = torch.as_tensor(np.concatenate([r.logprobs for r in rollouts], 1), device=dev)
