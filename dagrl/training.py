@@ -60,6 +60,12 @@ def train(
         log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
     distributed = POLICIES[spec.policy].distributed
     with contextlib.ExitStack() as stack:
+        wandb_log = None
+        if spec.wandb.project is not None:  # first: a W&B run that cannot start stops the run before a cluster does
+            from dagrl.runtime.wandb_log import WandbLog
+
+            wandb_log = WandbLog(spec.wandb, rundir.path, graph.to_dict(), where=graph.path)
+            stack.push(lambda failed, *_: wandb_log.close(failed=failed is not None))
         if not distributed:
             client = None
         elif client is None:
@@ -89,12 +95,7 @@ def train(
             board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
             stack.callback(board.close)
             trainer.listeners.append(board.on_row)
-        wandb_log = None
-        if spec.wandb.project is not None:
-            from dagrl.runtime.wandb_log import WandbLog
-
-            wandb_log = WandbLog(spec.wandb, rundir.path, graph.to_dict())
-            stack.push(lambda failed, *_: wandb_log.close(failed=failed is not None))
+        if wandb_log is not None:
             trainer.listeners.append(wandb_log.on_row)
         if client is not None:
             from dagrl.dashboard.feed import Feed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ def records(path: Path) -> list:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if pos + 7 + length > len(raw):  # a chunk still being written
+            break
         data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):
             pending = data
@@ -53,7 +56,11 @@ def history(run: Path) -> tuple[str, dict[int, dict], dict, dict]:
     rows, config, summary = {}, {}, {}
     for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
         assert path.name == f"run-{state['id']}.wandb"  # one W&B run, whatever the number of processes
-        for r in records(path):
+        for _ in range(100):  # W&B's own process may still be writing the file when finish() returns
+            if (written := records(path)) and written[-1].WhichOneof("record_type") == "exit":
+                break
+            time.sleep(0.1)
+        for r in written:
             kind = r.WhichOneof("record_type")
             if kind == "history":
                 values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
@@ -120,3 +127,20 @@ def test_wandb_without_the_package_is_refused_before_anything_starts(monkeypatch
     monkeypatch.setattr(dagrl.graph, "wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"wandb\.project: set, but .*pip install 'dagrl\[wandb\]'"):
         load_graph(GRAPH, ["wandb.project=x"])
+
+
+def test_wandb_online_without_an_api_key_stops_the_run_in_one_line_before_a_cluster_starts(
+    tmp_path, monkeypatch, capsys
+):
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings of this machine's user
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    runs = tmp_path / "runs"
+    graph = "graphs/ppo-cartpole-sync.yaml"  # a distributed graph: its cluster would start after this
+    capsys.readouterr()
+    assert main(["run", graph, "--quiet", "--set=wandb.project=dagrl-test", f"--set=runs_dir={runs}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dagrl: error: {graph}: wandb.project: dagrl-test:"), err
+    assert "API key" in err[0] and "wandb.mode: offline" in err[0]
+    assert not any(runs.iterdir())  # the run directory is gone with it

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dagrl.schema import ConfigError
+
 log = logging.getLogger("dagrl")
 
 __all__ = ["WandbLog", "WandbSpec", "available"]
@@ -57,19 +59,26 @@ def available() -> bool:
 
 class WandbLog:
     """A metrics-row listener sending rows to the W&B run of ``run_dir`` (a new one, or the one a
-    resumed run started)."""
+    resumed run started); a W&B run that cannot start (no API key) is a :class:`ConfigError` of the
+    graph ``where``."""
 
-    def __init__(self, spec: WandbSpec, run_dir: str | Path, config: dict[str, Any]):
+    def __init__(self, spec: WandbSpec, run_dir: str | Path, config: dict[str, Any], where: str = "wandb"):
         import wandb
 
         self.run_dir = Path(run_dir)
         state = self._read_state()
         self.run_id = state.get("id") or uuid.uuid4().hex[:8]
         self.last = int(state.get("last_env_steps", -1))
-        self.run = wandb.init(
-            project=spec.project, entity=spec.entity, group=spec.group, tags=spec.tags or None, mode=spec.mode,
-            name=self.run_dir.name, id=self.run_id, resume="allow", dir=str(self.run_dir), config=config,
-        )  # fmt: skip
+        try:
+            self.run = wandb.init(
+                project=spec.project, entity=spec.entity, group=spec.group, tags=spec.tags or None,
+                mode=spec.mode, name=self.run_dir.name, id=self.run_id, resume="allow", dir=str(self.run_dir),
+                config=config,
+            )  # fmt: skip
+        except wandb.errors.UsageError as err:  # no API key, mostly: say what to do, in the graph's terms
+            raise ConfigError(
+                where, "wandb.project", f"{spec.project}: W&B did not start a run: {err} (or wandb.mode: offline)"
+            ) from None
         self._write_state()
         log.info("W&B: run %s in project %s (%s)", self.run_id, spec.project, self.run.settings.mode)
 
