@@ -94,6 +94,8 @@ def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: 
         setting = tuple((key, value) for (key, _), value in zip(grid, values, strict=True))
         for seed in seeds:
             overrides = (*sets, *(f"{k}={v}" for k, v in setting), f"seed={seed}", "policy=single")
+            if base.spec.wandb.project is not None and base.spec.wandb.group is None:  # W&B shows seeds together
+                overrides = (*overrides, f"wandb.group={base.name}:{Trial(setting, seed, ()).label}")
             try:
                 graph = load_graph(graph_path, list(overrides))
             except ConfigError as err:

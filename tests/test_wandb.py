@@ -144,3 +144,15 @@ def test_wandb_online_without_an_api_key_stops_the_run_in_one_line_before_a_clus
     assert len(err) == 1 and err[0].startswith(f"dagrl: error: {graph}: wandb.project: dagrl-test:"), err
     assert "API key" in err[0] and "wandb.mode: offline" in err[0]
     assert not any(runs.iterdir())  # the run directory is gone with it
+
+
+def test_a_sweeps_trials_go_to_one_wandb_group_per_setting_unless_the_graph_names_one():
+    from dagrl.sweep import plan
+
+    _, trials = plan(GRAPH, ["wandb.project=x"], ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
+    groups = [load_graph(GRAPH, list(t.overrides)).spec.wandb.group for t in trials]
+    assert groups == ["ppo-cartpole-single:lr=1e-3"] * 2 + ["ppo-cartpole-single:lr=3e-3"] * 2  # seeds together
+    _, trials = plan(GRAPH, ["wandb.project=x", "wandb.group=mine"], ["hyperparameters.lr=1e-3,3e-3"], [1])
+    assert {load_graph(GRAPH, list(t.overrides)).spec.wandb.group for t in trials} == {"mine"}
+    _, trials = plan(GRAPH, [], ["hyperparameters.lr=1e-3"], [1])
+    assert load_graph(GRAPH, list(trials[0].overrides)).spec.wandb.group is None  # no W&B: nothing added
