@@ -28,6 +28,9 @@ EGL = (["libEGL.so.1"], ["libegl1", "libegl-mesa0", "libgl1-mesa-dri"])
 
 _early: threading.Thread | None = None
 """The installs :func:`install_early` started, if any: what needs them waits for them first."""
+installing: set[int] = set()
+"""The pids of the ``apt-get`` processes running now: tests that count the processes a run leaves behind
+leave these (and what they start) out."""
 
 
 def missing(binaries: list[str]) -> bool:
@@ -79,9 +82,14 @@ def install(packages: list[str]) -> None:
         raise RuntimeError(f"{', '.join(packages)} missing, and installing them needs root (apt-get install)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        installing.add(proc.pid)
+        try:
+            stdout, stderr = proc.communicate()
+        finally:
+            installing.discard(proc.pid)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
 
 
 if __name__ == "__main__":  # python tests/debian.py BINARY PACKAGE [BINARY PACKAGE ...]

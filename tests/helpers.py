@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import dagrl
@@ -20,6 +21,21 @@ def train(graph_file: str, tmp_path: Any, overrides: list[str] = (), client: Any
     graph = load_graph(graph_file, [*overrides, f"runs_dir={tmp_path}"])
     summary = dagrl.train(graph, client)
     return summary, RunDir(summary["run_dir"])
+
+
+def descendants() -> dict[int, list[str]]:
+    """This process's descendants by pid, with their command lines, less multiprocessing's resource
+    tracker (one per process, kept) and the Debian installs the tests run meanwhile (``tests/debian.py``)."""
+    from tests import debian
+
+    found = {}
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            line = proc.cmdline()
+            lineage = {proc.pid, *(parent.pid for parent in proc.parents())}
+            if "resource_tracker" not in " ".join(line) and not lineage & debian.installing:
+                found[proc.pid] = line
+    return found
 
 
 def user_module(tmp_path: Any, monkeypatch: Any, name: str, source: str) -> str:

@@ -8,10 +8,10 @@ Cases are ``(id, argv after "dagrl run", words the line must hold)``; ``{g}`` is
 from __future__ import annotations
 
 import gymnasium as gym
-import psutil
 import pytest
 
 from dagrl.cli import main
+from tests.helpers import descendants
 
 SYNC = "graphs/ppo-cartpole-sync.yaml"
 ASYNC = "graphs/ppo-cartpole-async.yaml"
@@ -183,7 +183,7 @@ def check(tmp_path, capsys, argv: list[str], words: list[str]) -> None:
     runs = tmp_path / "runs"
     fill = {"tmp": str(tmp_path)}
     argv = [a.format(**fill) for a in argv]
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = set(descendants())
     code = main(["run", "--set", f"runs_dir={runs}", *argv] if argv and "--resume" not in argv else ["run", *argv])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -194,7 +194,7 @@ def check(tmp_path, capsys, argv: list[str], words: list[str]) -> None:
         assert word.format(**fill) in lines[0], (word, lines[0])
     assert "Traceback" not in err
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
-    started = [p.cmdline() for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    started = [line for pid, line in descendants().items() if pid not in before]
     assert not started, started  # no worker, nanny or env process
 
 

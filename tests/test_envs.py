@@ -6,20 +6,13 @@ import time
 
 import gymnasium as gym
 import numpy as np
-import psutil
 import pytest
 
 from dagrl.graph import load_graph
-from tests.helpers import train
+from tests.helpers import descendants, train
 from tests.test_policies import LOSSES, first_iterations
 
 COSTLY = "dagrl.envs:CostlyCartPole-v0"
-
-
-def children() -> set[int]:
-    """This process's descendants, less multiprocessing's resource tracker (one per process, kept)."""
-    procs = psutil.Process().children(recursive=True)
-    return {p.pid for p in procs if "resource_tracker" not in " ".join(p.cmdline())}
 
 
 def test_async_vector_envs_give_the_same_iterations_as_sync(graphs_dir):
@@ -37,16 +30,16 @@ def test_async_vector_envs_give_the_same_iterations_as_sync(graphs_dir):
 
 def test_async_vector_sampler_runs_on_dagrls_cluster_and_leaves_no_process(tmp_path):
     """Dask workers are daemonic processes; dagrl's worker preload lets samplers start env subprocesses."""
-    before = children()
+    before = set(descendants())
     summary, _ = train(
         "graphs/ppo-costly-cartpole.yaml", tmp_path,
         ["roles.sampler.replicas=2", "roles.sampler.vector=async", "env.kwargs.step_ms=0.2", "stop.iterations=4"],
     )  # fmt: skip
     assert summary["iterations"] == 4 and summary["env_steps"] >= 4 * 4 * 32
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and children() - before:
+    while time.monotonic() < deadline and set(descendants()) - before:
         time.sleep(0.2)
-    assert not children() - before
+    assert not set(descendants()) - before
 
 
 @pytest.mark.parametrize("cost", ["sleep", "busy"])
