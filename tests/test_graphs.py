@@ -24,4 +24,4 @@ def test_shipped_graph_validates(path):
 
 def test_every_algorithm_has_a_graph():
     algos = {load_graph(p).spec.algorithm for p in GRAPHS if not any(word in p.name for word in NEEDS)}
-    assert algos == {"ppo", "ppo_lstm", "dqn", "sac", "td3", "impala", "impala_lstm"}
+    assert algos == {"ppo", "ppo_lstm", "dqn", "sac", "td3", "impala", "impala_lstm", "r2d2"}

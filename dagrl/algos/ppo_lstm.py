@@ -35,8 +35,8 @@ from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
 from dagrl.schema import at_least
 
 __all__ = [
-    "ACTION_SPACES", "Acting", "Config", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences", "collect",
-    "evaluate", "evaluator", "inference", "learner", "publish", "sampler", "train_iteration", "update",
+    "ACTION_SPACES", "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
+    "collect", "evaluate", "evaluator", "inference", "learner", "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
@@ -84,27 +84,24 @@ State = tuple[torch.Tensor, torch.Tensor]
 """The LSTM's hidden and cell vectors, ``[1, N, lstm]`` each."""
 
 
-class RecurrentActorCritic(nn.Module):
-    """The observation encoder (:func:`~dagrl.networks.encoder`: a Nature CNN for images), an LSTM, and
-    PPO's actor and critic over the LSTM's output (:attr:`heads`, which also hold ``norm_reward``'s
-    statistic); ``norm_obs``'s statistics are kept here, before the encoder."""
+class LSTMCore(nn.Module):
+    """An observation encoder (:func:`~dagrl.networks.encoder`: a Nature CNN for images) and an LSTM over
+    its features, unrolled over env sequences whose state is zeroed where an episode starts; the
+    recurrent trunk of :class:`RecurrentActorCritic` and of R2D2's Q-network (``dagrl.algos.r2d2``).
+    ``obs_norm``: running observation statistics applied before the encoder, or ``None``."""
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
+    def __init__(self, obs_space: gym.Space, hidden: int, lstm: int, obs_norm: RunningNorm | None = None):
         super().__init__()
-        if cfg.norm_obs:
-            ppo.check_norm_obs(obs_space)
         self.mixed = isinstance(obs_space, MixedBox)
-        self.obs_norm = RunningNorm(ppo.norm_shape(obs_space)) if cfg.norm_obs else None
-        self.trunk, width = encoder(obs_space, cfg.hidden)
-        self.core = nn.LSTM(width, cfg.lstm)
+        self.obs_norm = obs_norm
+        self.trunk, width = encoder(obs_space, hidden)
+        self.core = nn.LSTM(width, lstm)
         for name, param in self.core.named_parameters():
             if "bias" in name:
                 nn.init.zeros_(param)
             else:
                 nn.init.orthogonal_(param, 1.0)
-        out_space = gym.spaces.Box(-np.inf, np.inf, (cfg.lstm,), np.float32)
-        self.heads = ActorCritic(out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward)
-        self.width = cfg.lstm
+        self.width = lstm
 
     def initial(self, n: int, device: torch.device | str = "cpu") -> State:
         """The state of ``n`` envs at their first step: zeros."""
@@ -139,6 +136,19 @@ class RecurrentActorCritic(nn.Module):
         keep = (1.0 - starts).view(1, -1, 1)
         out, state = self.core(self.features(obs).unsqueeze(0), (state[0] * keep, state[1] * keep))
         return out[0], state
+
+
+class RecurrentActorCritic(LSTMCore):
+    """:class:`LSTMCore` and PPO's actor and critic over the LSTM's output (:attr:`heads`, which also hold
+    ``norm_reward``'s statistic); ``norm_obs``'s statistics are kept before the encoder."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
+        if cfg.norm_obs:
+            ppo.check_norm_obs(obs_space)
+        norm = RunningNorm(ppo.norm_shape(obs_space)) if cfg.norm_obs else None
+        super().__init__(obs_space, cfg.hidden, cfg.lstm, norm)
+        out_space = gym.spaces.Box(-np.inf, np.inf, (cfg.lstm,), np.float32)
+        self.heads = ActorCritic(out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward)
 
     def scaled_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """Rewards in the units the critic learns (:meth:`ActorCritic.scaled_rewards`)."""

@@ -1,0 +1,349 @@
+"""R2D2 (Kapturowski et al., 2019): DQN with an LSTM, learning from replayed sequences, as fragments.
+
+Samplers act epsilon-greedily with a recurrent Q-network (:class:`RecurrentQ`: the encoder and LSTM of
+``ppo_lstm``, then a Q head), each env's LSTM state carried from step to step, and cut each env's
+episodes into overlapping fixed-length sequences (:class:`~dagrl.replay.sequences.SequenceRecorder`)
+that carry the LSTM state they began from; the replay role stores sequences as its rows. The learner
+rebuilds each sequence's first state by unrolling its ``burn_in`` steps without gradients from the
+stored state (both networks), then takes n-step Double-DQN targets along the sequence with the value
+rescaling ``h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x``, and gives each sequence the priority
+``eta max|delta| + (1 - eta) mean|delta|``. Runs under ``single`` and ``apex`` (with DQN's per-sampler
+epsilons, ``per_sampler_epsilon``), as DQN does; the iteration is DQN's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.algos import dqn
+from dagrl.algos.dqn import ACTION_SPACES, DuelingHead, Weights, publish
+from dagrl.algos.ppo_lstm import Greedy, LSTMCore, State
+from dagrl.context import RoleContext
+from dagrl.evaluator import EpisodeRunner
+from dagrl.fragment import evaluation, fragment, iteration, role
+from dagrl.networks import obs_tensor
+from dagrl.replay import ReplayState, Sample, replay_state
+from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, sample
+from dagrl.replay.sequences import SequenceRecorder, sequence_schema
+from dagrl.schema import at_least, unit_interval
+
+__all__ = [
+    "ACTION_SPACES", "Config", "RecurrentQ", "collect", "evaluate", "evaluator", "learner", "publish",
+    "replay", "rescale", "sampler", "targets", "train_iteration", "unrescale", "update",
+]  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------------
+# Hyperparameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config(dqn.Config):
+    """DQN's hyperparameters (``batch_size``, ``buffer_size`` and ``learning_starts`` count sequences),
+    and the sequences'."""
+
+    lstm: int = 64
+    """Width of the LSTM's state (its hidden and its cell vectors each)."""
+    seq_len: int = 20
+    """Steps of a sequence the loss is taken over (R2D2: 80)."""
+    burn_in: int = 0
+    """Steps before them unrolled without gradients to rebuild the state (R2D2: 40)."""
+    overlap: int = 10
+    """Steps adjacent sequences of an episode share (R2D2: half the sequence)."""
+    value_rescale: bool = True
+    """Learn ``h(Q)`` (R2D2's invertible value rescaling) instead of ``Q``."""
+    priority_eta: float = 0.9
+    """A sequence's priority: ``eta`` x its largest |TD error| + (1 - ``eta``) x their mean."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "lstm", "seq_len")
+        at_least(self, 0, "burn_in", "overlap")
+        unit_interval(self, "priority_eta")
+        if self.overlap >= self.seq_len:
+            raise ValueError(f"overlap {self.overlap} must be below seq_len {self.seq_len}")
+        if self.cuda_graphs:
+            raise ValueError("cuda_graphs: R2D2's learner steps as written (its unroll's length depends on the data)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Network and targets
+# ---------------------------------------------------------------------------------------------------
+
+
+class QHead(nn.Module):
+    """Q-values over the LSTM's output (a linear layer, or DQN's dueling head); ``greedy`` as the
+    evaluators and ``dagrl export`` ask of a head."""
+
+    def __init__(self, width: int, actions: int, dueling: bool):
+        super().__init__()
+        self.q = DuelingHead(width, actions) if dueling else nn.Linear(width, actions)
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:
+        return self.q(out)
+
+    def greedy(self, out: torch.Tensor) -> torch.Tensor:
+        return self.q(out).argmax(-1)
+
+
+class RecurrentQ(LSTMCore):
+    """:class:`~dagrl.algos.ppo_lstm.LSTMCore` (encoder and LSTM) and a Q head (:attr:`heads`)."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise TypeError(f"R2D2 needs a discrete action space, got {act_space}")
+        super().__init__(obs_space, cfg.hidden, cfg.lstm)
+        self.heads = QHead(cfg.lstm, int(act_space.n), cfg.dueling)
+
+    def q_values(self, obs: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """Q-values ``[T, N, actions]`` over observations ``[T, N, ...]`` (:meth:`unroll`), and the state after."""
+        out, after = self.unroll(obs, state, starts)
+        return self.heads(out), after
+
+
+EPS = 1e-3
+
+
+def rescale(x: torch.Tensor) -> torch.Tensor:
+    """R2D2's ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` (Pohlen et al., 2018).
+
+    >>> x = torch.tensor([-100.0, -1.0, 0.0, 2.5, 400.0])
+    >>> torch.allclose(unrescale(rescale(x)), x, rtol=1e-4)
+    True
+    """
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + EPS * x
+
+
+def unrescale(y: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`rescale`."""
+    root = (torch.sqrt(1.0 + 4.0 * EPS * (y.abs() + 1.0 + EPS)) - 1.0) / (2.0 * EPS)
+    return torch.sign(y) * (root**2 - 1.0)
+
+
+def targets(
+    rewards: torch.Tensor, length: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, gamma: float, n: int
+) -> torch.Tensor:
+    """n-step targets ``[L, N]`` for the steps of sequences ``[L, N]`` whose first ``length`` steps are
+    real: for step ``j``, ``k = min(n, length - j)`` rewards then ``gamma ** k`` times ``next_q`` at ``j + k``
+    (``next_q``: ``[L + 1, N]``, the bootstrap value of each observation, rescaled back to returns by
+    the caller), nothing where the episode terminated at step ``j + k - 1``. Steps past ``length``: 0.
+
+    >>> r = torch.tensor([[1.0], [1.0], [1.0]])  # one sequence of 3 steps, the last one terminal
+    >>> targets(r, torch.tensor([3]), torch.tensor([True]), torch.full((4, 1), 10.0), 0.5, 2).flatten().tolist()
+    [4.0, 1.5, 1.0]
+    """
+    L, N = rewards.shape
+    j = torch.arange(L, device=rewards.device).unsqueeze(1)  # [L, 1]
+    k = (length.unsqueeze(0) - j).clamp(0, n)  # [L, N] rewards each step folds
+    ret = torch.zeros_like(rewards)
+    for i in range(n):
+        at = (j + i).clamp(max=L - 1).expand(L, N)
+        ret = ret + (i < k).float() * gamma**i * rewards.gather(0, at)
+    boot = next_q.gather(0, j + k)
+    ends = terminated.unsqueeze(0) & (j + k == length.unsqueeze(0))
+    return torch.where(k > 0, ret + (~ends).float() * gamma ** k.float() * boot, torch.zeros_like(ret))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Role states
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerState(dqn.SamplerState):
+    lstm: tuple[np.ndarray, np.ndarray] = ()
+    """Each env's LSTM state after its last step, ``[N, lstm]`` x 2."""
+    starts: np.ndarray | None = None
+    """Per env, 1 where ``obs`` is an episode's first observation."""
+
+
+@dataclass
+class LearnerState:
+    cfg: Config
+    q: RecurrentQ
+    target: RecurrentQ
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    ctx: RoleContext
+    gradient_steps: int = 0
+
+    state_dict = dqn.LearnerState.state_dict
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.q.load_state_dict(sd["q"])
+        self.target.load_state_dict(sd["target"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.gradient_steps = sd["gradient_steps"]
+
+
+def seeded(ctx: RoleContext, cfg: Config, obs_space: gym.Space, act_space: gym.Space) -> RecurrentQ:
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        return RecurrentQ(obs_space, act_space, cfg)
+
+
+@role("sampler", many=True)
+def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    n = envs.num_envs
+    q = seeded(ctx, cfg, envs.single_observation_space, envs.single_action_space)
+    recorder = SequenceRecorder(n, cfg.seq_len, cfg.burn_in, cfg.overlap, cfg.lstm)
+    done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
+    lstm = tuple(s[0].numpy() for s in q.initial(n))
+    return SamplerState(
+        cfg, envs, q, np.random.default_rng(ctx.seed), obs, recorder, ctx.index, ctx.replicas, done,
+        lstm=lstm, starts=np.ones(n, np.float32),
+    )  # fmt: skip
+
+
+@role("replay", many=True)
+def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
+    schema = sequence_schema(ctx.observation_space, ctx.action_space, cfg.seq_len, cfg.burn_in, cfg.lstm)
+    return replay_state(
+        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
+        learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
+        beta_steps=cfg.per_beta_steps,
+    )  # fmt: skip
+
+
+@role("learner")
+def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
+    device = torch.device(ctx.device)
+    q = seeded(ctx, cfg, ctx.observation_space, ctx.action_space).to(device)
+    target = seeded(ctx, cfg, ctx.observation_space, ctx.action_space).to(device)
+    optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr)
+    return LearnerState(cfg, q, target, optimizer, device, ctx)
+
+
+@role("evaluator", recover="replace")
+def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+    envs = ctx.make_envs()
+    q = RecurrentQ(envs.single_observation_space, envs.single_action_space, cfg)
+    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Weights) -> Transitions:
+    """``steps`` epsilon-greedy steps of every env, each env's LSTM state carried on; the sequences
+    completed meanwhile."""
+    envs, n, q = state.envs, state.envs.num_envs, state.q
+    q.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    for _ in range(state.cfg.steps):
+        h, c = state.lstm
+        with torch.no_grad():
+            before = (torch.from_numpy(h).unsqueeze(0), torch.from_numpy(c).unsqueeze(0))
+            out, (h2, c2) = q.step(obs_tensor(state.obs), before, torch.from_numpy(state.starts))
+            greedy = q.heads(out).argmax(1).numpy()
+        explore = state.rng.random(n) < state.epsilon()
+        action = np.where(explore, state.rng.integers(0, envs.single_action_space.n, n), greedy)
+        state.obs, done = state.recorder.step(envs, state.obs, action, h, c)
+        state.lstm, state.starts = (h2[0].numpy(), c2[0].numpy()), done.astype(np.float32)
+        state.steps_done += n
+    return state.recorder.take(envs)
+
+
+def sequence_loss(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One gradient step on a batch of sequences (``b["weight"]``: importance weights); returns the loss,
+    the mean Q, and each sequence's priority."""
+    cfg, q, target = state.cfg, state.q, state.target
+    B, L = cfg.burn_in, cfg.seq_len
+    obs = b["obs"].transpose(0, 1)  # [B + L + 1, N, ...]
+    first = b["first"].transpose(0, 1)
+    begin = (b["h"].unsqueeze(0), b["c"].unsqueeze(0))
+    with torch.no_grad():
+        online = q.unroll(obs[:B], begin, first[:B])[1] if B else begin
+        q_target = target.q_values(obs, begin, first)[0][B:]  # [L + 1, N, A]
+    q_online, _ = q.q_values(obs[B:], online, first[B:])
+    actions = b["action"].transpose(0, 1)[B:].long()  # [L, N]
+    rewards = b["reward"].transpose(0, 1)[B:]
+    length = b["length"].long()
+    with torch.no_grad():
+        best = q_online.argmax(-1, keepdim=True)
+        boot = q_target.gather(-1, best).squeeze(-1)  # [L + 1, N]
+        if cfg.value_rescale:
+            boot = unrescale(boot)
+        goal = targets(rewards, length, b["terminated"], boot, cfg.gamma, cfg.n_step)
+        if cfg.value_rescale:
+            goal = rescale(goal)
+    taken = q_online[:L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [L, N]
+    mask = (torch.arange(L, device=length.device).unsqueeze(1) < length.unsqueeze(0)).float()
+    per_step = nn.functional.smooth_l1_loss(taken, goal, reduction="none") * mask
+    loss = (b["weight"] * per_step.sum(0) / mask.sum(0)).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.ctx.average_gradients(q.parameters())
+    nn.utils.clip_grad_norm_(q.parameters(), cfg.max_grad_norm)
+    state.optimizer.step()
+    td = (taken - goal).detach().abs() * mask
+    priority = cfg.priority_eta * td.max(0).values + (1 - cfg.priority_eta) * td.sum(0) / mask.sum(0)
+    q_mean = (taken.detach() * mask).sum() / mask.sum()
+    return {"loss": loss.detach(), "q_mean": q_mean, "td": priority}
+
+
+@fragment(role="learner")
+def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
+    """Gradient steps on each ``batch_size`` slice of the sampled sequences (none until learning starts);
+    returns each sampled sequence's priority by shard, for prioritized replay."""
+    present = [s for s in samples if s is not None]
+    if not present:
+        return UpdateResult({"perf/frames": 0.0})
+    cfg, dev = state.cfg, state.device
+    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
+    data["weight"] = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
+    outs = []
+    for start in range(0, len(data["length"]) - cfg.batch_size + 1, cfg.batch_size):
+        outs.append(sequence_loss(state, {k: v[start : start + cfg.batch_size] for k, v in data.items()}))
+        state.gradient_steps += 1
+        if state.gradient_steps % cfg.target_update == 0:
+            state.target.load_state_dict(state.q.state_dict())
+    td = np.zeros(len(data["weight"]), np.float64)
+    if outs:
+        td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
+    frames = float(data["valid"][: len(outs) * cfg.batch_size].sum()) if outs else 0.0
+    metrics = {
+        "losses/td": float(np.mean([o["loss"].item() for o in outs])) if outs else float("nan"),
+        "losses/q_mean": float(np.mean([o["q_mean"].item() for o in outs])) if outs else float("nan"),
+        "perf/frames": frames,
+    }
+    priorities, at = {}, 0
+    for s in present:
+        priorities[s.shard] = (s.indices, td[at : at + len(s)])
+        at += len(s)
+    return UpdateResult(metrics, priorities)
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: Weights) -> dict[str, float]:
+    """``eval_episodes`` whole episodes acting greedily, the LSTM state carried within each."""
+    state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    act = Greedy(state.net, state.envs.num_envs)
+    return state.run(act, act.ended)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One training iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    sequences = collect(weights)
+    stored = add(sequences)
+    return reprioritize(update(sample(stored)))
