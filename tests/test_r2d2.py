@@ -12,6 +12,8 @@ import torch
 
 from dagrl.algos import r2d2
 from dagrl.cli import main
+from dagrl.graph import load_graph
+from dagrl.policies import build_policy
 from dagrl.replay.sequences import SequenceRecorder
 from tests.helpers import train
 
@@ -153,3 +155,25 @@ def test_r2d2_under_apex_learns_what_one_observation_does_not_show(client, tmp_p
     policy = torch.export.load(str(tmp_path / "r2d2.pt2")).module()
     action, h, c = policy(torch.zeros(3, 2), torch.zeros(3, 64), torch.zeros(3, 64))
     assert action.shape == (3,) and h.shape == (3, 64)
+
+
+def test_atari_sequences_stay_uint8_through_the_replay(tmp_path):
+    """The Atari graph, shrunk: one frame a step, sequences of uint8 frames stored and learned from."""
+    pytest.importorskip("ale_py")
+    over = [
+        "policy=single", "roles.sampler.envs=2", "hyperparameters.steps=12", "hyperparameters.seq_len=8",
+        "hyperparameters.burn_in=4", "hyperparameters.overlap=4", "hyperparameters.lstm=32",
+        "hyperparameters.hidden=32", "hyperparameters.batch_size=2", "hyperparameters.gradient_steps=1",
+        "hyperparameters.learning_starts=2", "hyperparameters.buffer_size=64", f"runs_dir={tmp_path}",
+    ]  # fmt: skip
+    graph = load_graph("graphs/r2d2-atari.yaml", over)
+    policy = build_policy(graph, run_dir=tmp_path)
+    try:
+        frames = [policy.step().metrics.get("perf/frames", 0.0) for _ in range(3)]
+        store = policy.hosts["replay"][0].target.state.store
+        assert store.schema["obs"].dtype == np.uint8 and store.schema["obs"].shape == (13, 1, 84, 84)
+        rows = store.sample(2).data
+        assert rows["obs"].dtype == np.uint8 and rows["obs"].max() > rows["obs"].min()  # real frames
+        assert frames[-1] > 0  # the learner learned from them
+    finally:
+        policy.close()
