@@ -310,7 +310,7 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     td = np.zeros(len(data["weight"]), np.float64)
     if outs:
         td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
-    frames = float(data["valid"][: len(outs) * cfg.batch_size].sum()) if outs else 0.0
+    frames = float(data["length"][: len(outs) * cfg.batch_size].sum())  # the steps learned on, burn-in aside
     metrics = {
         "losses/td": float(np.mean([o["loss"].item() for o in outs])) if outs else float("nan"),
         "losses/q_mean": float(np.mean([o["q_mean"].item() for o in outs])) if outs else float("nan"),
