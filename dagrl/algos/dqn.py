@@ -10,8 +10,10 @@ discount the row carries, as Ape-X's and Rainbow's multi-step targets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -210,7 +212,11 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
+    return replay_of(ctx, cfg, Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step))
+
+
+def replay_of(ctx: RoleContext, cfg: Config, schema: Schema) -> ReplayState:
+    """A replay role's state for rows of ``schema``, sized and prioritized as ``cfg`` says (R2D2's too)."""
     return replay_state(
         ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
         learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
@@ -288,30 +294,40 @@ def learner_step(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, t
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts);
     returns |TD error| per sampled row and shard, for prioritized replay."""
+    outs, priorities = learn_from(state, samples, state.step)
+    metrics = {
+        **step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan")),
+        "perf/frames": float(len(outs) * state.cfg.batch_size),
+    }
+    return UpdateResult(metrics if outs or priorities else {"perf/frames": 0.0}, priorities)
+
+
+def learn_from(
+    state: Any, samples: list[Sample | None], step: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+) -> tuple[list[dict[str, torch.Tensor]], dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """``step`` on each ``batch_size`` slice of the sampled rows (their importance weights as ``weight``),
+    the online network copied into the target every ``target_update`` steps; the steps' outputs, and
+    each row's new priority (its step's ``td``) by the shard that drew it. Nothing before learning starts."""
     present = [s for s in samples if s is not None]
     if not present:
-        return UpdateResult({"perf/frames": 0.0})
+        return [], {}
     cfg, dev = state.cfg, state.device
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
     data["weight"] = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
     outs = []
-    for start in range(0, len(data["reward"]) - cfg.batch_size + 1, cfg.batch_size):
-        outs.append(state.step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))
+    for start in range(0, len(data["weight"]) - cfg.batch_size + 1, cfg.batch_size):
+        outs.append(step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))
         state.gradient_steps += 1
         if state.gradient_steps % cfg.target_update == 0:
             state.target.load_state_dict(state.q.state_dict())  # in place: a captured step still reads it
     td = np.zeros(len(data["weight"]), np.float64)
     if outs:  # read back from the device once, as the metrics are
         td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
-    metrics = {
-        **step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan")),
-        "perf/frames": float(len(outs) * cfg.batch_size),
-    }
     priorities, at = {}, 0
     for s in present:  # by the shard that drew the rows
         priorities[s.shard] = (s.indices, td[at : at + len(s)])
         at += len(s)
-    return UpdateResult(metrics, priorities)
+    return outs, priorities
 
 
 # ---------------------------------------------------------------------------------------------------

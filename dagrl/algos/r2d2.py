@@ -14,6 +14,7 @@ epsilons, ``per_sampler_epsilon``), as DQN does; the iteration is DQN's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -22,12 +23,13 @@ from torch import nn
 
 from dagrl.algos import dqn
 from dagrl.algos.dqn import ACTION_SPACES, DuelingHead, Weights, publish
-from dagrl.algos.ppo_lstm import Greedy, LSTMCore, State
+from dagrl.algos.ppo_lstm import LSTMCore, State, evaluate
 from dagrl.context import RoleContext
+from dagrl.cuda_graphs import step_means
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import obs_tensor
-from dagrl.replay import ReplayState, Sample, replay_state
+from dagrl.replay import ReplayState, Sample
 from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, sample
 from dagrl.replay.sequences import SequenceRecorder, sequence_schema
 from dagrl.schema import at_least, unit_interval
@@ -205,11 +207,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
     schema = sequence_schema(ctx.observation_space, ctx.action_space, cfg.seq_len, cfg.burn_in, cfg.lstm)
-    return replay_state(
-        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
-        learning_starts=cfg.learning_starts, prioritized=cfg.prioritized, alpha=cfg.per_alpha, beta=cfg.per_beta,
-        beta_steps=cfg.per_beta_steps,
-    )  # fmt: skip
+    return dqn.replay_of(ctx, cfg, schema)
 
 
 @role("learner")
@@ -287,48 +285,21 @@ def sequence_loss(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, 
     state.optimizer.step()
     td = (taken - goal).detach().abs() * mask
     priority = cfg.priority_eta * td.max(0).values + (1 - cfg.priority_eta) * td.sum(0) / mask.sum(0)
-    q_mean = (taken.detach() * mask).sum() / mask.sum()
-    return {"loss": loss.detach(), "q_mean": q_mean, "td": priority}
+    values = unrescale(taken.detach()) if cfg.value_rescale else taken.detach()  # in returns, as DQN's
+    q_mean = (values * mask).sum() / mask.sum()
+    return {"loss": loss.detach(), "q_mean": q_mean, "td": priority, "frames": length.sum()}
 
 
 @fragment(role="learner")
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Gradient steps on each ``batch_size`` slice of the sampled sequences (none until learning starts);
     returns each sampled sequence's priority by shard, for prioritized replay."""
-    present = [s for s in samples if s is not None]
-    if not present:
+    outs, priorities = dqn.learn_from(state, samples, partial(sequence_loss, state))
+    if not outs and not priorities:
         return UpdateResult({"perf/frames": 0.0})
-    cfg, dev = state.cfg, state.device
-    data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
-    data["weight"] = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
-    outs = []
-    for start in range(0, len(data["length"]) - cfg.batch_size + 1, cfg.batch_size):
-        outs.append(sequence_loss(state, {k: v[start : start + cfg.batch_size] for k, v in data.items()}))
-        state.gradient_steps += 1
-        if state.gradient_steps % cfg.target_update == 0:
-            state.target.load_state_dict(state.q.state_dict())
-    td = np.zeros(len(data["weight"]), np.float64)
-    if outs:
-        td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
-    frames = float(data["length"][: len(outs) * cfg.batch_size].sum())  # the steps learned on, burn-in aside
-    metrics = {
-        "losses/td": float(np.mean([o["loss"].item() for o in outs])) if outs else float("nan"),
-        "losses/q_mean": float(np.mean([o["q_mean"].item() for o in outs])) if outs else float("nan"),
-        "perf/frames": frames,
-    }
-    priorities, at = {}, 0
-    for s in present:
-        priorities[s.shard] = (s.indices, td[at : at + len(s)])
-        at += len(s)
+    metrics = step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan"))
+    metrics["perf/frames"] = float(sum(o["frames"] for o in outs))  # the steps learned on, burn-in aside
     return UpdateResult(metrics, priorities)
-
-
-@fragment(role="evaluator")
-def evaluate(state: EpisodeRunner, weights: Weights) -> dict[str, float]:
-    """``eval_episodes`` whole episodes acting greedily, the LSTM state carried within each."""
-    state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    act = Greedy(state.net, state.envs.num_envs)
-    return state.run(act, act.ended)
 
 
 # ---------------------------------------------------------------------------------------------------
