@@ -100,7 +100,7 @@ class SequenceRecorder:
         new_obs, reward, terminated, truncated, info = envs.step(action)
         done = terminated | truncated
         for i, env in enumerate(self.envs):
-            env.steps.append((obs[i], action[i], float(reward[i]), h[i], c[i]))
+            env.steps.append((obs[i].copy(), action[i], float(reward[i]), h[i].copy(), c[i].copy()))  # kept for rows
             taken = env.base + len(env.steps)  # steps of the episode so far
             if done[i]:
                 if taken > env.emitted:  # steps no row holds yet
