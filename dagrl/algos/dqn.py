@@ -295,11 +295,13 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts);
     returns |TD error| per sampled row and shard, for prioritized replay."""
     outs, priorities = learn_from(state, samples, state.step)
+    if not priorities:  # nothing sampled yet
+        return UpdateResult({"perf/frames": 0.0})
     metrics = {
         **step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan")),
         "perf/frames": float(len(outs) * state.cfg.batch_size),
     }
-    return UpdateResult(metrics if outs or priorities else {"perf/frames": 0.0}, priorities)
+    return UpdateResult(metrics, priorities)
 
 
 def learn_from(

@@ -7,8 +7,8 @@ that carry the LSTM state they began from; the replay role stores sequences as i
 rebuilds each sequence's first state by unrolling its ``burn_in`` steps without gradients from the
 stored state (both networks), then takes n-step Double-DQN targets along the sequence with the value
 rescaling ``h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x``, and gives each sequence the priority
-``eta max|delta| + (1 - eta) mean|delta|``. Runs under ``single`` and ``apex`` (with DQN's per-sampler
-epsilons, ``per_sampler_epsilon``), as DQN does; the iteration is DQN's.
+``eta max|delta| + (1 - eta) mean|delta|``. The iteration is DQN's, so it runs where DQN runs: ``single``,
+``sync``, ``apex`` (with Ape-X's per-sampler epsilons, ``per_sampler_epsilon``) and ``dp-learners``.
 """
 
 from __future__ import annotations
@@ -164,23 +164,9 @@ class SamplerState(dqn.SamplerState):
     """Per env, 1 where ``obs`` is an episode's first observation."""
 
 
-@dataclass
-class LearnerState:
-    cfg: Config
-    q: RecurrentQ
-    target: RecurrentQ
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    ctx: RoleContext
-    gradient_steps: int = 0
-
-    state_dict = dqn.LearnerState.state_dict
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.q.load_state_dict(sd["q"])
-        self.target.load_state_dict(sd["target"])
-        self.optimizer.load_state_dict(sd["optimizer"])
-        self.gradient_steps = sd["gradient_steps"]
+LearnerState = dqn.LearnerState
+"""DQN's learner state: the online and target networks, Adam, the gradient-step count (its captured step
+stays ``None``: R2D2's learner steps as written)."""
 
 
 def seeded(ctx: RoleContext, cfg: Config, obs_space: gym.Space, act_space: gym.Space) -> RecurrentQ:
@@ -295,7 +281,7 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Gradient steps on each ``batch_size`` slice of the sampled sequences (none until learning starts);
     returns each sampled sequence's priority by shard, for prioritized replay."""
     outs, priorities = dqn.learn_from(state, samples, partial(sequence_loss, state))
-    if not outs and not priorities:
+    if not priorities:  # nothing sampled yet
         return UpdateResult({"perf/frames": 0.0})
     metrics = step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan"))
     metrics["perf/frames"] = float(sum(o["frames"] for o in outs))  # the steps learned on, burn-in aside

@@ -119,11 +119,10 @@ class SequenceRecorder:
 
     def _emit(self, env: _Env, end: int, after: np.ndarray, terminated: bool) -> None:
         """The row of steps ``env.start`` to ``end`` (exclusive), ``after`` the observation after them."""
-        B, first_step = self.burn_in, env.start - self.burn_in
-        span = [first_step + j for j in range(B + end - env.start)]
-        held = [t for t in span if t >= 0]
-        steps = [env.steps[t - env.base] for t in held]
-        pad = len(span) - len(held)  # burn-in slots before the episode began
+        first_step = env.start - self.burn_in  # the episode step of slot 0 (negative: before the episode)
+        held = max(first_step, 0)
+        steps = env.steps[held - env.base : end - env.base]
+        pad = held - first_step  # burn-in slots before the episode began
         state = steps[0][3:] if first_step > 0 else (np.zeros(self.width), np.zeros(self.width))
         self.rows.append(
             {
