@@ -119,6 +119,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
         return 130
     evaluated = "" if summary.get("eval_return") is None else f", evaluation return {summary['eval_return']:.1f}"
+    at = summary.get("stopped_at") or {}
+    if at and at["iteration"] != summary["iterations"]:  # the iteration submitted ahead finished after the stop
+        held = "-" if at["mean_return"] is None else f"{at['mean_return']:.1f}"
+        evaluated += f" (the stop held at iteration {at['iteration']}, mean return {held})"
     log.info(
         "done (%s): %d iterations, %d env steps, mean return %s%s, %.1f s; see %s",
         summary["stop_reason"],

@@ -47,7 +47,7 @@ def test_the_example_a2c_learns_cartpole_and_dagrl_eval_and_export_take_its_run(
     from dagrl.cli import main
 
     summary, rundir = train(GRAPH, tmp_path, ["policy=single", "evaluate.every=100"])
-    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 475, summary
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 475, summary
     evals = [r["eval/return_mean"] for r in rundir.read_metrics() if "eval/return_mean" in r]
     assert len(evals) == summary["iterations"] // 100  # its greedy evaluator ran every 100 iterations
     capsys.readouterr()

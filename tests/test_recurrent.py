@@ -156,7 +156,7 @@ def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(clie
     from dagrl.cli import main
 
     summary, rundir = train(GRAPH, tmp_path, client=client)
-    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 15, summary
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 15, summary
     capsys.readouterr()
     assert main(["eval", str(rundir.path), "--episodes", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -175,7 +175,7 @@ def test_ppo_lstm_balances_cartpole_without_its_velocities(tmp_path):
     space = load_graph(NOVEL).observation_space
     assert space.shape == (2,)  # the cart's position and the pole's angle
     summary, _ = train(NOVEL, tmp_path, ["policy=single", "seed=3"])
-    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 475, summary
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 475, summary
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_ppo_lstm_learns_under_central_inference_its_states_travelling_with_the_
     and gets the states after the step back (seed 1: 15 in 17-18 iterations over four runs, against 16
     with the samplers' own networks)."""
     summary, rundir = train(GRAPH, tmp_path, ["policy=central-inference"], client=client)
-    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 15, summary
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 15, summary
     rows = rundir.read_metrics()
     assert all(r["inference/batch_rows"] > 0 for r in rows)  # every step was answered by the inference role
 
@@ -203,4 +203,4 @@ def test_impala_lstm_learns_under_async_what_one_frame_does_not_show(client, tmp
     same settings stays at 11.8 after 15k. On CartPole without velocities,
     graphs/impala-lstm-cartpole-novel.yaml reached 475 in 131k-218k env steps (BENCHMARKS.md)."""
     summary, _ = train(GRAPH, tmp_path, IMPALA_BLINK, client=client)
-    assert summary["stop_reason"] == "mean_return" and summary["mean_return"] >= 15, summary
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 15, summary

@@ -172,6 +172,7 @@ class Trainer:
             self.policy.supervisor.listeners.append(self._on_restart)
         if not self.rundir.list_checkpoints():
             self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
+        stopped_at = self._stop_row() if reason is not None else None
         with _stop_on_sigint() as stop_requested:
             try:
                 while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
@@ -183,6 +184,7 @@ class Trainer:
                         reason = None  # rolled back: the stop is decided again
                     if reason is None:
                         reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+                        stopped_at = self._stop_row() if reason is not None else None
             except CrashLoop as err:  # from a policy replacing a sampler, or from restore()
                 raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
             except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
@@ -203,6 +205,7 @@ class Trainer:
             "mean_return": self.mean_return(),
             "eval_return": self.last_eval,
             "elapsed_s": self.counters.elapsed_s,
+            "stopped_at": stopped_at,
             "run_dir": str(self.rundir.path),
         }
         if final_eval:
@@ -213,6 +216,19 @@ class Trainer:
         except OSError as err:  # the run itself is done and checkpointed: say what is missing, do not fail
             log.warning("could not write %s (%s); the checkpoints are complete", err.filename or "run files", err)
         return summary
+
+    def _stop_row(self) -> dict[str, Any]:
+        """The counters when the stop condition held. An iteration submitted ahead of that moment still
+        finishes and is counted, so the summary's totals (and its ``mean_return`` window) can move past
+        these: a ``mean_return`` stop at 475 may end with a window of 470."""
+        c = self.counters
+        return {
+            "iteration": c.iteration,
+            "env_steps": c.env_steps,
+            "mean_return": self.mean_return(),
+            "eval_return": self.last_eval,
+            "elapsed_s": c.elapsed_s,
+        }
 
     def _record(self, res: Any, start: float) -> None:
         """Count, log and show one finished iteration; checkpoint when one is due."""

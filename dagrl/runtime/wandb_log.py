@@ -101,6 +101,7 @@ class WandbLog:
     def on_end(self, summary: dict[str, Any]) -> None:
         """The run's summary (how it stopped, its final mean return, ...) as the W&B run's summary."""
         keep = {k: v for k, v in summary.items() if k != "run_dir" and isinstance(v, str | int | float)}
+        keep |= {f"stopped_at/{k}": v for k, v in (summary.get("stopped_at") or {}).items() if v is not None}
         self.run.summary.update({f"dagrl/{k}": v for k, v in keep.items()})
 
     def close(self, failed: bool = False) -> None:
