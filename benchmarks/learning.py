@@ -49,6 +49,10 @@ PRESETS = {
 CLEANRL_SAC = "docs.cleanrl.dev/rl-algorithms/sac (sac_continuous_action.py, training return, MuJoCo v2)"
 CLEANRL_TD3 = "docs.cleanrl.dev/rl-algorithms/td3 (td3_continuous_action.py, training return, MuJoCo v2)"
 TD7_REPO = "github.com/seungju-k1m/sac-td3-td7 README (4 seeds, evaluation return, MuJoCo v4)"
+CLEANRL_PPO = (
+    "docs.cleanrl.dev/rl-algorithms/ppo (ppo_continuous_action.py, training return, MuJoCo v2; openai/baselines' "
+    "PPO on the same page: 2518.95 +- 850.46)"
+)
 ZOO_LSTM = (
     "huggingface.co/sb3/ppo_lstm-CartPoleNoVel-v1 model card (rl-zoo RecurrentPPO, CartPole without its velocities, "
     "as ppo-lstm-cartpole-novel.yaml)"
@@ -66,6 +70,7 @@ REFERENCES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"steps": 300_000, "return": 7316, "pm": 118, "source": TD7_REPO},
         {"steps": 1_000_000, "return": 9018.31, "pm": 1078.31, "source": CLEANRL_TD3},
     ],
+    ("ppo", "Hopper"): [{"steps": 1_000_000, "return": 2231.12, "pm": 656.72, "source": CLEANRL_PPO}],
     ("ppo_lstm", "CartPole"): [{"steps": 100_000, "return": 500.0, "pm": 0.0, "source": ZOO_LSTM}],
     ("td3", "Hopper"): [
         {"steps": 300_000, "return": 733, "pm": 817, "source": TD7_REPO},

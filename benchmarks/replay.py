@@ -14,7 +14,9 @@ Each row holds obs, action, reward, next_obs, terminated, truncated. Setups, sid
   rest in zarr (blosc-zstd); sampled with the default working-set rotation (0.25 cold chunks
   replaced per call) and with a 5x slower one (0.05), which trades batch variety for speed.
 * prioritized draws (PER, each batch's priorities updated after it): all in RAM, and 90 % spilled
-  with the prioritized store's default (small) chunks beside the uniform store's chunk size.
+  with the prioritized store's default (small) chunks beside the uniform store's chunk size; for
+  vector rows also the default chunks compressed (blosc-zstd) beside the default (uncompressed, each
+  cold row read on its own), with the bytes on disk per row.
 
 Adds come in batches of 256 rows and are timed on a second pass over the data (the buffer full and
 wrapping around, as it is for most of a run); sampling draws batches of 256 uniformly.
@@ -37,6 +39,7 @@ import numpy as np
 from _common import emit, table
 
 from dagrl.replay import ReplayStore, Schema
+from dagrl.replay.store import LARGE_ROW_BYTES
 
 BATCH = 256
 
@@ -199,12 +202,18 @@ def measure_prioritized(data: dict[str, np.ndarray], seconds: float, root: Path,
     ram.add(data)
     out: dict = {"dagrl, all in RAM": {"add": float("nan"), "sample": draws(ram)}}
     ram = None
-    for label, chunk_rows in (("default chunks", None), ("uniform's chunks", uniform_chunk_rows)):
-        path = root / f"prioritized-{chunk_rows}"
-        store = ReplayStore(schema, n, n * schema.row_bytes // 10, path, prioritized=True, chunk_rows=chunk_rows)
-        setup = f"dagrl, 90 % spilled, {label} ({store.chunk_rows} rows)"
+    setups = [("default chunks", None, None), ("uniform's chunks", uniform_chunk_rows, None)]
+    if schema.row_bytes < LARGE_ROW_BYTES:  # rows read on their own from uncompressed chunks: vs compressed ones
+        setups.insert(1, ("default chunks", None, "blosc-zstd"))
+    for i, (label, chunk_rows, codec) in enumerate(setups):
+        path = root / f"prioritized-{i}"
+        store = ReplayStore(
+            schema, n, n * schema.row_bytes // 10, path, prioritized=True, chunk_rows=chunk_rows, codec=codec
+        )
+        setup = f"dagrl, 90 % spilled, {label} ({store.chunk_rows} rows, {store.codec})"
         out[setup] = {"add": timed_adds(store.add, data), "sample": draws(store)}
         store.close()
+        out[setup]["disk_bytes_per_row"] = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / n
         shutil.rmtree(path)
     return out
 
@@ -314,11 +323,17 @@ def main() -> None:
         per = r["prioritized"]
         ram = per["dagrl, all in RAM"]["sample"]
         rows = [
-            {"setup": s, "add rows/s": v["add"], "sample rows/s": v["sample"], "vs all-in-RAM": v["sample"] / ram}
+            {
+                "setup": s,
+                "add rows/s": v["add"],
+                "sample rows/s": v["sample"],
+                "vs all-in-RAM": v["sample"] / ram,
+                "disk B/row": v.get("disk_bytes_per_row", float("nan")),
+            }
             for s, v in per.items()
         ]
         print(f"prioritized draws, {kind} rows (each batch's priorities updated):")
-        print(table(rows, ["setup", "add rows/s", "sample rows/s", "vs all-in-RAM"]))
+        print(table(rows, ["setup", "add rows/s", "sample rows/s", "vs all-in-RAM", "disk B/row"]))
     emit("replay", results)
 
 

@@ -476,3 +476,35 @@ def test_a_writer_killed_mid_chunk_write_loses_no_acknowledged_row_and_leaves_no
 
     on_disk = zarr.open_group(str(path), mode="r")["rows"][: durable // 256 * 256]  # zarr reads it all
     assert on_disk.shape == (durable // 256 * 256, SCHEMA.row_bytes)
+
+
+def test_priority_draws_read_each_cold_row_alone_from_uncompressed_chunks_and_get_the_rows_drawn(tmp_path):
+    """A prioritized store of vector rows keeps its chunks uncompressed by default and reads a cold row
+    drawn at its offset in the chunk file, not the whole chunk; images and uniform stores stay compressed,
+    and a store reopened keeps the codec it was written with."""
+    image = Schema({"obs": ("uint8", (84, 84, 4)), "reward": ("float32", ())})
+    assert ReplayStore(image, 100, 64 << 20, tmp_path / "i", prioritized=True).codec == "blosc-zstd"
+    assert ReplayStore(SCHEMA, 100, 2**20, tmp_path / "u").codec == "blosc-zstd"
+
+    store = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "p", prioritized=True, seed=3)
+    assert store.codec == "none"
+    added = fill(store, 25_000)
+    assert store.cold_rows > 0.8 * len(store)
+    reads = []
+    whole = store._packed_chunk
+    store._packed_chunk = lambda cid: reads.append(cid) or whole(cid)  # a chunk read whole
+    for _ in range(20):
+        got = store.sample(256)
+        for k in SCHEMA:
+            np.testing.assert_array_equal(got.data[k], added[k][got.indices], err_msg=k)
+        store.update_priorities(got.indices, np.random.default_rng(0).random(256) + 0.1)
+    assert not reads  # every cold row came from its own read
+    store._packed_chunk = whole
+    assert_holds(store, added)
+    store.close()
+
+    compressed = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "z", prioritized=True, codec="blosc-zstd")
+    fill(compressed, 25_000)
+    compressed.close()
+    again = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "z", prioritized=True)
+    assert again.codec == "blosc-zstd" and again.sample(256).data["obs"].shape == (256, 17)

@@ -47,6 +47,7 @@ class Schema(Mapping[str, Field]):
                 self._fields[name] = Field(np.dtype(dtype), tuple(int(d) for d in shape))
         if not self._fields:
             raise ReplayError("a schema needs at least one field")
+        self._row_bytes = sum(f.row_bytes for f in self._fields.values())  # asked for on every cold read
 
     @classmethod
     def transitions(cls, observation_space: Any, action_space: Any, n_step: int = 1, **extras: Any) -> Schema:
@@ -86,7 +87,7 @@ class Schema(Mapping[str, Field]):
 
     @property
     def row_bytes(self) -> int:
-        return sum(f.row_bytes for f in self._fields.values())
+        return self._row_bytes
 
     def validate(self, batch: Mapping[str, Any]) -> int:
         """Check a batch's keys, dtypes and shapes; return its number of rows."""

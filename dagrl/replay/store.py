@@ -18,7 +18,8 @@ are replaced by random cold chunks at each call. Each row's chance per draw stay
 cold; rows within one batch come from a handful of cold chunks. Prioritized sampling (PER) draws
 exactly by priority and reads each distinct cold chunk it hits once (rows of chunks the cache holds
 from there, the rest straight from their chunk, not cached); its chunks are small (about 64 KiB),
-since nearly every cold row it draws costs a chunk read.
+since nearly every cold row it draws costs a chunk read. Uncompressed chunks (a prioritized store's
+default for rows that are not images) are not read whole: each wanted row is read at its offset.
 
 Chunk files are read and written directly (:mod:`dagrl.replay.chunkfiles`), in zarr's own format.
 """
@@ -120,7 +121,11 @@ class ReplayStore:
         Rows per chunk (default: about 1 MiB, at most a 16th of the cache, 16 to 4096 rows; for a
         prioritized store about 64 KiB and at least 2 rows; a store reopened at ``path`` keeps its own).
     codec
-        ``blosc-zstd`` (default: good on float vectors and on images), ``blosc-lz4``, ``zstd`` or ``none``.
+        ``blosc-zstd``, ``blosc-lz4``, ``zstd`` or ``none``. Default: ``none`` for a prioritized store of
+        rows under :data:`LARGE_ROW_BYTES`, whose priority draws then read each cold row on its own
+        (a few hundred bytes, not its whole chunk and its decoding: ~7 x faster draws, BENCHMARKS.md)
+        at the price of the disk bytes compression would have saved (little, for float vectors);
+        ``blosc-zstd`` otherwise (images compress ~200 x).
     prioritized
         Keep PER priorities (proportional, ``alpha``), with importance weights annealed from
         ``beta`` to 1 over ``beta_steps`` sample calls.
@@ -149,7 +154,7 @@ class ReplayStore:
         path: str | os.PathLike | None = None,
         *,
         chunk_rows: int | None = None,
-        codec: str = "blosc-zstd",
+        codec: str | None = None,
         cache_bytes: int | None = None,
         prioritized: bool = False,
         alpha: float = 0.6,
@@ -162,6 +167,8 @@ class ReplayStore:
     ):
         if capacity < 1:
             raise ReplayError(f"capacity must be >= 1, got {capacity}")
+        if codec is None:
+            codec = "none" if prioritized and schema.row_bytes < LARGE_ROW_BYTES else "blosc-zstd"
         if codec not in CODECS:
             raise ReplayError(f"codec must be one of {CODECS}, got {codec!r}")
         self.schema, self.capacity, self.codec = schema, int(capacity), codec
@@ -580,8 +587,11 @@ class ReplayStore:
         miss = miss[np.argsort(cids[miss], kind="stable")]
         chunks, starts = np.unique(cids[miss], return_index=True)
         packed = np.empty((len(miss), self.schema.row_bytes), np.uint8)
+        rowwise = self.files is not None and self.files.codec is None
         for cid, lo, hi in zip(chunks.tolist(), starts.tolist(), [*starts[1:].tolist(), len(miss)], strict=True):
-            packed[lo:hi] = self._packed_chunk(cid)[offsets[miss[lo:hi]]]
+            want = offsets[miss[lo:hi]]
+            if not (rowwise and self.files.read_rows(cid % self.slots, want, self.schema.row_bytes, packed[lo:hi])):
+                packed[lo:hi] = self._packed_chunk(cid)[want]
         for name, values in self._unpack(packed).items():
             out[name][where[miss]] = values
 
