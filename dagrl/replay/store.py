@@ -587,7 +587,7 @@ class ReplayStore:
         miss = miss[np.argsort(cids[miss], kind="stable")]
         chunks, starts = np.unique(cids[miss], return_index=True)
         packed = np.empty((len(miss), self.schema.row_bytes), np.uint8)
-        rowwise = self.files is not None and self.files.codec is None
+        rowwise = self.files is not None and self.files.codec is None and hasattr(os, "preadv")  # not on Windows
         for cid, lo, hi in zip(chunks.tolist(), starts.tolist(), [*starts[1:].tolist(), len(miss)], strict=True):
             want = offsets[miss[lo:hi]]
             if not (rowwise and self.files.read_rows(cid % self.slots, want, self.schema.row_bytes, packed[lo:hi])):
