@@ -85,6 +85,8 @@ def test_every_metrics_row_reaches_wandb_at_its_env_steps_with_the_graph_as_conf
         for key in ("iteration", "losses/approx_kl", "losses/value", "time_s"):
             assert sent[key] == pytest.approx(m[key], rel=1e-9), key
     assert summary["dagrl/stop_reason"] == "iterations" and summary["dagrl/iterations"] == 3
+    at = (summary["dagrl/stopped_at/iteration"], summary["dagrl/stopped_at/env_steps"])
+    assert at == (3, metrics[-1]["env_steps"])  # where the stop held (no iteration ran ahead of it here)
     assert summary["dagrl/mean_return"] == pytest.approx(json.loads((run / "summary.json").read_text())["mean_return"])
     assert config["algorithm"] == "ppo" and config["name"] == "ppo-cartpole-single"
     assert config["hyperparameters"]["num_steps"] == load_graph(GRAPH).config.num_steps
