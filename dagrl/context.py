@@ -60,6 +60,8 @@ class RoleContext:
     """Directory for this replica's on-disk data (e.g. a replay store); ``None``: keep it in RAM."""
     memory_bytes: int | None = None
     """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
+    codec: str | None = None
+    """How a replay store compresses spilled chunks (``roles.<role>.codec``); ``None``: the store's default."""
     env_steps: int = 0
     """The run's env steps when this instance started: 0 in a fresh run, more in a resumed run or
     for a replacement of a failed instance. Per-sampler schedules (random steps before learning,

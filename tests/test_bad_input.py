@@ -53,6 +53,7 @@ GRAPH_CASES = [
     ("resources-unknown", s("roles.sampler.resources.TPU=1"), ["roles.sampler", "TPU"]),
     ("resources-too-many-cpus", s("roles.sampler.resources.CPU=512"), ["roles.sampler", "CPU", "512"]),
     ("memory-text", s("roles.sampler.memory=lots"), ["roles.sampler", "memory", "lots"]),
+    ("codec-unknown", s("roles.sampler.codec=lz5"), ["roles.sampler", "codec", "lz5", "blosc-zstd"]),
     ("vector-unknown", s("roles.sampler.vector=fibers"), ["roles.sampler", "vector", "fibers"]),
     ("role-unknown", s("roles.critic.replicas=1"), ["roles.critic", "no such role"]),
     ("role-key-unknown", s("roles.sampler.cores=2"), ["roles.sampler.cores", "unknown key"]),

@@ -144,7 +144,7 @@ def test_dqn_learns_frozenlake_from_one_hot_states(graphs_dir, tmp_path, seed):
         ],
     )
     assert summary["stop_reason"] == "mean_return", summary
-    assert summary["mean_return"] >= 0.95
+    assert summary["stopped_at"]["mean_return"] >= 0.95
 
 
 def test_dqn_trains_on_tuple_observations_through_replay_on_a_cluster(client, graphs_dir, tmp_path):

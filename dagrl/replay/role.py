@@ -73,6 +73,7 @@ def replay_state(
 ) -> ReplayState:
     """A replay role's state: a store at the role's path, with its memory budget from the graph."""
     budget = ctx.memory_bytes or min(DEFAULT_MEMORY, 2 * capacity * schema.row_bytes + (8 << 20))
+    store_options.setdefault("codec", ctx.codec)  # roles.replay.codec, unless the algorithm chose
     store = ReplayStore(schema, capacity, budget, ctx.path, seed=ctx.seed, **store_options)
     return ReplayState(store, batch_size, batches, learning_starts, ctx.index)
 

@@ -199,6 +199,7 @@ def role_context(
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),
         memory_bytes=rspec.memory_bytes,
+        codec=rspec.codec,
         env_steps=env_steps,
         env_steps_budget=graph.spec.stop.env_steps,
         inference=inference,
