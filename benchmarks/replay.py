@@ -14,9 +14,9 @@ Each row holds obs, action, reward, next_obs, terminated, truncated. Setups, sid
   rest in zarr (blosc-zstd); sampled with the default working-set rotation (0.25 cold chunks
   replaced per call) and with a 5x slower one (0.05), which trades batch variety for speed.
 * prioritized draws (PER, each batch's priorities updated after it): all in RAM, and 90 % spilled
-  with the prioritized store's default (small) chunks beside the uniform store's chunk size; for
-  vector rows also the default chunks compressed (blosc-zstd) beside the default (uncompressed, each
-  cold row read on its own), with the bytes on disk per row.
+  with the prioritized store's default (small) chunks beside the uniform store's chunk size, and its
+  default codec (vector rows: none, each cold row read on its own; images: blosc-lz4) beside
+  blosc-zstd, with the bytes on disk per row (file sizes; disk blocks can hold more).
 
 Adds come in batches of 256 rows and are timed on a second pass over the data (the buffer full and
 wrapping around, as it is for most of a run); sampling draws batches of 256 uniformly.
@@ -39,7 +39,7 @@ import numpy as np
 from _common import emit, table
 
 from dagrl.replay import ReplayStore, Schema
-from dagrl.replay.store import LARGE_ROW_BYTES
+from dagrl.replay.store import default_codec
 
 BATCH = 256
 
@@ -203,7 +203,7 @@ def measure_prioritized(data: dict[str, np.ndarray], seconds: float, root: Path,
     out: dict = {"dagrl, all in RAM": {"add": float("nan"), "sample": draws(ram)}}
     ram = None
     setups = [("default chunks", None, None), ("uniform's chunks", uniform_chunk_rows, None)]
-    if schema.row_bytes < LARGE_ROW_BYTES:  # rows read on their own from uncompressed chunks: vs compressed ones
+    if default_codec(schema, prioritized=True) != "blosc-zstd":  # the prioritized default vs the uniform one
         setups.insert(1, ("default chunks", None, "blosc-zstd"))
     for i, (label, chunk_rows, codec) in enumerate(setups):
         path = root / f"prioritized-{i}"

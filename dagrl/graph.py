@@ -68,9 +68,9 @@ class RoleSpec:
     """RAM each replica may use for data, e.g. ``2GiB`` (a replay store's memory budget)."""
     codec: str | None = None
     """How a replay store compresses the chunks it spills to disk: ``blosc-zstd``, ``blosc-lz4``,
-    ``zstd`` or ``none``. Default: ``none`` for a prioritized store of rows that are not images (its
-    priority draws then read each cold row alone, ~7 x faster), ``blosc-zstd`` otherwise. A store
-    reopened keeps the codec it was written with."""
+    ``zstd`` or ``none``. Default (:func:`dagrl.replay.store.default_codec`): ``blosc-zstd`` for uniform
+    stores; for prioritized ones ``none`` (rows that are not images: each cold row drawn read alone)
+    or ``blosc-lz4`` (images: faster to decode). A store reopened keeps the codec it was written with."""
     vector: str = "sync"
     """How a sampler steps its ``envs``: ``sync`` one after another in its own process (gymnasium's
     SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that one sampler

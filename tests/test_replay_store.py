@@ -483,7 +483,8 @@ def test_priority_draws_read_each_cold_row_alone_from_uncompressed_chunks_and_ge
     drawn at its offset in the chunk file, not the whole chunk; images and uniform stores stay compressed,
     and a store reopened keeps the codec it was written with."""
     image = Schema({"obs": ("uint8", (84, 84, 4)), "reward": ("float32", ())})
-    assert ReplayStore(image, 100, 64 << 20, tmp_path / "i", prioritized=True).codec == "blosc-zstd"
+    assert ReplayStore(image, 100, 64 << 20, tmp_path / "i", prioritized=True).codec == "blosc-lz4"
+    assert ReplayStore(image, 100, 64 << 20, tmp_path / "j").codec == "blosc-zstd"
     assert ReplayStore(SCHEMA, 100, 2**20, tmp_path / "u").codec == "blosc-zstd"
 
     store = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "p", prioritized=True, seed=3)

@@ -101,6 +101,28 @@ def _compressors(codec: str) -> Any:
     return [BloscCodec(cname=cname, clevel=3, shuffle="shuffle")]
 
 
+def default_codec(schema: Schema, prioritized: bool) -> str:
+    """The codec a store spills with unless told: what its reads need.
+
+    * ``blosc-zstd`` for a uniform store: its draws read whole chunks into a working set, and zstd
+      packs them smallest (Atari frames ~200 x);
+    * ``none`` for a prioritized store of rows under :data:`LARGE_ROW_BYTES` (not images): a priority
+      draw then reads each cold row alone, a few hundred bytes instead of its chunk and the chunk's
+      decoding (6.7 x the draws of blosc-zstd; 1.8 x the disk bytes of float vectors);
+    * ``blosc-lz4`` for a prioritized store of images: each cold row drawn decodes its 2-row chunk,
+      and lz4 decodes ~2 x faster (1.4 x the draws of Pong rows); its chunks, ~1.9 KiB against
+      zstd's ~0.6 KiB, still fill one 4 KiB disk block each (BENCHMARKS.md).
+
+    >>> default_codec(Schema({"obs": ("float32", (17,))}), prioritized=True)
+    'none'
+    >>> default_codec(Schema({"obs": ("uint8", (84, 84, 4))}), prioritized=True)
+    'blosc-lz4'
+    """
+    if not prioritized:
+        return "blosc-zstd"
+    return "none" if schema.row_bytes < LARGE_ROW_BYTES else "blosc-lz4"
+
+
 class ReplayStore:
     """Transitions in RAM up to a memory budget, the rest in zarr on local disk.
 
@@ -121,11 +143,7 @@ class ReplayStore:
         Rows per chunk (default: about 1 MiB, at most a 16th of the cache, 16 to 4096 rows; for a
         prioritized store about 64 KiB and at least 2 rows; a store reopened at ``path`` keeps its own).
     codec
-        ``blosc-zstd``, ``blosc-lz4``, ``zstd`` or ``none``. Default: ``none`` for a prioritized store of
-        rows under :data:`LARGE_ROW_BYTES`, whose priority draws then read each cold row on its own
-        (a few hundred bytes, not its whole chunk and its decoding: ~7 x faster draws, BENCHMARKS.md)
-        at the price of the disk bytes compression would have saved (little, for float vectors);
-        ``blosc-zstd`` otherwise (images compress ~200 x).
+        ``blosc-zstd``, ``blosc-lz4``, ``zstd`` or ``none``; default: :func:`default_codec`.
     prioritized
         Keep PER priorities (proportional, ``alpha``), with importance weights annealed from
         ``beta`` to 1 over ``beta_steps`` sample calls.
@@ -168,7 +186,7 @@ class ReplayStore:
         if capacity < 1:
             raise ReplayError(f"capacity must be >= 1, got {capacity}")
         if codec is None:
-            codec = "none" if prioritized and schema.row_bytes < LARGE_ROW_BYTES else "blosc-zstd"
+            codec = default_codec(schema, prioritized)
         if codec not in CODECS:
             raise ReplayError(f"codec must be one of {CODECS}, got {codec!r}")
         self.schema, self.capacity, self.codec = schema, int(capacity), codec
