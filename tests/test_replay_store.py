@@ -509,3 +509,27 @@ def test_priority_draws_read_each_cold_row_alone_from_uncompressed_chunks_and_ge
     compressed.close()
     again = ReplayStore(SCHEMA, 20_000, 200_000, tmp_path / "z", prioritized=True)
     assert again.codec == "blosc-zstd" and again.sample(256).data["obs"].shape == (256, 17)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 5, 8, 1000])
+def test_the_priority_tree_keeps_the_sum_and_the_least_positive_priority_of_its_leaves(slots):
+    """Batches of updates with repeated slots (the later wins) and zeros (out of sampling), checked
+    against the leaves summed and searched directly; every prefix finds the leaf holding it."""
+    from dagrl.replay.sumtree import PriorityTree
+
+    rng = np.random.default_rng(slots)
+    tree, leaves = PriorityTree(slots), np.zeros(slots)
+    for _ in range(200):
+        k = int(rng.integers(1, 40))
+        where, values = rng.integers(0, slots, k), rng.random(k) * (rng.random(k) > 0.3)
+        tree.set(where, values)
+        for i, v in zip(where.tolist(), values.tolist(), strict=True):
+            leaves[i] = v
+        assert tree.total == pytest.approx(leaves.sum(), rel=1e-12, abs=1e-12)
+        assert tree.min == leaves[leaves > 0].min(initial=np.inf)
+        if tree.total > 0:
+            bounds = np.cumsum(leaves)
+            prefix = rng.random(64) * tree.total
+            found = tree.find(prefix)
+            assert (leaves[found] > 0).all()
+            np.testing.assert_array_equal(found, np.searchsorted(bounds, prefix, side="right").clip(max=slots - 1))

@@ -41,14 +41,20 @@ class PriorityTree:
         values = np.asarray(values, np.float64)
         self.sums[nodes] = values
         self.mins[nodes] = np.where(values > 0, values, np.inf)
-        nodes = np.unique(nodes // 2)
-        while len(nodes) and nodes[0] >= 1:
-            left, right = 2 * nodes, 2 * nodes + 1
-            self.sums[nodes] = self.sums[left] + self.sums[right]
-            self.mins[nodes] = np.minimum(self.mins[left], self.mins[right])
+        if not len(nodes) or self.size == 1:
+            return
+        nodes = np.unique(nodes) // 2  # sorted once: the parents of sorted nodes stay sorted
+        keep = np.empty(len(nodes), bool)
+        keep[0] = True
+        while True:  # up a level at a time, each parent once (a sorted dedupe, not a sort per level)
+            np.not_equal(nodes[1:], nodes[:-1], out=keep[1 : len(nodes)])
+            nodes = nodes[keep[: len(nodes)]]
+            left = 2 * nodes
+            self.sums[nodes] = self.sums[left] + self.sums[left + 1]
+            self.mins[nodes] = np.minimum(self.mins[left], self.mins[left + 1])
             if nodes[0] == 1:
                 break
-            nodes = np.unique(nodes // 2)
+            nodes //= 2
 
     def get(self, slots: np.ndarray) -> np.ndarray:
         return self.sums[np.asarray(slots, np.int64) + self.size]
