@@ -68,8 +68,8 @@ class ChunkFiles:
     def read_rows(self, slot: int, rows: np.ndarray, row_bytes: int, out: np.ndarray) -> bool:
         """Rows ``rows`` of an uncompressed chunk into ``out`` (``(len(rows), row_bytes)`` uint8), each read
         on its own at its offset: a priority draw wants one or two rows of a cold chunk, and reading
-        ~170 bytes instead of the whole chunk is what makes such draws fast. False if the chunk was
-        never written (or is short: zarr's fill value, read through zarr)."""
+        ~170 bytes instead of the whole chunk is what makes such draws fast. False if the chunk file is
+        missing or shorter than a row asked for: the caller then reads the chunk whole, as before."""
         assert self.codec is None
         try:
             fd = os.open(self.path(slot), os.O_RDONLY)
