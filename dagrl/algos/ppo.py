@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from dagrl.context import RoleContext
+from dagrl.cuda_graphs import step_means
 from dagrl.episodes import Episodes, EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
@@ -597,10 +598,13 @@ def train_epochs(
     """``update_epochs`` passes over ``n`` items (transitions, or whole env sequences) in random
     minibatches of ``mb``, a gradient step on ``loss_of(indices)`` each (gradients averaged over
     data-parallel replicas, clipped); stops early past ``target_kl``. The mean of the loss parts, and
-    the number of gradient steps."""
+    the number of gradient steps.
+
+    The loss parts stay on the device until the end and are read back in one transfer
+    (:func:`~dagrl.cuda_graphs.step_means`): a read-back per step would make a GPU learner wait for
+    each step's kernels before it queues the next step's (without ``target_kl`` nothing else syncs)."""
     cfg, agent = state.cfg, state.agent
-    stats: dict[str, float] = {}
-    steps = 0
+    outs: list[dict[str, torch.Tensor]] = []
     for _ in range(cfg.update_epochs):
         order = torch.randperm(n, generator=state.gen).to(state.device)
         for start in range(0, n - mb + 1, mb):
@@ -610,12 +614,11 @@ def train_epochs(
             state.ctx.average_gradients(agent.parameters())
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             state.optimizer.step()
-            for k, v in parts.items():
-                stats[k] = stats.get(k, 0.0) + v.item()
-            steps += 1
+            outs.append({k: v.detach() for k, v in parts.items()})
         if cfg.target_kl is not None and state.ctx.mean_over_replicas(parts["approx_kl"].item()) > cfg.target_kl:
             break
-    return {f"losses/{k}": v / max(steps, 1) for k, v in stats.items()}, steps
+    names = {f"losses/{k}": k for k in (outs[0] if outs else {})}
+    return step_means(outs, names), len(outs)
 
 
 def annealed_lr(cfg: Config, trained_steps: int, budget: int | None) -> float:
