@@ -23,7 +23,10 @@ checks that a ``Dict`` observation holding an image reaches the networks as a CN
 actions at reset, 4 frames repeated per action (max-pooled over the last two), 84x84 grayscale,
 4 frames stacked into a ``uint8`` ``(4, 84, 84)`` observation, rewards clipped to [-1, 1]; no
 sticky actions. ``env: {id: "dagrl.envs:Atari-v0", kwargs: {game: Pong}}``. With
-``episodic_life: true`` a lost life ends the episode (returns are then per life).
+``episodic_life: true`` a lost life ends the episode (returns are then per life). The emulator
+hands the wrappers grayscale screens (``obs_type="grayscale"``): the preprocessing reads the screen
+from the emulator itself, so the observations are the same as over ALE's default RGB screens, and
+a step costs 12 % less without the RGB screen ALE renders for every repeated frame (BENCHMARKS.md).
 
 ``dagrl.envs:LaterPayoff-v0`` is a two-step task whose better path pays only at its second step, hidden
 from a stale, uniformly acting policy's data: learning from such data with V-trace finds it, without an
@@ -304,6 +307,7 @@ def make_atari(
     from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation
 
     gym.register_envs(ale_py)
+    kwargs.setdefault("obs_type", "grayscale")  # what the preprocessing reads anyway (module docstring)
     env = gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=repeat_action_probability, **kwargs)
     env = AtariPreprocessing(
         env, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size, terminal_on_life_loss=episodic_life

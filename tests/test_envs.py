@@ -58,3 +58,29 @@ def test_costly_cartpole_spends_its_step_cost(cost):
 def test_costly_cartpole_rejects_unknown_cost():
     with pytest.raises(ValueError, match="cost must be one of sleep, busy"):
         gym.make(COSTLY, cost="spin")
+
+
+def test_the_atari_preset_steps_as_gymnasiums_preprocessing_over_rgb_screens():
+    """The preset's emulator renders grayscale screens only; gymnasium's wrappers over ALE's default RGB
+    screens must give the same observations, rewards and episode ends, resets included."""
+    pytest.importorskip("ale_py")
+    from dagrl.envs import make_atari
+
+    runs = []
+    for obs_type in ("grayscale", "rgb"):
+        env = make_atari("Pong", obs_type=obs_type, max_num_frames_per_episode=600)  # episodes of 150 steps
+        env.action_space.seed(3)
+        obs, _ = env.reset(seed=7)
+        steps = [obs]
+        for _ in range(400):
+            obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            steps += [obs, reward, terminated, truncated]
+            if terminated or truncated:
+                steps.append(env.reset()[0])
+        runs.append(steps)
+        env.close()
+    assert len(runs[0]) == len(runs[1])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert runs[0][0].shape == (4, 84, 84) and runs[0][0].dtype == np.uint8
+    assert sum(1 for x in runs[0] if x is True) >= 2  # episodes ended, and the resets after them compared
