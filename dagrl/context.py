@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -73,7 +74,14 @@ class RoleContext:
     """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
     their own network."""
     made: list[Any] = field(default_factory=list, repr=False, compare=False)
-    """The vector envs :meth:`make_envs` returned, closed by :meth:`close` when the role ends."""
+    """The vector envs :meth:`make_envs` made, closed by :meth:`close` when the role ends."""
+    handed: list[NamedEnvErrors] = field(default_factory=list, repr=False, compare=False)
+    """What :meth:`make_envs` returned: the same envs, each timing its steps (:meth:`env_seconds`)."""
+
+    def env_seconds(self) -> float:
+        """Seconds this role instance has spent inside its vector envs' ``step`` (0 without envs): with
+        the seconds its fragments took (the host's ``busy_s``), where a sampler's time goes."""
+        return sum(envs.step_s for envs in self.handed)
 
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
@@ -166,7 +174,8 @@ class RoleContext:
 
             envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
         self.made.append(envs)
-        return NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]")
+        self.handed.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
+        return self.handed[-1]
 
     def close(self) -> None:
         """End what this context made for the role: its vector envs (their env processes or threads)
@@ -174,6 +183,7 @@ class RoleContext:
         the first error is raised after everything was tried."""
         items = [*reversed(self.made), self.inference]
         self.made.clear()
+        self.handed.clear()
         close_each(item.close for item in items if item is not None and not getattr(item, "closed", False))
 
 
@@ -214,10 +224,12 @@ class EnvError(RuntimeError):
 
 
 class NamedEnvErrors:
-    """Wraps a vector env so an exception inside it becomes an :class:`EnvError` naming env and role."""
+    """Wraps a vector env so an exception inside it becomes an :class:`EnvError` naming env and role;
+    counts the seconds spent in ``step`` (``step_s``)."""
 
     def __init__(self, envs: Any, env_id: str, owner: str):
         self._envs, self._env_id, self._owner = envs, env_id, owner
+        self.step_s = 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._envs, name)
@@ -226,7 +238,11 @@ class NamedEnvErrors:
         return self._guard("reset", args, kwargs)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._guard("step", args, kwargs)
+        t0 = time.perf_counter()
+        try:
+            return self._guard("step", args, kwargs)
+        finally:
+            self.step_s += time.perf_counter() - t0
 
     def _guard(self, method: str, args: tuple, kwargs: dict) -> Any:
         import traceback

@@ -104,9 +104,32 @@ def train(
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
         summary = trainer.run()
+        time_in_envs(policy, rundir)
         if wandb_log is not None:
             wandb_log.on_end(summary)
         return summary
+
+
+def time_in_envs(policy: Any, rundir: RunDir) -> None:
+    """At a run's end: ``actors.json`` again, now with each role instance's seconds in its fragments
+    (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role with envs saying
+    what share of its fragment time the envs took: what bounds the samplers, the simulator or the
+    rest (acting, recording, transfers)."""
+    from dagrl.dashboard.feed import in_env
+
+    try:
+        actors = policy.actors()
+    except Exception as err:  # an account of a finished run: never fail the run for it
+        log.debug("actors at the end: %s", err)
+        return
+    rundir.write_json("actors.json", actors)
+    for role in dict.fromkeys(a["role"] for a in actors):
+        mine = [a for a in actors if a["role"] == role]
+        env_s, busy_s = sum(a["env_s"] for a in mine), sum(sum(a["busy_s"].values()) for a in mine)
+        share = in_env({"env_s": env_s, "busy_s": busy_s})
+        if share is not None:
+            where = f"{env_s:.1f} of {busy_s:.1f} s" + (f", summed over {len(mine)}" if len(mine) > 1 else "")
+            log.info("%s: %.0f %% of its fragment time inside env.step (%s)", role, 100 * share, where)
 
 
 @contextlib.contextmanager

@@ -120,6 +120,16 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
     states = column(browser, "dagrl-actors", "state")
     assert all(s == "idle" or s.startswith("running") for s in states), states
     assert len(column(browser, "dagrl-actors", "worker")) == 4  # 2 samplers, replay, learner
+
+    def in_env() -> dict[str, list[str]]:  # role -> its rows' share of fragment time inside env.step
+        out: dict[str, list[str]] = {}
+        roles, shares = column(browser, "dagrl-actors", "role"), column(browser, "dagrl-actors", "in_env")
+        for role, share in zip(roles, shares, strict=True):
+            out.setdefault(role, []).append(share)
+        return out
+
+    shares = wait(lambda: all(s.endswith(" %") for s in in_env()["sampler"]) and in_env(), 60, "samplers' env share")
+    assert shares["learner"] == ["-"] and shares["replay"] == ["-"], shares
     assert max(column(browser, "dagrl-rates", "sample_hz")) > 0
     disk = column(browser, "dagrl-replay", "disk")
     wait(lambda: max(column(browser, "dagrl-replay", "disk")) > 0, 90, "replay rows spilled to disk")

@@ -84,3 +84,29 @@ def test_the_atari_preset_steps_as_gymnasiums_preprocessing_over_rgb_screens():
         np.testing.assert_array_equal(a, b)
     assert runs[0][0].shape == (4, 84, 84) and runs[0][0].dtype == np.uint8
     assert sum(1 for x in runs[0] if x is True) >= 2  # episodes ended, and the resets after them compared
+
+
+def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_path, caplog):
+    """Each sampler's seconds inside ``env.step`` are counted beside its fragments' seconds: in
+    ``actors.json`` at the end, on the RL page's actor table (heartbeats) and in one log line per role."""
+    import logging
+
+    from dagrl.dashboard.feed import in_env
+
+    steps, envs, step_ms = 16, 2, 4.0
+    caplog.set_level(logging.INFO, logger="dagrl")
+    summary, rundir = train(
+        "graphs/ppo-costly-cartpole.yaml", tmp_path,
+        ["policy=sync", "roles.sampler.replicas=2", f"roles.sampler.envs={envs}", f"env.kwargs.step_ms={step_ms}",
+         f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1", "stop.iterations=3"],
+        client,
+    )  # fmt: skip
+    actors = rundir.read_json("actors.json")
+    samplers = [a for a in actors if a["role"] == "sampler"]
+    assert len(samplers) == 2
+    for a in samplers:  # each vector step sleeps in every env in turn: at least envs x step_ms
+        assert a["env_s"] >= 0.9 * summary["iterations"] * steps * envs * step_ms / 1e3
+        assert a["env_s"] <= a["busy_s"]["collect"] and 0.5 < in_env(a) <= 1.0
+    assert all(a["env_s"] == 0.0 and in_env(a) is None for a in actors if a["role"] == "learner")
+    lines = [r.getMessage() for r in caplog.records if "inside env.step" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("sampler: ") and "summed over 2" in lines[0]

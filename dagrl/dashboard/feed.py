@@ -15,6 +15,18 @@ MAX_EPISODES = 64
 """Episode returns sent per iteration (the newest), enough for the scatter, small on the wire."""
 
 
+def in_env(info: dict[str, Any]) -> float | None:
+    """The share of a role instance's fragment time spent inside its envs' ``step`` (a heartbeat's or
+    an :meth:`~dagrl.runtime.host.Host.info`'s ``env_s`` over ``busy_s``); ``None`` for roles without envs.
+
+    >>> in_env({"env_s": 1.5, "busy_s": 2.0}), in_env({"env_s": 0.0, "busy_s": {"update": 3.0}})
+    (0.75, None)
+    """
+    env_s, busy = info.get("env_s") or 0.0, info.get("busy_s") or 0.0
+    busy = sum(busy.values()) if isinstance(busy, dict) else busy
+    return min(1.0, env_s / busy) if env_s > 0 and busy > 0 else None
+
+
 def row_message(row: dict[str, Any], res: Any) -> dict[str, Any]:
     """An iteration's metrics row, with the returns of the newest episodes that finished in it and the
     sampler replica that produced each."""
@@ -133,7 +145,7 @@ class Feed:
                 self.last_seen[key] = now
                 running = beat["running"]
                 state = f"running {running} ({beat['running_s']:.1f} s)" if running else "idle"
-                row.update(state=state, calls=beat["calls"], stats=beat.get("stats"))
+                row.update(state=state, calls=beat["calls"], stats=beat.get("stats"), in_env=in_env(beat))
                 self.devices[key] = beat.get("device", "?")
             row["device"] = self.devices.get(key, "?")
             seen = self.last_seen.get(key)

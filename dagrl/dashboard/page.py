@@ -54,7 +54,9 @@ class RLPage:
         self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
         self.inference = source("dagrl-inference", t=[], latency_ms=[], forward_ms=[], rows=[], busy_pct=[])
         self.runs = source("dagrl-runs", run=[], steps=[], ret=[], color=[])  # one row per run: a multi-line
-        self.table = source("dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[])
+        self.table = source(
+            "dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[], in_env=[]
+        )
 
         self.header = Div(text="<b>dagrl</b>: waiting for a run to publish metrics", name="dagrl-header")
         kw = {"sizing_mode": "stretch_width", "height": 260, "tools": "pan,wheel_zoom,box_zoom,reset,save"}
@@ -100,6 +102,7 @@ class RLPage:
             TableColumn(field="state", title="state"),
             TableColumn(field="heartbeat", title="last heartbeat"),
             TableColumn(field="calls", title="calls"),
+            TableColumn(field="in_env", title="in env step"),
         ]
         actors = DataTable(
             source=self.table, columns=columns, height=200, sizing_mode="stretch_width", index_position=None
@@ -216,6 +219,7 @@ class RLPage:
             "state": [("final: " if msg.get("final") else "") + r["state"] for r in rows],
             "heartbeat": ["-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f} s ago" for r in rows],
             "calls": ["-" if r["calls"] is None else str(r["calls"]) for r in rows],
+            "in_env": ["-" if r.get("in_env") is None else f"{100 * r['in_env']:.0f} %" for r in rows],
         }
         stats = [r["stats"] for r in rows if r.get("stats")]
         if stats:

@@ -288,6 +288,8 @@ class RoleHost:
             "calls": self.calls,
             "running": fragment,
             "running_s": None if since is None else time.perf_counter() - since,
+            "busy_s": sum(self.busy_s.values()),
+            "env_s": self.ctx.env_seconds(),
         }
 
     def info(self) -> dict[str, Any]:
@@ -304,5 +306,6 @@ class RoleHost:
             "started_at_env_steps": self.ctx.env_steps,
             "calls": self.calls,
             "busy_s": dict(self.busy_s),
+            "env_s": self.ctx.env_seconds(),
             "env": {k: os.environ[k] for k in _REPORTED_ENV if k in os.environ},
         }
