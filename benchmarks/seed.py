@@ -19,7 +19,8 @@ env steps/s between the first metrics row after the warm-up and the last.
 Where this machine has CUDA the learner is on the GPU in every setup (and the inference role beside
 it under ``central-inference``, each asking for half of the GPU worker). The inference role's own
 numbers (rows per forward, forward and queue time, the samplers' round trip) come from the last
-metrics row of the run.
+metrics row of the run; ``sampler_in_env``, the samplers' share of their ``collect`` time spent
+stepping their envs, from the run's ``actors.json``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,21 @@ def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str, max
         "sample_s": last.get("perf/sample_time_s"), "update_s": last.get("perf/update_time_s"),
     }  # fmt: skip
     out.update({f"inference {k}": last[f"inference/{k}"] for k in INFERENCE_KEYS if f"inference/{k}" in last})
+    out["sampler_in_env"] = sampler_in_env(summary["run_dir"])
     return out
+
+
+def sampler_in_env(run_dir: str) -> float | None:
+    """The samplers' share of their fragment time spent inside ``env.step`` over the whole run (warm-up
+    included), from the ``actors.json`` the run writes at its end."""
+    import json
+    from pathlib import Path
+
+    from dagrl.dashboard.feed import in_env
+
+    samplers = [a for a in json.loads((Path(run_dir) / "actors.json").read_text()) if a["role"] == "sampler"]
+    busy = sum(sum(a["busy_s"].values()) for a in samplers)
+    return in_env({"env_s": sum(a["env_s"] for a in samplers), "busy_s": busy})
 
 
 def main() -> None:
@@ -114,7 +129,8 @@ def main() -> None:
         for other in ("sync", "async"):
             if other in base and r["policy"] != other:
                 r[f"/ {other}"] = r["steps_s"] / base[other]
-    cols = ["policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "driver_cpu_ms_per_1k_steps"]
+    cols = ["policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "sampler_in_env"]
+    cols += ["driver_cpu_ms_per_1k_steps"]
     cols += [f"inference {k}" for k in INFERENCE_KEYS]
     print(f"\nPPO {args.game}, {args.samplers} samplers x {args.envs} envs, learner on {'cuda' if gpu else 'cpu'},")
     print(f"inference role (central-inference) on {args.inference_device}; env steps/s over {args.seconds:g} s")
