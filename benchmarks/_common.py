@@ -94,3 +94,15 @@ def sb3_to_target(model, budget: int, target: float, window: int) -> dict[str, A
     t0 = time.perf_counter()
     model.learn(total_timesteps=budget, callback=cb)
     return {"wall_s": time.perf_counter() - t0, "env_steps": model.num_timesteps, "solved": cb.solved()}
+
+
+def sampler_in_env(run_dir: str) -> float | None:
+    """The samplers' share of their fragment time spent inside ``env.step`` over a whole run (warm-up
+    included), from the ``actors.json`` the run writes at its end."""
+    from pathlib import Path
+
+    from dagrl.dashboard.feed import in_env
+
+    samplers = [a for a in json.loads((Path(run_dir) / "actors.json").read_text()) if a["role"] == "sampler"]
+    busy = sum(sum(a["busy_s"].values()) for a in samplers)
+    return in_env({"env_s": sum(a["env_s"] for a in samplers), "busy_s": busy})

@@ -20,6 +20,8 @@ first metrics row after the warm-up and the last. Learner work is kept small and
   ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout.
+* **in env**: the samplers' share of their ``collect`` time spent inside ``env.step`` (from each
+  run's ``actors.json``): near 1 the envs bound the samplers.
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
 * **plain || k**: k such loops at once, one process each, no Dask: what the machine itself allows k
   samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
@@ -36,7 +38,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import emit, table
+from _common import emit, sampler_in_env, table
 
 from dagrl.algos import ppo
 from dagrl.clusters import LocalClusterSpec, local_cluster
@@ -104,6 +106,7 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     return {
         "steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"],
         "driver_cpu_ms_per_1k_steps": 1e6 * cpu / max(1, summary["env_steps"]),
+        "sampler_in_env": sampler_in_env(summary["run_dir"]),
     }  # fmt: skip
 
 
@@ -243,6 +246,7 @@ def main() -> None:
                     row[policy] = r["steps_s"]
                     row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
                     row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
+                    row[f"{policy} in env"] = r["sampler_in_env"]
                     row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
                     cpu = r["driver_cpu_ms_per_1k_steps"]
@@ -259,11 +263,12 @@ def main() -> None:
                 rows.append(row)
     cols = ["cost", "samplers", "envs", "plain x k", "plain || k"]
     for policy in args.policies:
-        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu"]
+        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu", f"{policy} in env"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
     print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler;")
-    print("cpu: CPU time of the driver process (client and scheduler) per 1,000 env steps, ms")
+    print("cpu: CPU time of the driver process (client and scheduler) per 1,000 env steps, ms;")
+    print("in env: the samplers' share of their collect time spent inside env.step")
     print(table(rows, cols))
     for cost in args.cost:
         effs = [r.get("async eff") for r in rows if r["cost"] == cost and "async eff" in r]

@@ -29,7 +29,7 @@ import argparse
 import tempfile
 import time
 
-from _common import emit, table
+from _common import emit, sampler_in_env, table
 from scaling import Window
 
 from dagrl.clusters import LocalClusterSpec, cuda_count, local_cluster
@@ -74,19 +74,6 @@ def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str, max
     out.update({f"inference {k}": last[f"inference/{k}"] for k in INFERENCE_KEYS if f"inference/{k}" in last})
     out["sampler_in_env"] = sampler_in_env(summary["run_dir"])
     return out
-
-
-def sampler_in_env(run_dir: str) -> float | None:
-    """The samplers' share of their fragment time spent inside ``env.step`` over the whole run (warm-up
-    included), from the ``actors.json`` the run writes at its end."""
-    import json
-    from pathlib import Path
-
-    from dagrl.dashboard.feed import in_env
-
-    samplers = [a for a in json.loads((Path(run_dir) / "actors.json").read_text()) if a["role"] == "sampler"]
-    busy = sum(sum(a["busy_s"].values()) for a in samplers)
-    return in_env({"env_s": sum(a["env_s"] for a in samplers), "busy_s": busy})
 
 
 def main() -> None:
