@@ -86,7 +86,7 @@ def test_the_atari_preset_steps_as_gymnasiums_preprocessing_over_rgb_screens():
     assert sum(1 for x in runs[0] if x is True) >= 2  # episodes ended, and the resets after them compared
 
 
-def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_path, caplog):
+def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_path):
     """Each sampler's seconds inside ``env.step`` are counted beside its fragments' seconds: in
     ``actors.json`` at the end, on the RL page's actor table (heartbeats) and in one log line per role."""
     import logging
@@ -94,13 +94,22 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
     from dagrl.dashboard.feed import in_env
 
     steps, envs, step_ms = 16, 2, 4.0
-    caplog.set_level(logging.INFO, logger="dagrl")
-    summary, rundir = train(
-        "graphs/ppo-costly-cartpole.yaml", tmp_path,
-        ["policy=sync", "roles.sampler.replicas=2", f"roles.sampler.envs={envs}", f"env.kwargs.step_ms={step_ms}",
-         f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1", "stop.iterations=3"],
-        client,
-    )  # fmt: skip
+    logger, records = logging.getLogger("dagrl"), []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # the CLI's tests may have stopped "dagrl" propagating to pytest's capture
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        summary, rundir = train(
+            "graphs/ppo-costly-cartpole.yaml", tmp_path,
+            ["policy=sync", "roles.sampler.replicas=2", f"roles.sampler.envs={envs}", f"env.kwargs.step_ms={step_ms}",
+             f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1", "stop.iterations=3"],
+            client,
+        )  # fmt: skip
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     actors = rundir.read_json("actors.json")
     samplers = [a for a in actors if a["role"] == "sampler"]
     assert len(samplers) == 2
@@ -108,5 +117,5 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
         assert a["env_s"] >= 0.9 * summary["iterations"] * steps * envs * step_ms / 1e3
         assert a["env_s"] <= a["busy_s"]["collect"] and 0.5 < in_env(a) <= 1.0
     assert all(a["env_s"] == 0.0 and in_env(a) is None for a in actors if a["role"] == "learner")
-    lines = [r.getMessage() for r in caplog.records if "inside env.step" in r.getMessage()]
+    lines = [r.getMessage() for r in records if "inside env.step" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("sampler: ") and "summed over 2" in lines[0]
