@@ -3,6 +3,7 @@ that run their own copy of the network.
 
     dagrl bench seed [--samplers 14] [--envs 8] [--game Pong] [--seconds 60] [--warmup 25]
                      [--policies sync async central-inference central-async] [--max-wait-ms 1] [--inference-device cuda]
+                     [--repeats 1]
 
 ``graphs/ppo-atari.yaml`` (CleanRL's Atari PPO hyperparameters) with ``samplers`` x ``envs`` envs, each
 setup a real training run on one LocalCluster started once, timed over ``seconds`` after a warm-up:
@@ -16,6 +17,9 @@ env steps/s between the first metrics row after the warm-up and the last.
   starts when every sampler has asked or ``--max-wait-ms`` after the first request (one run per value);
 * ``central-async``: the same, the samplers streaming as under ``async`` (``asynchronous: true``).
 
+``--repeats N`` runs every setup N times, odd rounds in reverse order, each ratio taken within its round,
+and prints each ratio's median over the rounds.
+
 Where this machine has CUDA the learner is on the GPU in every setup (and the inference role beside
 it under ``central-inference``, each asking for half of the GPU worker). The inference role's own
 numbers (rows per forward, forward and queue time, the samplers' round trip) come from the last
@@ -26,6 +30,7 @@ stepping their envs, from the run's ``actors.json``.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
@@ -88,6 +93,7 @@ def main() -> None:
         "--max-wait-ms", type=float, nargs="+", default=[1.0],
         help="central-inference: how long the first request of an env step waits for the others (one run each)",
     )  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every setup, odd rounds in reverse order")
     p.add_argument("--inference-device", choices=["cpu", "cuda"], default=None, help="default: cuda where present")
     args = p.parse_args()
     from distributed import Client
@@ -105,24 +111,32 @@ def main() -> None:
     ):
         print(f"LocalCluster of {len(cluster.worker_spec)} workers: {time.perf_counter() - t0:.1f} s", flush=True)
         rows = []
-        for policy in args.policies:
-            for wait in args.max_wait_ms if policy.startswith("central") else [None]:
+        setups = [(p, w) for p in args.policies for w in (args.max_wait_ms if p.startswith("central") else [None])]
+        for repeat in range(args.repeats):
+            for policy, wait in setups if repeat % 2 == 0 else setups[::-1]:  # odd rounds in reverse order
                 r = run(policy, args, gpu, client, root, wait)
                 name = policy if wait is None else f"{policy} (wait {wait:g} ms)"
-                rows.append({"policy": name, **r})
+                rows.append({"round": repeat + 1, "policy": name, **r})
                 print(f"{name}: {r['steps_s']:,.0f} env steps/s ({r['iterations']} iterations)", flush=True)
-    base = {r["policy"]: r["steps_s"] for r in rows}
     for r in rows:
+        base = {o["policy"]: o["steps_s"] for o in rows if o["round"] == r["round"]}
         for other in ("sync", "async"):
             if other in base and r["policy"] != other:
                 r[f"/ {other}"] = r["steps_s"] / base[other]
-    cols = ["policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "sampler_in_env"]
+    cols = ["round", "policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "sampler_in_env"]
     cols += ["driver_cpu_ms_per_1k_steps"]
     cols += [f"inference {k}" for k in INFERENCE_KEYS]
     print(f"\nPPO {args.game}, {args.samplers} samplers x {args.envs} envs, learner on {'cuda' if gpu else 'cpu'},")
     print(f"inference role (central-inference) on {args.inference_device}; env steps/s over {args.seconds:g} s")
     print(table(rows, [c for c in cols if any(c in r for r in rows)]))
-    emit("seed", {"args": vars(args), "rows": rows})
+    medians = {}
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        for other in ("sync", "async"):
+            ratios = [r[f"/ {other}"] for r in rows if r["policy"] == name and f"/ {other}" in r]
+            if ratios:
+                medians[f"{name} / {other}"] = statistics.median(ratios)
+                print(f"{name} / {other}: median {medians[f'{name} / {other}']:.2f} over {len(ratios)} round(s)")
+    emit("seed", {"args": vars(args), "rows": rows, "median_ratios": medians})
 
 
 if __name__ == "__main__":
