@@ -101,8 +101,6 @@ def sampler_in_env(run_dir: str) -> float | None:
     included), from the ``actors.json`` the run writes at its end."""
     from pathlib import Path
 
-    from dagrl.dashboard.feed import in_env
+    from dagrl.dashboard.feed import in_env, role_time
 
-    samplers = [a for a in json.loads((Path(run_dir) / "actors.json").read_text()) if a["role"] == "sampler"]
-    busy = sum(sum(a["busy_s"].values()) for a in samplers)
-    return in_env({"env_s": sum(a["env_s"] for a in samplers), "busy_s": busy})
+    return in_env(role_time(json.loads((Path(run_dir) / "actors.json").read_text()), "sampler"))

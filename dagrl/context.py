@@ -73,15 +73,14 @@ class RoleContext:
     inference: Any = None
     """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
     their own network."""
-    made: list[Any] = field(default_factory=list, repr=False, compare=False)
-    """The vector envs :meth:`make_envs` made, closed by :meth:`close` when the role ends."""
-    handed: list[NamedEnvErrors] = field(default_factory=list, repr=False, compare=False)
-    """What :meth:`make_envs` returned: the same envs, each timing its steps (:meth:`env_seconds`)."""
+    made: list[NamedEnvErrors] = field(default_factory=list, repr=False, compare=False)
+    """The vector envs :meth:`make_envs` returned (each timing its steps), closed by :meth:`close` when
+    the role ends."""
 
     def env_seconds(self) -> float:
         """Seconds this role instance has spent inside its vector envs' ``step`` (0 without envs): with
         the seconds its fragments took (the host's ``busy_s``), where a sampler's time goes."""
-        return sum(envs.step_s for envs in self.handed)
+        return sum(envs.step_s for envs in self.made)
 
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
@@ -173,9 +172,8 @@ class RoleContext:
             from dagrl.vector import make_vector
 
             envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
-        self.made.append(envs)
-        self.handed.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
-        return self.handed[-1]
+        self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
+        return self.made[-1]
 
     def close(self) -> None:
         """End what this context made for the role: its vector envs (their env processes or threads)
@@ -183,7 +181,6 @@ class RoleContext:
         the first error is raised after everything was tried."""
         items = [*reversed(self.made), self.inference]
         self.made.clear()
-        self.handed.clear()
         close_each(item.close for item in items if item is not None and not getattr(item, "closed", False))
 
 

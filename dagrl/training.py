@@ -115,7 +115,7 @@ def time_in_envs(policy: Any, rundir: RunDir) -> None:
     (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role with envs saying
     what share of its fragment time the envs took: what bounds the samplers, the simulator or the
     rest (acting, recording, transfers)."""
-    from dagrl.dashboard.feed import in_env
+    from dagrl.dashboard.feed import in_env, role_time
 
     try:
         actors = policy.actors()
@@ -124,11 +124,11 @@ def time_in_envs(policy: Any, rundir: RunDir) -> None:
         return
     rundir.write_json("actors.json", actors)
     for role in dict.fromkeys(a["role"] for a in actors):
-        mine = [a for a in actors if a["role"] == role]
-        env_s, busy_s = sum(a["env_s"] for a in mine), sum(sum(a["busy_s"].values()) for a in mine)
-        share = in_env({"env_s": env_s, "busy_s": busy_s})
+        summed = role_time(actors, role)
+        share = in_env(summed)
         if share is not None:
-            where = f"{env_s:.1f} of {busy_s:.1f} s" + (f", summed over {len(mine)}" if len(mine) > 1 else "")
+            n, env_s, busy_s = summed["instances"], summed["env_s"], sum(summed["busy_s"].values())
+            where = f"{env_s:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
             log.info("%s: %.0f %% of its fragment time inside env.step (%s)", role, 100 * share, where)
 
 

@@ -288,7 +288,7 @@ class RoleHost:
             "calls": self.calls,
             "running": fragment,
             "running_s": None if since is None else time.perf_counter() - since,
-            "busy_s": sum(self.busy_s.values()),
+            "busy_s": dict(self.busy_s),
             "env_s": self.ctx.env_seconds(),
         }
 
