@@ -301,10 +301,13 @@ ACTOR_START_TIMEOUT_S = 300.0
 def _started(client: Any, fut: Any, address: str, what: str) -> Any:
     """The actor of ``fut``, or an error naming the role when its worker leaves (an actor pinned to a
     dead worker would wait forever) or it does not start in :data:`ACTOR_START_TIMEOUT_S`."""
+    from distributed import wait
+
     end = time.monotonic() + ACTOR_START_TIMEOUT_S
     while True:
-        try:
-            return fut.result(timeout=2.0)
+        try:  # not fut.result(timeout=...): its timeout can surface as UnboundLocalError (dask/distributed#8514)
+            wait(fut, timeout=2.0)
+            return fut.result()
         except TimeoutError:
             if address not in live_workers(client):
                 raise RuntimeError(f"{what}: worker {address} left before the role's actor started") from None
