@@ -632,14 +632,32 @@ class ReplayStore:
         return Sample(data, indices, np.ones(n, np.float32))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Uniform draws, gathered straight from where they sit: ring positions and cache slots."""
+        """Uniform draws, gathered straight from where they sit: ring positions and cache slots.
+
+        Cold draws pick one of the working set's chunk-sized slot ranges uniformly, so a chunk only
+        partly stored (the head's, rows before ``head`` dropped; a top one not yet full) would have
+        its rows drawn more often than the rest. A draw landing on such a gap goes to a random hot row
+        instead, and the hot share is lowered by as much: every stored row's chance per draw is then
+        exactly ``1 / len(self)`` (``test_rows_of_a_partly_dropped_chunk_are_drawn_as_often``).
+        With fewer hot rows than gaps the cold draws fall on the chunks' stored rows only.
+        """
         hot_start = self._hot_start()
-        n_hot = self.rng.binomial(n, self.hot_rows / len(self))
-        hot = self.rng.integers(hot_start, self.tail, n_hot)
-        ring_pos = hot % (self.ring_chunks * self.chunk_rows)
+        n_hot_rows = self.tail - hot_start
+        R = self.chunk_rows
+        gaps = 0
+        if hot_start > self.head:
+            gaps = self.head % R + (-hot_start) % R
+            if gaps > n_hot_rows:
+                gaps = 0
+        n_hot = self.rng.binomial(n, (n_hot_rows - gaps) / len(self))
         if n_hot == n:
+            hot = self.rng.integers(hot_start, self.tail, n)
+            ring_pos = hot % (self.ring_chunks * R)
             return hot, {name: ring[ring_pos] for name, ring in self.ring.items()}
-        cold, cache_pos = self._cold_rows(n - n_hot, hot_start)
+        cold, cache_pos = self._cold_rows(n - n_hot, hot_start, over_gaps=gaps > 0)
+        n_hot = n - len(cold)
+        hot = self.rng.integers(hot_start, self.tail, n_hot)
+        ring_pos = hot % (self.ring_chunks * R)
         data = {}
         for name, f in self.schema.items():
             # gathered straight into the batch: ``out[:k] = a[pos]`` gathers into a temporary and copies
@@ -651,8 +669,10 @@ class ReplayStore:
             np.take(self.cache[name], cache_pos, axis=0, out=out[n_hot:], mode="clip")
         return np.concatenate([hot, cold]), data
 
-    def _cold_rows(self, n: int, hot_start: int) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` cold rows drawn from the working set: global indices and positions in the cache."""
+    def _cold_rows(self, n: int, hot_start: int, over_gaps: bool) -> tuple[np.ndarray, np.ndarray]:
+        """At most ``n`` cold rows drawn from the working set: global indices and positions in the
+        cache. ``over_gaps``: each draw picks a slot of a working-set chunk, and draws falling on rows
+        not stored are left out (the caller draws hot rows for them); else all ``n`` fall on stored rows."""
         R = self.chunk_rows
         first, last = self.head // R, (hot_start - 1) // R  # cold chunk ids, inclusive
         size = min(self.cold_per_sample, last - first + 1)
@@ -680,6 +700,12 @@ class ReplayStore:
             self.working[out] = cid
         ws = np.array(self.working)
         slots = np.array([self.cached[c] for c in self.working])
+        if over_gaps:
+            which, offset = np.divmod(self.rng.integers(0, len(ws) * R, n), R)
+            rows = ws[which] * R + offset
+            stored = (rows >= self.head) & (rows < hot_start)
+            rows, which, offset = rows[stored], which[stored], offset[stored]
+            return rows, slots[which] * R + offset
         lo = np.maximum(ws * R, self.head)
         sizes = np.minimum((ws + 1) * R, hot_start) - lo  # edge chunks may be partly dropped or hot
         ends = np.cumsum(sizes)
