@@ -353,7 +353,32 @@ class ReplayStore:
         if self.hot_lo in self.dirty:
             self._write_chunk(self.hot_lo, meta=False)
             self.meta_due = True
+        self._admit(self.hot_lo)
         self.hot_lo += 1
+
+    def _admit(self, cid: int) -> None:
+        """Chunk ``cid``, turning cold, joins the working set with the chance every cold chunk has.
+
+        Rotation brings chunks in a fraction of one per call, so a chunk new to the cold tier would
+        otherwise start outside the working set and reach its share only after some ``size /
+        cold_refresh`` calls: with rows added between calls, the newest cold rows were drawn at 0.3-0.5
+        x the rate of the others (``test_uniform_sampling_is_uniform_over_ages_while_rows_are_added``).
+        Its rows are still in the ring, so joining costs one chunk's copy and no read.
+        """
+        if self.tree is not None or not self.working or cid in self.cached:
+            return
+        R = self.chunk_rows
+        cold_chunks = cid - self.head // R + 1
+        size = min(self.cold_per_sample, cold_chunks)
+        if len(self.working) < size or self.rng.random() >= size / cold_chunks:
+            return  # a short working set is refilled from every cold chunk at the next call
+        out = int(self.rng.integers(len(self.working)))
+        slot = self.cached.pop(self.working[out])
+        ring = self._ring_rows(cid)
+        for name, cache in self.cache.items():
+            cache[slot * R : (slot + 1) * R] = self.ring[name][ring]
+        self.cached[cid] = slot
+        self.working[out] = cid
 
     # -- storage ----------------------------------------------------------------------------------
 
