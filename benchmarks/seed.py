@@ -1,13 +1,15 @@
-"""Central inference where it should pay: PPO on Atari with the Nature CNN, side by side with samplers
-that run their own copy of the network.
+"""Central inference where it should pay: PPO on Atari with a CNN, side by side with samplers that run
+their own copy of the network.
 
     dagrl bench seed [--samplers 14] [--envs 8] [--game Pong] [--seconds 60] [--warmup 25]
                      [--policies sync async central-inference central-async] [--max-wait-ms 1] [--inference-device cuda]
-                     [--repeats 1]
+                     [--repeats 1] [--cnn nature]
 
 ``graphs/ppo-atari.yaml`` (CleanRL's Atari PPO hyperparameters) with ``samplers`` x ``envs`` envs, each
 setup a real training run on one LocalCluster started once, timed over ``seconds`` after a warm-up:
-env steps/s between the first metrics row after the warm-up and the last.
+env steps/s between the first metrics row after the warm-up and the last. ``--cnn impala`` puts IMPALA's
+residual encoder in place of the Nature CNN: about 11 x its forward on a CPU core, so a sampler acting
+for itself spends more of its time in the network.
 
 * ``sync`` and ``async``: every sampler acts with its own CPU copy of the CNN (one torch thread);
   ``async`` updates once per ``samplers`` rollouts (the same samples per update as the others), with
@@ -58,7 +60,7 @@ def run(policy: str, args: argparse.Namespace, gpu: bool, client, root: str, max
         f"policy={options}", f"env.kwargs.game={args.game}",
         f"roles.sampler.replicas={args.samplers}", f"roles.sampler.envs={args.envs}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=1000000000",
-        "checkpoint.every=0", f"runs_dir={root}",
+        "checkpoint.every=0", f"runs_dir={root}", f"hyperparameters.cnn={args.cnn}",
     ]  # fmt: skip
     if gpu:
         sets.append("roles.learner.resources.GPU=0.5")
@@ -95,6 +97,7 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="rounds of every setup, odd rounds in reverse order")
     p.add_argument("--inference-device", choices=["cpu", "cuda"], default=None, help="default: cuda where present")
+    p.add_argument("--cnn", choices=["nature", "impala"], default="nature", help="the encoder (hyperparameters.cnn)")
     args = p.parse_args()
     from distributed import Client
 
@@ -126,7 +129,8 @@ def main() -> None:
     cols = ["round", "policy", "steps_s", "/ sync", "/ async", "sample_s", "update_s", "sampler_in_env"]
     cols += ["driver_cpu_ms_per_1k_steps"]
     cols += [f"inference {k}" for k in INFERENCE_KEYS]
-    print(f"\nPPO {args.game}, {args.samplers} samplers x {args.envs} envs, learner on {'cuda' if gpu else 'cpu'},")
+    print(f"\nPPO {args.game}, {args.cnn} CNN, {args.samplers} samplers x {args.envs} envs,", end=" ")
+    print(f"learner on {'cuda' if gpu else 'cpu'},")
     print(f"inference role (central-inference) on {args.inference_device}; env steps/s over {args.seconds:g} s")
     print(table(rows, [c for c in cols if any(c in r for r in rows)]))
     medians = {}

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from dagrl.image_layout import ImageLayout, image_layout
-from dagrl.networks import NatureCNN
+from dagrl.networks import CNNS
 
 FLOAT_BYTES = 4
 """Bytes of each value of an entry that is not an image (``float32``)."""
@@ -189,9 +189,9 @@ class MixedObservation(gym.ObservationWrapper):
 
 
 class MixedEncoder(nn.Module):
-    """Cuts a :class:`MixedBox` vector apart: a :class:`NatureCNN` for each image, the other entries'
-    ``float32`` values read back from their bytes; the outputs concatenated in the ``Dict``'s order
-    (width :attr:`features`).
+    """Cuts a :class:`MixedBox` vector apart: a CNN for each image (``cnn``, as in
+    :func:`~dagrl.networks.encoder`), the other entries' ``float32`` values read back from their
+    bytes; the outputs concatenated in the ``Dict``'s order (width :attr:`features`).
 
     Takes the packed ``uint8`` batch ``[B, N]`` (a float tensor of the same byte values, as an
     algorithm's ``.float()`` makes it, is turned back to ``uint8`` exactly first).
@@ -203,11 +203,11 @@ class MixedEncoder(nn.Module):
     (torch.Size([3, 514]), 514)
     """
 
-    def __init__(self, space: MixedBox):
+    def __init__(self, space: MixedBox, cnn: str = "nature"):
         super().__init__()
         self.parts = space.parts
         self.values_bytes = sum(p.stop - p.start for p in space.values)
-        self.cnns = nn.ModuleDict({p.key: NatureCNN(p.image[0], p.image[1:]) for p in space.images})
+        self.cnns = nn.ModuleDict({p.key: CNNS[cnn](p.image[0], p.image[1:]) for p in space.images})
         self.features = sum(self.cnns[p.key].features if p.image else p.size for p in space.parts)
 
     @property

@@ -25,7 +25,7 @@ from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_gr
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
-from dagrl.networks import encoder, is_image
+from dagrl.networks import CNN, encoder, is_image
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample
@@ -70,6 +70,8 @@ class Config:
     apex_alpha: float = 7.0
     hidden: int = 128
     """Width of the two hidden layers."""
+    cnn: CNN = "nature"
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
     dueling: bool = False
     """Dueling head: a state value and action advantages, ``Q = V + A - mean(A)`` (Wang et al., 2016;
     Ape-X's network)."""
@@ -100,8 +102,10 @@ class Config:
 # ---------------------------------------------------------------------------------------------------
 
 
-def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: bool = False) -> nn.Module:
-    """An MLP over vector observations; over ``uint8`` images the Nature CNN; then one linear layer,
+def q_network(
+    obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: bool = False, cnn: CNN = "nature"
+) -> nn.Module:
+    """An MLP over vector observations; over ``uint8`` images the CNN ``cnn`` names; then one linear layer,
     or with ``dueling`` a :class:`DuelingHead`.
 
     >>> q = q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), 16, dueling=True)
@@ -113,10 +117,10 @@ def q_network(obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: 
         raise TypeError(f"DQN needs a discrete action space, got {act_space}")
     n = int(act_space.n)
     if is_image(obs_space):
-        trunk, width = encoder(obs_space, hidden)
+        trunk, width = encoder(obs_space, hidden, cnn)
         return nn.Sequential(trunk, DuelingHead(width, n) if dueling else nn.Linear(width, n))
     if isinstance(obs_space, MixedBox):  # a Dict holding images: their CNNs and the rest, then a layer
-        trunk, width = encoder(obs_space, hidden)
+        trunk, width = encoder(obs_space, hidden, cnn)
         head = DuelingHead(hidden, n) if dueling else nn.Linear(hidden, n)
         return nn.Sequential(trunk, nn.Linear(width, hidden), nn.ReLU(), head)
     n_obs = int(np.prod(obs_space.shape))
@@ -203,7 +207,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling)
+        q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling, cfg.cnn)
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
     recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)
@@ -229,8 +233,8 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     device = torch.device(ctx.device)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
-        target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling).to(device)
+        q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling, cfg.cnn).to(device)
+        target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling, cfg.cnn).to(device)
     target.load_state_dict(q.state_dict())
     graphs = wants_graphs(cfg.cuda_graphs, device) and ctx.replicas == 1  # no all-reduce inside a graph
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
@@ -242,7 +246,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 @role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
-    q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling)
+    q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling, cfg.cnn)
     return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
 
 

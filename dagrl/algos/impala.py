@@ -41,6 +41,7 @@ from dagrl.algos.ppo import (
     sampler,
 )
 from dagrl.fragment import fragment, iteration
+from dagrl.networks import CNN
 from dagrl.schema import at_least, positive, unit_interval
 
 __all__ = [  # PPO's roles, publish, evaluator and action spaces are this algorithm's too
@@ -102,6 +103,8 @@ class Config:
     """Global gradient-norm clip."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    cnn: CNN = "nature"
+    """Encoder of image observations, as PPO's."""
     norm_obs: bool = False
     """Running observation standardisation, as PPO's."""
     norm_reward: bool = False

@@ -25,7 +25,7 @@ from dagrl.episodes import Episodes, EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
-from dagrl.networks import RunningNorm, encoder, is_image, obs_array, obs_tensor
+from dagrl.networks import CNN, RunningNorm, encoder, is_image, obs_array, obs_tensor
 from dagrl.schema import at_least, positive, unit_interval
 
 ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Box)
@@ -68,6 +68,8 @@ class Config:
     """Stop an update's epochs early when the approximate KL exceeds this."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    cnn: CNN = "nature"
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
     norm_obs: bool = False
     """Standardise vector observations by a running mean/std (MuJoCo), clipped to +-10; for a ``Dict``
     holding images, its other entries (the CNN scales the images). The statistics are buffers of the
@@ -130,7 +132,13 @@ class ActorCritic(nn.Module):
     discounted returns (``return_norm``), kept as buffers so they travel with the weights."""
 
     def __init__(
-        self, obs_space: gym.Space, act_space: gym.Space, hidden: int, norm_obs: bool = False, norm_reward: bool = False
+        self,
+        obs_space: gym.Space,
+        act_space: gym.Space,
+        hidden: int,
+        norm_obs: bool = False,
+        norm_reward: bool = False,
+        cnn: CNN = "nature",
     ):
         super().__init__()
         if norm_obs:
@@ -147,7 +155,7 @@ class ActorCritic(nn.Module):
             n_act = int(np.prod(act_space.shape))
         self.obs_norm = RunningNorm(norm_shape(obs_space)) if norm_obs else None
         self.return_norm = RunningNorm(()) if norm_reward else None
-        self.trunk, width = encoder(obs_space, hidden)
+        self.trunk, width = encoder(obs_space, hidden, cnn)
         if is_image(obs_space):
             self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
         else:
@@ -389,7 +397,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
     # IMPALA's Config shares these fields; getattr keeps other configs that reuse PPO's roles working
     norm_obs, norm_reward = getattr(cfg, "norm_obs", False), getattr(cfg, "norm_reward", False)
-    return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward)
+    return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward, getattr(cfg, "cnn", "nature"))
 
 
 def seeded_agent(ctx: RoleContext, agent_of: AgentOf) -> nn.Module:

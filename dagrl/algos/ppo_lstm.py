@@ -31,7 +31,7 @@ from dagrl.episodes import EpisodeTracker
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.mixed_obs import MixedBox
-from dagrl.networks import RunningNorm, encoder, obs_array, obs_tensor
+from dagrl.networks import CNN, RunningNorm, encoder, obs_array, obs_tensor
 from dagrl.schema import at_least
 
 __all__ = [
@@ -85,16 +85,18 @@ State = tuple[torch.Tensor, torch.Tensor]
 
 
 class LSTMCore(nn.Module):
-    """An observation encoder (:func:`~dagrl.networks.encoder`: a Nature CNN for images) and an LSTM over
+    """An observation encoder (:func:`~dagrl.networks.encoder`: ``cnn`` for images) and an LSTM over
     its features, unrolled over env sequences whose state is zeroed where an episode starts; the
     recurrent trunk of :class:`RecurrentActorCritic` and of R2D2's Q-network (``dagrl.algos.r2d2``).
     ``obs_norm``: running observation statistics applied before the encoder, or ``None``."""
 
-    def __init__(self, obs_space: gym.Space, hidden: int, lstm: int, obs_norm: RunningNorm | None = None):
+    def __init__(
+        self, obs_space: gym.Space, hidden: int, lstm: int, obs_norm: RunningNorm | None = None, cnn: CNN = "nature"
+    ):
         super().__init__()
         self.mixed = isinstance(obs_space, MixedBox)
         self.obs_norm = obs_norm
-        self.trunk, width = encoder(obs_space, hidden)
+        self.trunk, width = encoder(obs_space, hidden, cnn)
         self.core = nn.LSTM(width, lstm)
         for name, param in self.core.named_parameters():
             if "bias" in name:
@@ -146,7 +148,7 @@ class RecurrentActorCritic(LSTMCore):
         if cfg.norm_obs:
             ppo.check_norm_obs(obs_space)
         norm = RunningNorm(ppo.norm_shape(obs_space)) if cfg.norm_obs else None
-        super().__init__(obs_space, cfg.hidden, cfg.lstm, norm)
+        super().__init__(obs_space, cfg.hidden, cfg.lstm, norm, cfg.cnn)
         out_space = gym.spaces.Box(-np.inf, np.inf, (cfg.lstm,), np.float32)
         self.heads = ActorCritic(out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward)
 

@@ -99,7 +99,7 @@ class RecurrentQ(LSTMCore):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
         if not isinstance(act_space, gym.spaces.Discrete):
             raise TypeError(f"R2D2 needs a discrete action space, got {act_space}")
-        super().__init__(obs_space, cfg.hidden, cfg.lstm)
+        super().__init__(obs_space, cfg.hidden, cfg.lstm, cnn=cfg.cnn)
         self.heads = QHead(cfg.lstm, int(act_space.n), cfg.dueling)
 
     def q_values(self, obs: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:

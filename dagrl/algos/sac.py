@@ -22,6 +22,7 @@ from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_gr
 from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import (
+    CNN,
     Shift,
     TwinQ,
     Weights,
@@ -72,6 +73,8 @@ class Config:
     """Fixed entropy temperature; ``None`` tunes it toward ``-action_dim`` entropy."""
     hidden: int = 128
     """Width of the two hidden layers of every network."""
+    cnn: CNN = "nature"
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
     cuda_graphs: bool = False
     """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
@@ -105,12 +108,12 @@ class Config:
 class Policy(nn.Module):
     """Tanh-squashed Gaussian, scaled to the action bounds."""
 
-    def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: int):
+    def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: int, cnn: CNN = "nature"):
         super().__init__()
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
         n_act = int(np.prod(act_space.shape))
-        self.trunk, n_obs = encoder(obs_space, hidden)  # its own; share_encoder: the critic's, copied
+        self.trunk, n_obs = encoder(obs_space, hidden, cnn)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, 2 * n_act, hidden)
         self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
@@ -244,7 +247,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     envs = ctx.make_envs()
     obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
     envs.action_space.seed(ctx.seed)
-    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
     random_steps = ctx.per_replica(cfg.learning_starts)
     gen = torch.Generator().manual_seed(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
@@ -265,9 +268,9 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
     dev = torch.device(ctx.device)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
-        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
-    target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
+        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
+    target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
     target.load_state_dict(q.state_dict())
     graphs = wants_graphs(cfg.cuda_graphs, dev)
     opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr, capturable=graphs)
@@ -282,8 +285,8 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     dev = torch.device(ctx.device)
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
-        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
-        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden).to(dev)
+        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
+        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
     log_alpha = torch.zeros(1, device=dev, requires_grad=True)
     graphs = wants_graphs(cfg.cuda_graphs, dev)
@@ -301,7 +304,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
 @role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
-    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
     return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
 
 
