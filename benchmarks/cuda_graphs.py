@@ -1,11 +1,12 @@
 """Update frame rate of DQN's learner with and without CUDA graphs (``cuda_graphs``), on a CUDA device.
 
-    dagrl bench cuda-graphs [--batch 32 256] [--seconds 3]
+    dagrl bench cuda-graphs [--batch 32 256] [--seconds 3] [--nets atari-cnn atari-impala cartpole-mlp]
 
 Transitions consumed by gradient updates per second (Spreeze's metric) through DQN's ``update``
 fragment, called in-process with 32 gradient steps per call: the Nature CNN on Atari-shaped uint8
-batches (4 x 84 x 84, the Ape-X DQN learner of ``graphs/dqn-atari-apex.yaml``) and the 128-unit MLP
-on CartPole-shaped ones. Eager and captured learners alternate twice in one run; the ratio is
+batches (4 x 84 x 84, the Ape-X DQN learner of ``graphs/dqn-atari-apex.yaml``), IMPALA's residual CNN
+on the same (``cnn: impala``: 15 small convolutions, more kernel launches per step) and the 128-unit
+MLP on CartPole-shaped ones. Eager and captured learners alternate twice in one run; the ratio is
 captured / eager. SAC's frame rate is ``dagrl bench sac-pendulum --frames-only --cuda-graphs``.
 """
 
@@ -24,14 +25,18 @@ from dagrl.context import RoleContext
 from dagrl.replay.store import Sample
 
 STEPS = 32
-SPACES = {
-    "atari-cnn": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
-    "cartpole-mlp": gym.spaces.Box(-5, 5, (4,), np.float32),
+ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+NETS = {
+    "atari-cnn": (ATARI, "nature"),
+    "atari-impala": (ATARI, "impala"),
+    "cartpole-mlp": (gym.spaces.Box(-5, 5, (4,), np.float32), "nature"),
 }
 
 
-def learner(space: gym.Space, batch: int, graphs: bool, device: str) -> dqn.LearnerState:
-    cfg = dqn.Config(batch_size=batch, gradient_steps=STEPS, cuda_graphs=graphs, hidden=128, target_update=1000)
+def learner(space: gym.Space, batch: int, graphs: bool, device: str, cnn: str = "nature") -> dqn.LearnerState:
+    cfg = dqn.Config(
+        batch_size=batch, gradient_steps=STEPS, cuda_graphs=graphs, hidden=128, target_update=1000, cnn=cnn
+    )
     ctx = RoleContext(
         "learner", 0, 1, 0, "bench", device=device, observation_space=space, action_space=gym.spaces.Discrete(6)
     )
@@ -68,14 +73,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     args = p.parse_args()
     if torch.device(args.device).type != "cuda":
         print(f"on {args.device} both learners step as written: the ratio only checks the benchmark itself")
     results = []
-    for name, space in SPACES.items():
+    for name in args.nets:
+        space, cnn = NETS[name]
         for b in args.batch:
             data = samples(space, b * STEPS)
-            eager, graphs = learner(space, b, False, args.device), learner(space, b, True, args.device)
+            eager, graphs = learner(space, b, False, args.device, cnn), learner(space, b, True, args.device, cnn)
             r = {"eager": [], "graphs": []}
             for _ in range(2):
                 r["eager"].append(rate(eager, data, args.seconds))
