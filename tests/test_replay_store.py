@@ -219,12 +219,17 @@ def test_rows_of_a_partly_dropped_chunk_are_drawn_as_often(tmp_path):
     np.testing.assert_allclose(np.mean(rates, axis=0), 1.0, atol=0.05)
 
 
-def test_uniform_sampling_is_uniform_over_ages_while_rows_are_added(tmp_path):
+@pytest.mark.parametrize(
+    ("prefetch", "stores", "bound"), [(False, 16, 0.15), (True, 32, 0.1)], ids=["reads-in-call", "prefetcher"]
+)
+def test_uniform_sampling_is_uniform_over_ages_while_rows_are_added(tmp_path, monkeypatch, prefetch, stores, bound):
     """64 rows added before each draw of 256, as samplers feed a learner: the newest 2,048 cold rows
     (those that left RAM last) are drawn as often as the mean row, and so are the hot ones. When
-    chunks only entered the working set by rotation, that band came up at 0.51 x the mean."""
+    chunks only entered the working set by rotation, that band came up at 0.48 x the mean; with
+    admission at birth but prefetched chunks drawn among the chunks cold when read, at 0.81-0.84 x."""
+    monkeypatch.setattr(store_module, "PREFETCH_AFTER_S", 0.0)  # the prefetcher from the first read
     R, rates = 256, []
-    for seed in range(16):
+    for seed in range(stores):
         store = ReplayStore(
             SCHEMA,
             20_000,
@@ -232,7 +237,7 @@ def test_uniform_sampling_is_uniform_over_ages_while_rows_are_added(tmp_path):
             tmp_path / str(seed),
             chunk_rows=R,
             cache_bytes=8 * R * SCHEMA.row_bytes,
-            prefetch=False,
+            prefetch=prefetch,
             seed=seed,
         )
         store.add(rows(0, 25_000))
@@ -245,10 +250,13 @@ def test_uniform_sampling_is_uniform_over_ages_while_rows_are_added(tmp_path):
             hot += np.count_nonzero(age < h) / h
             expected += 256 / len(store)
         rates.append((band / expected, hot / expected))
+        assert (store.prefetcher is not None) == prefetch
+        store.close()
     assert store.cold_refresh == 0.25 and store.cold_per_sample == 8 and store.cold_rows > 8 * store.hot_rows
-    # per store the band's rate spreads by about 0.15 over 1,000 calls, so its mean over 16 by about 0.04
+    # per store the band's rate spreads by about 0.15 over 1,000 calls: its mean over 16 by about 0.04,
+    # over 32 by about 0.027 (the prefetcher's timing makes that variant differ from run to run)
     band, hot = np.mean(rates, axis=0)
-    assert abs(band - 1) < 0.15 and abs(hot - 1) < 0.02, rates
+    assert abs(band - 1) < bound and abs(hot - 1) < 0.02, rates
 
 
 def test_the_prefetcher_starts_once_cold_reads_are_slow(tmp_path, monkeypatch):

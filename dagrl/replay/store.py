@@ -241,7 +241,8 @@ class ReplayStore:
         """Whether a background thread may read cold chunks ahead (it starts once reads are slow)."""
         self.read_s = 0.0
         """Seconds a cold chunk read in the caller's thread took: a moving average."""
-        self.ready: queue.Queue = queue.Queue(maxsize=2)
+        self.ready: queue.Queue = queue.Queue(maxsize=2)  # (chunk id, its rows, the newest cold chunk id then)
+        self.held: tuple[int, dict[str, np.ndarray], int] | None = None  # a prefetched chunk put back
         self.prefetcher: threading.Thread | None = None
         self.closing = threading.Event()
         if self.path is not None:
@@ -741,14 +742,30 @@ class ReplayStore:
 
     def _next_cold_chunk(self, first: int, last: int, wait: bool) -> tuple[int, dict[str, np.ndarray]] | None:
         """A random cold chunk's rows: prefetched if one is ready, else read now if ``wait`` or if no
-        prefetcher runs, else None."""
+        prefetcher runs, else None.
+
+        A prefetched chunk was drawn among the chunks cold when it was read, not among those turned
+        cold since; left at that, the newest cold rows were drawn at 0.81 x the mean rate while rows
+        were added (with admission at birth, :meth:`_admit`). So with the chance that a draw among all
+        cold chunks falls on one of those newer ones, one of them is read now instead, and the
+        prefetched chunk, still a fair draw among the older ones, waits for the next rotation."""
         while self.prefetcher is not None:
-            try:
-                cid, data = self.ready.get_nowait()
-            except queue.Empty:
-                break
-            if first <= cid <= last:  # still stored and cold (head only moves on), so read intact
-                return cid, data
+            if self.held is not None:
+                item, self.held = self.held, None
+            else:
+                try:
+                    item = self.ready.get_nowait()
+                except queue.Empty:
+                    break
+            cid, data, upto = item
+            if not first <= cid <= last:  # dropped since; else still stored and cold, so read intact
+                continue
+            newer = last - upto
+            if newer > 0 and self.rng.random() < newer / (last - first + 1):
+                self.held = item
+                cid = int(self.rng.integers(upto + 1, last + 1))
+                return cid, self._read_now(cid)
+            return cid, data
         if not wait and self.prefetcher is not None:
             return None
         cid = int(self.rng.integers(first, last + 1))
@@ -765,7 +782,7 @@ class ReplayStore:
                 continue
             cid = int(rng.integers(first, last + 1))
             try:
-                item = (cid, self._load_chunk(cid))
+                item = (cid, self._load_chunk(cid), last)
             except Exception:  # a slot being rewritten as the chunk drops out: pick another
                 continue
             while not self.closing.is_set():
