@@ -37,25 +37,15 @@ def is_image(space) -> bool:
     return len(shape) == 3 and np.dtype(space.dtype) == np.uint8 and min(shape[1:]) >= MIN_IMAGE_SIDE
 
 
-class NatureCNN(nn.Module):
-    """The DQN Nature paper's encoder (Mnih et al., 2015): three convolutions and a 512-unit layer.
+class ConvEncoder(nn.Module):
+    """Convolutions (``convs``, ending flat), then a ReLU layer of ``features`` units.
 
     Takes ``uint8`` images ``[B, C, H, W]`` and scales them to [0, 1] itself, so observations stay
-    ``uint8`` (4 x smaller) through samplers, transport and replay.
+    ``uint8`` (4 x smaller) through samplers, transport and replay."""
 
-    >>> net = NatureCNN(4, (84, 84))
-    >>> net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape
-    torch.Size([2, 512])
-    """
-
-    def __init__(self, channels: int, size: tuple[int, int], features: int = 512):
+    def __init__(self, convs: nn.Sequential, channels: int, size: tuple[int, int], features: int):
         super().__init__()
-        self.convs = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(),
-        )  # fmt: skip
+        self.convs = convs
         with torch.no_grad():
             n = self.convs(torch.zeros(1, channels, *size)).shape[1]
         self.head = nn.Sequential(nn.Linear(n, features), nn.ReLU())
@@ -63,6 +53,24 @@ class NatureCNN(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.convs(obs.float() / 255.0))
+
+
+class NatureCNN(ConvEncoder):
+    """The DQN Nature paper's encoder (Mnih et al., 2015): three convolutions and a 512-unit layer.
+
+    >>> net = NatureCNN(4, (84, 84))
+    >>> net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape
+    torch.Size([2, 512])
+    """
+
+    def __init__(self, channels: int, size: tuple[int, int], features: int = 512):
+        convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        super().__init__(convs, channels, size, features)
 
 
 class _Residual(nn.Module):
@@ -77,11 +85,11 @@ class _Residual(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class ImpalaCNN(nn.Module):
+class ImpalaCNN(ConvEncoder):
     """IMPALA's deep encoder (Espeholt et al., 2018, fig. 3): three stacks of a 3x3 convolution, a 3x3
     max-pool of stride 2 and two residual blocks (16, 32 and 32 channels; 15 convolutions in all),
     then a 256-unit layer. It learned better than :class:`NatureCNN` in the paper's DMLab and Atari
-    runs, and it costs more per frame; takes ``uint8`` images and scales them as :class:`NatureCNN` does.
+    runs, and it costs more per frame.
 
     >>> net = ImpalaCNN(4, (84, 84))
     >>> net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape
@@ -91,27 +99,19 @@ class ImpalaCNN(nn.Module):
     def __init__(
         self, channels: int, size: tuple[int, int], features: int = 256, depths: tuple[int, ...] = (16, 32, 32)
     ):
-        super().__init__()
         layers: list[nn.Module] = []
         c_in = channels
         for depth in depths:
             layers += [nn.Conv2d(c_in, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1)]
             layers += [_Residual(depth), _Residual(depth)]
             c_in = depth
-        self.convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            n = self.convs(torch.zeros(1, channels, *size)).shape[1]
-        self.head = nn.Sequential(nn.Linear(n, features), nn.ReLU())
-        self.features = features
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.convs(obs.float() / 255.0))
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), channels, size, features)
 
 
 CNN = Literal["nature", "impala"]
 """A graph's ``cnn`` hyperparameter, the encoder of image observations: ``nature`` (:class:`NatureCNN`,
 the default) or ``impala`` (:class:`ImpalaCNN`)."""
-CNNS: dict[str, type[nn.Module]] = {"nature": NatureCNN, "impala": ImpalaCNN}
+CNNS: dict[str, type[ConvEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN}
 
 
 def obs_array(obs: np.ndarray) -> np.ndarray:

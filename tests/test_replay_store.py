@@ -190,23 +190,22 @@ def test_uniform_sampling_is_uniform_over_hot_and_cold(tmp_path, monkeypatch, pr
     store.close()
 
 
+def chunked_store(path, capacity: int, R: int, budget_chunks: int, cache_chunks: int, **kwargs) -> ReplayStore:
+    """A store whose memory budget and cache are whole numbers of ``R``-row chunks (prefetch off unless given)."""
+    kwargs.setdefault("prefetch", False)
+    row = SCHEMA.row_bytes
+    return ReplayStore(
+        SCHEMA, capacity, budget_chunks * R * row, path, chunk_rows=R, cache_bytes=cache_chunks * R * row, **kwargs
+    )
+
+
 def test_rows_of_a_partly_dropped_chunk_are_drawn_as_often(tmp_path):
     """The head's chunk holds 16 of its 64 rows; drawn by chunk slots within a working set of 4
     chunks, its rows came up 1.16 x as often as the others (3 x 64 + 16 rows beside 4 x 64 when it is
     a member). Every row's rate, the head chunk's, the other cold rows' and the hot rows', is the mean."""
     R, rates = 64, []
     for seed in range(16):
-        store = ReplayStore(
-            SCHEMA,
-            1000,
-            8 * R * SCHEMA.row_bytes,
-            tmp_path / str(seed),
-            chunk_rows=R,
-            cache_bytes=4 * R * SCHEMA.row_bytes,
-            cold_refresh=1.0,
-            prefetch=False,
-            seed=seed,
-        )
+        store = chunked_store(tmp_path / str(seed), 1000, R, 8, 4, seed=seed, cold_refresh=1.0)
         store.add(rows(0, 1048))
         assert (store.head, store.cold_per_sample) == (48, 4) and store.cold_rows > 3 * store.hot_rows > 0
         counts = np.zeros(store.tail, np.int64)
@@ -230,16 +229,7 @@ def test_uniform_sampling_is_uniform_over_ages_while_rows_are_added(tmp_path, mo
     monkeypatch.setattr(store_module, "PREFETCH_AFTER_S", 0.0)  # the prefetcher from the first read
     R, rates = 256, []
     for seed in range(stores):
-        store = ReplayStore(
-            SCHEMA,
-            20_000,
-            16 * R * SCHEMA.row_bytes,
-            tmp_path / str(seed),
-            chunk_rows=R,
-            cache_bytes=8 * R * SCHEMA.row_bytes,
-            prefetch=prefetch,
-            seed=seed,
-        )
+        store = chunked_store(tmp_path / str(seed), 20_000, R, 16, 8, seed=seed, prefetch=prefetch)
         store.add(rows(0, 25_000))
         band = hot = expected = 0.0
         for _ in range(1000):
