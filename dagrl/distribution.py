@@ -17,6 +17,7 @@ Every policy runs the same traced iteration; they differ in how its fragment cal
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,10 @@ __all__ = [
     "DataParallelOptions",
     "NoOptions",
     "StreamShape",
+    "SyncOptions",
     "check",
     "data_parallel_roles",
+    "mail_edges",
     "stream_shape",
     "warmup_steps",
 ]
@@ -41,6 +44,15 @@ __all__ = [
 @dataclass
 class NoOptions:
     """``single`` and ``sync`` take no options."""
+
+
+@dataclass
+class SyncOptions:
+    mailbox: bool = True
+    """Samplers on the learner's host wait for the next weights in a same-host mailbox
+    (:mod:`dagrl.runtime.mailbox`) rather than for Dask to send their ``collect`` once ``publish``
+    ended: the iteration's boundary without the scheduler's round trip (~9 % of a CartPole PPO
+    iteration on two cores, BENCHMARKS.md). Elsewhere, and with ``false``, the weights go through Dask."""
 
 
 @dataclass
@@ -149,7 +161,7 @@ class CentralInferenceOptions:
 
 POLICY_OPTIONS: dict[str, type] = {
     "single": NoOptions,
-    "sync": NoOptions,
+    "sync": SyncOptions,
     "dp-learners": DataParallelOptions,
     "async": AsyncOptions,
     "apex": ApexOptions,
@@ -184,6 +196,47 @@ def stream_shape(algorithm: Algorithm) -> StreamShape:
         raise TypeError(f"the consumers of {stream.name} must run on another role (replay)")
     learn = [n for n in nodes if n.id > stream.id and n not in insert]
     return StreamShape(before, stream, insert, learn)
+
+
+def mail_edges(algorithm: Algorithm) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Edges (src, dst node ids) whose value the consumer may wait for in a same-host mailbox, its task
+    already running (:mod:`dagrl.runtime.mailbox`), each with the nodes of the consumer's role that it
+    must then also wait for (an ordering edge within the iteration).
+
+    A waiting task holds its worker's thread, so nothing the producer needs may queue behind it there.
+    Submitted behind the previous iteration, a consumer starts once its role's previous call ended:
+
+    * *broadcast*, from a single-instance role (``publish -> collect``): the consumer's role has no
+      other fragment in the iteration and none the producer depends on (not a replay shard's
+      ``reprioritize``, whose ``add`` and ``sample`` the learner's ``update`` waits for);
+    * *gather*, from a replicated role into a single-instance one (``collect -> update``,
+      ``sample -> update``): the consumer also waits for the fragments of its role that the producer
+      depends on (``publish``), so it never holds the thread one of them needs.
+    """
+    nodes, roles = algorithm.graph.nodes, algorithm.roles
+    per_role = collections.Counter(n.role for n in nodes)
+
+    def ancestors(node: Node) -> list[Node]:
+        seen: dict[int, Node] = {}
+        todo = [node]
+        while todo:
+            for a in todo.pop().inputs:
+                if isinstance(a, Node) and a.id not in seen:
+                    seen[a.id] = a
+                    todo.append(a)
+        return list(seen.values())
+
+    out = {}
+    for e in algorithm.graph.edges:
+        src, dst = e.src, e.dst
+        if src.role == dst.role:
+            continue
+        before = [a for a in ancestors(src) if a.role == dst.role]
+        if not roles[src.role].many and per_role[dst.role] == 1 and not before:
+            out[src.id, dst.id] = ()
+        elif roles[src.role].many and not roles[dst.role].many:
+            out[src.id, dst.id] = tuple(sorted(a.id for a in before))
+    return out
 
 
 def delayed_edges(algorithm: Algorithm) -> set[tuple[int, int]]:

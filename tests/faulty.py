@@ -93,6 +93,8 @@ class Config:
     """Learner weights become NaN after this many updates (0: never)."""
     hang_at: int = 0
     """A sampler's collect hangs once at this collect (0: never)."""
+    publish_fails_at: int = 0
+    """The learner's ``publish`` raises once at this call (0: never)."""
 
 
 def value_of(source: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -120,10 +122,12 @@ class Rows:
 
 
 class LearnerState:
-    def __init__(self, nan_after: int):
+    def __init__(self, nan_after: int, publish_fails_at: int = 0):
         self.w = torch.zeros(4)
         self.updates = 0
         self.nan_after = nan_after
+        self.publish_fails_at = publish_fails_at
+        self.publishes = 0
 
     def state_dict(self):
         return {"w": self.w.clone(), "updates": self.updates}
@@ -144,11 +148,14 @@ def replay(ctx, cfg: Config) -> ReplayStore:
 
 @role("learner")
 def learner(ctx, cfg: Config) -> LearnerState:
-    return LearnerState(cfg.nan_after)
+    return LearnerState(cfg.nan_after, cfg.publish_fails_at)
 
 
 @fragment(role="learner")
 def publish(state: LearnerState) -> np.ndarray:
+    state.publishes += 1
+    if state.publishes == state.publish_fails_at and once("publish-failed"):
+        raise RuntimeError("publish failed on purpose")
     return state.w.numpy().copy()
 
 

@@ -129,5 +129,5 @@ def test_policy_options_nested_flat_and_overridden(graphs_dir):
     over = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["policy.name=async", "policy.in_flight=1"])
     assert over.policy_options.in_flight == 1
     ignored = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", ["policy=sync"])
-    assert ignored.spec.policy == "sync" and ignored.to_dict()["policy"] == "sync"
+    assert ignored.spec.policy == "sync" and ignored.to_dict()["policy"] == {"name": "sync", "mailbox": True}
     assert nested.to_dict()["policy"]["max_staleness"] == 2 and "max_staleness" not in nested.to_dict()

@@ -42,7 +42,7 @@ def train(graph, client, root, listener=None):
 
     policy = build_policy(graph, client)
     ahead, submit = [], policy.submit_graph
-    policy.submit_graph = lambda g, previous=None: ahead.append(previous is not None) or submit(g, previous)
+    policy.submit_graph = lambda g, previous=None, **kw: ahead.append(previous is not None) or submit(g, previous, **kw)
     rundir = RunDir.create(root, graph.name)
     trainer = Trainer(graph, policy, rundir, progress=Progress(enabled=False))
     if listener is not None:

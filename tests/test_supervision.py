@@ -290,6 +290,22 @@ def test_hung_sampler_is_treated_as_dead(cluster, tmp_path, faults):
     assert ("sampler", "hung") in kinds
 
 
+def test_a_publish_that_raises_under_sync_is_the_learners_failure_not_the_samplers(cluster, tmp_path, faults):
+    """Under ``sync`` the samplers wait for the weights in a mailbox, already running: when ``publish``
+    raises, they hear it from the mailbox, maybe before the driver hears it from Dask. The learner is
+    still the one that failed (rolled back), no sampler is replaced, and nothing waits on for weights
+    that will not come (the run finishes)."""
+    graph = faulty(["policy=sync", "checkpoint.every=2", "stop.iterations=12", "hyperparameters.publish_fails_at=7"])
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish(timeout=120)
+    assert summary["iterations"] == 12
+    (rollback,) = run.events("rollback")
+    assert rollback["role"] == "learner"
+    assert run.events("restart") == [{**e, "role": "learner"} for e in run.events("restart")]  # none of a sampler
+    taken = cluster.run(lambda: __import__("dagrl.runtime.mailbox", fromlist=["STATS"]).STATS["taken"])
+    assert sum(taken.values()) >= 2 * 10  # the samplers took their weights from the mailbox
+
+
 def test_nan_weights_stop_the_run_and_keep_the_last_good_checkpoint(cluster, tmp_path):
     graph = faulty(["policy=sync", "checkpoint.every=2", "stop.iterations=20", "hyperparameters.nan_after=7"])
     run = Run(graph, cluster, tmp_path)

@@ -16,7 +16,7 @@ import numpy as np
 
 from dagrl.context import Episodes
 from dagrl.fragment import FragmentGraph, Node
-from dagrl.runtime import shm
+from dagrl.runtime import mailbox, shm
 from dagrl.runtime.executor import Call, Executor, Report
 from dagrl.runtime.hosts import Handle, close_all
 from dagrl.runtime.supervisor import RoleFailure
@@ -100,12 +100,19 @@ class Policy:
         """
         return self.finish_graph(self.submit_graph(graph))
 
-    def submit_graph(self, graph: FragmentGraph, previous: Submitted | None = None) -> Submitted:
+    def submit_graph(
+        self,
+        graph: FragmentGraph,
+        previous: Submitted | None = None,
+        mail: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    ) -> Submitted:
         """Submit every call of ``graph`` and the reports the driver needs; wait for none of them.
 
         ``previous``: an iteration still in flight that this one follows. Each call then also waits
         for the last call of ``previous`` on its role, so a role state sees the iterations in order
         (the next ``publish`` after this ``update``), however Dask orders ready tasks.
+        ``mail``: edges whose value may go through a same-host mailbox (:meth:`Executor.run_nodes`), each
+        with the nodes its consumer then also waits for (:func:`~dagrl.distribution.mail_edges`).
         """
         t0 = time.perf_counter()
         roles = self.graph.algorithm.roles
@@ -115,15 +122,21 @@ class Policy:
             for node in graph.nodes:
                 last[node.role] = previous.calls[node.id]
 
+        mail = mail or {}
+        waits = {dst: ids for (_, dst), ids in mail.items() if ids}
+
         def after(node: Node, calls: dict[int, list[Call]]) -> list[Call]:
             side[node.id] = self.before(node, calls)
-            return [*side[node.id], *last.get(node.role, [])]
+            ordered = [c for i in waits.get(node.id, ()) for c in calls[i]]
+            return [*side[node.id], *ordered, *last.get(node.role, [])]
 
         positions = self.folded_reports(graph)
         folded = [graph.output.inputs[i].id for i in positions]
         fold = {graph.output.id: positions} if positions else None
         reported = {n.id for n in graph.nodes if self.counts(n) and n.id not in folded}
-        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported)
+        calls = self.executor.run_nodes(
+            graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported, mail=frozenset(mail)
+        )
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if n.id in reported}
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
@@ -249,13 +262,15 @@ class Policy:
     def close(self) -> None:
         """Stop background work, close every role state (its envs, threads, env processes and sockets)
         and release the role actors, and remove shared-memory segments of transfers that never
-        completed (a sender or receiver killed mid-way)."""
+        completed (a sender or receiver killed mid-way) and the files of the weights' mailbox."""
         close_all([h for handles in self.hosts.values() for h in handles])
         self.executor.close()
         if self.executor.remote:
             with contextlib.suppress(Exception):  # the cluster may be going down
                 self.executor.client.run(shm.sweep, True)
+                self.executor.client.run(mailbox.sweep, True)
         shm.sweep()
+        mailbox.sweep()
 
 
 def merge_outputs(values: list[Any]) -> Any:

@@ -25,6 +25,9 @@ class Lockstep(Policy):
         super().__init__(graph, hosts, executor)
         self.ahead: Submitted | None = None
         """The next iteration, submitted while this one ran (``step(ahead=True)``)."""
+        self.mail: dict[tuple[int, int], tuple[int, ...]] = {}
+        """Edges of the iteration whose value may go through a same-host mailbox (``sync``), with the
+        nodes each consumer then also waits for (:func:`~dagrl.distribution.mail_edges`)."""
 
     def step(self, ahead: bool = False) -> StepResult:
         """Run one iteration. ``ahead``: the driver will ask for the next one right after, with
@@ -58,10 +61,10 @@ class Lockstep(Policy):
 
     def _step(self, ahead: bool) -> StepResult:
         graph = self.graph.algorithm.graph
-        current = self.ahead if self.ahead is not None else self.submit_graph(graph)
+        current = self.ahead if self.ahead is not None else self.submit_graph(graph, mail=self.mail)
         self.ahead = None
         if ahead and self.runs_ahead and self.executor.remote:
-            self.ahead = self.submit_graph(graph, previous=current)
+            self.ahead = self.submit_graph(graph, previous=current, mail=self.mail)
         calls, reports, out, t0 = self.finish_graph(current)
         res = StepResult()
         for node in graph.nodes:

@@ -26,6 +26,7 @@ Routing between roles follows one rule (:func:`route`), in-process or remote.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -41,11 +42,12 @@ import numpy as np
 
 from dagrl.context import Episodes
 from dagrl.fragment import Node
+from dagrl.runtime import mailbox
 from dagrl.runtime.host import HostGone, run_fragment
 from dagrl.runtime.shm import unwrap
 from dagrl.runtime.supervisor import RoleFailure
 
-__all__ = ["Announcements", "Call", "Executor", "Report", "report", "route"]
+__all__ = ["Announcements", "Call", "Executor", "Mail", "Report", "mail_readers", "report", "route"]
 
 
 @dataclass
@@ -225,6 +227,16 @@ class Done:
         return self.value
 
 
+@dataclass(frozen=True)
+class Mail:
+    """A call's output posted to a same-host mailbox (:mod:`dagrl.runtime.mailbox`): box, sequence
+    number, and the workers whose tasks wait for it there (the ones :meth:`Executor.cancel` aborts)."""
+
+    box: str
+    seq: int
+    readers: frozenset[str]
+
+
 @dataclass(eq=False)
 class Call:
     """One fragment call on one role replica: a Dask future (remote) or its value (in-process)."""
@@ -237,6 +249,8 @@ class Call:
     """When the driver learnt the call finished (perf counter); ``None`` while pending."""
     announced: bool = False
     """Whether its task logs its output's :class:`Report` as an event (:class:`Announcements`)."""
+    mail: Mail | None = None
+    """Where its output is also posted for consumers waiting on its host (:meth:`Executor.run_nodes`)."""
     inputs: Any = None
     """The futures this call consumes, held as long as the call is: a dependency whose last client
     reference goes while the scheduler still digests the task that names it would be forgotten,
@@ -249,6 +263,44 @@ class Call:
 
     def _stamp(self, _future: Any = None) -> None:
         self.done_at = time.perf_counter()
+
+
+def mail_readers(producer: Any, consumers: list[Any], hosts: dict[str, list[Any]]) -> frozenset[str]:
+    """The workers of ``consumers`` whose tasks may wait for ``producer``'s output in a mailbox: on its
+    host (TCP addresses, the same host), not its worker, and hosting no other role replica: a task
+    waiting there holds the worker's thread, and another replica's task could be one the producer
+    waits for."""
+    from distributed.comm.addressing import get_address_host, parse_address
+
+    def host(address: str | None) -> str | None:
+        try:
+            return get_address_host(address) if address and parse_address(address)[0] == "tcp" else None
+        except ValueError:
+            return None
+
+    home = host(producer.address)
+    if home is None:
+        return frozenset()
+    hosted = collections.Counter(h.address for hs in hosts.values() for h in hs)
+    return frozenset(
+        h.address
+        for h in consumers
+        if h.address != producer.address and host(h.address) == home and hosted[h.address] == 1
+    )
+
+
+def _ticketed(arg: Any, handle: Any, executor: Executor) -> Any:
+    """``arg`` (a routed input: a call or a list of them) with every call that ``handle`` may read
+    from a mailbox replaced by its ticket."""
+    if isinstance(arg, Call) and arg.mail is not None and handle.address in arg.mail.readers:
+        return executor.ticket(arg)
+    if isinstance(arg, list):
+        return [_ticketed(a, handle, executor) for a in arg]
+    return arg
+
+
+def _key(call: Call) -> str:
+    return _dask_future(call.future).key
 
 
 def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards: int) -> Any:
@@ -310,6 +362,9 @@ class Executor:
         self._order = itertools.count()
         self._announcements: Announcements | None = None
         self._lock = threading.Lock()
+        self._box: str | None = None
+        """This executor's mailbox (:meth:`run_nodes`), named when first used."""
+        self._mail_seq = itertools.count(1)
 
     def announcements(self) -> Announcements:
         with self._lock:  # the stream's threads submit at once: one topic for all of them
@@ -339,6 +394,7 @@ class Executor:
         reports: tuple[int, ...] = (),
         announce: bool = False,
         stamp: bool = True,
+        mail: Mail | None = None,
     ) -> Call:
         """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
 
@@ -353,6 +409,7 @@ class Executor:
         ``stamp``: set :attr:`Call.done_at` when the task finishes, through a coroutine on the client's
         loop per call (:func:`when_done`); ``False``
         for a caller that waits for the call itself and stamps it then (a stream).
+        ``mail``: the output is also posted to that mailbox (remote only; :meth:`run_nodes` decides).
         """
         args = [_values(a) for a in args]
         after = [c.future for c in after]
@@ -373,13 +430,16 @@ class Executor:
             after=after or None,
             **({"reports": tuple(reports)} if reports else {}),
             **({"announce": self.announcements().topic} if announce else {}),
+            **({"mail": (mail.box, mail.seq)} if mail is not None else {}),
             workers=[handle.address],
             allow_other_workers=False,
             pure=False,
             key=key,
             priority=-next(self._order),  # first submitted, first run (module docstring)
         )
-        call = Call(handle, fragment, future, time.perf_counter(), announced=announce, inputs=[*args, *after])
+        call = Call(
+            handle, fragment, future, time.perf_counter(), announced=announce, mail=mail, inputs=[*args, *after]
+        )
         if stamp:
             when_done(future, call._stamp)
         return call
@@ -424,6 +484,7 @@ class Executor:
         after: Any = None,
         reports: dict[int, tuple[int, ...]] | None = None,
         announce: set[int] | frozenset[int] = frozenset(),
+        mail: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
@@ -431,12 +492,18 @@ class Executor:
         given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
         ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs;
         ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`);
-        ``announce``, the nodes whose tasks log their output's report (:meth:`submit`).
+        ``announce``, the nodes whose tasks log their output's report (:meth:`submit`);
+        ``mail``, edges (producer id, consumer id) whose value may go through a same-host mailbox
+        (:mod:`dagrl.runtime.mailbox`; :func:`~dagrl.distribution.mail_edges` says which are safe): a
+        consumer replica on the producer's host, on a worker hosting nothing else
+        (:func:`mail_readers`), then gets a ticket instead of the future, so its task does not wait
+        for the scheduler to learn that the producer ended.
         """
         calls = {} if calls is None else calls
         for node in nodes:
             handles = hosts[node.role]
             first = after(node, calls) if after is not None else []
+            consumers = [n for n in nodes if (node.id, n.id) in mail] if self.remote else []
             row = []
             for r, h in enumerate(handles):
                 args = []
@@ -444,13 +511,33 @@ class Executor:
                     if isinstance(a, Node):
                         outs = inputs(a, node) if inputs is not None else None
                         outs = calls[a.id] if outs is None else outs
-                        args.append(route(outs, a.role, node.role, roles, r, len(handles)))
+                        routed = route(outs, a.role, node.role, roles, r, len(handles))
+                        args.append(_ticketed(routed, h, self) if (a.id, node.id) in mail else routed)
                     else:
                         args.append(a)
                 folded = (reports or {}).get(node.id, ())
-                row.append(self.submit(h, node.name, args, after=first, reports=folded, announce=node.id in announce))
+                announced = node.id in announce
+                box = self._mail(h, consumers, hosts, roles) if consumers else None
+                row.append(self.submit(h, node.name, args, after=first, reports=folded, announce=announced, mail=box))
             calls[node.id] = row
         return calls
+
+    def _mail(self, handle: Any, consumers: list[Node], hosts: dict[str, list[Any]], roles: Any) -> Mail | None:
+        """A mailbox posting for a call on ``handle``, if a replica of ``consumers`` may wait for it there
+        (a gathering consumer only if its role has one replica)."""
+        one = [n for n in consumers if roles[n.role].many or len(hosts[n.role]) == 1]
+        waiting = [h for n in one for h in hosts[n.role] if n.role != handle.role]
+        readers = mail_readers(handle, waiting, hosts)
+        if not readers:
+            return None
+        if self._box is None:
+            self._box = f"{mailbox.PREFIX}{uuid.uuid4().hex[:16]}"
+        return Mail(self._box, next(self._mail_seq), readers)
+
+    def ticket(self, call: Call) -> mailbox.Ticket:
+        assert call.mail is not None
+        timeout = self.supervisor.spec.hang_timeout_s if self.supervisor is not None else 600.0
+        return mailbox.Ticket(call.mail.box, call.mail.seq, _key(call), timeout)
 
     # -- waiting -----------------------------------------------------------------------------------
 
@@ -495,6 +582,8 @@ class Executor:
         for call in watched:  # the first erred call in submission order raised; its consumers only inherit
             if call.future.status == "error":
                 err = call.future.exception()
+                if isinstance(err, mailbox.Upstream):  # told by the mailbox before Dask told us
+                    call = next((c for c in watched if c.mail is not None and _key(c) == err.producer), call)
                 kind = "lost" if isinstance(err, HostGone) else "raised"
                 if kind == "raised" and self.supervisor is not None and self._worker_lost(call):
                     kind = "lost"
@@ -525,6 +614,15 @@ class Executor:
                 msg = f"no answer for {waited:.0f} s (hang_timeout_s {sup.spec.hang_timeout_s:g})"
                 raise RoleFailure(first.handle, "hung", TimeoutError(msg))
 
+    def _abort(self, mails: list[Mail]) -> None:
+        """Tell the tasks waiting for these postings, on their workers, that no value will come."""
+        last: dict[tuple[str, frozenset[str]], int] = {}
+        for m in mails:
+            last[m.box, m.readers] = max(m.seq, last.get((m.box, m.readers), 0))
+        for (box, readers), seq in last.items():
+            with contextlib.suppress(Exception):  # a reader's worker may be gone (nothing waits there)
+                self.client.run(mailbox.abort, box, seq, workers=sorted(readers), wait=False)
+
     def cancel(self, calls: Iterable[Call]) -> None:
         """Forget calls of an abandoned iteration (a failed one is redone); their tasks are cancelled."""
         if self.remote:
@@ -536,3 +634,4 @@ class Executor:
             if futures:
                 with contextlib.suppress(Exception):  # the client may be closing
                     self.client.cancel(futures)
+            self._abort([c.mail for c in calls if c.mail is not None])

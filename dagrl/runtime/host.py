@@ -23,7 +23,7 @@ from typing import Any
 
 from dagrl.context import RoleContext, close_each
 from dagrl.fragment import load_algorithm
-from dagrl.runtime import shm
+from dagrl.runtime import mailbox, shm
 from dagrl.runtime.wire import to_cpu
 
 log = logging.getLogger("dagrl")
@@ -74,6 +74,7 @@ def run_fragment(
     after: Any = None,
     reports: tuple[int, ...] = (),
     announce: str | None = None,
+    mail: tuple[str, int] | None = None,
 ) -> Any:
     """The Dask task of one fragment call: ``fragment(state, *args)`` on host ``host_id`` of this worker.
 
@@ -88,10 +89,21 @@ def run_fragment(
     ``announce``: a Dask event topic; the :class:`~dagrl.runtime.executor.Report` of the output is
     logged there under this task's key before the task ends, for a driver that needs the report of an
     output other tasks consume (:class:`~dagrl.runtime.executor.Announcements`).
+    ``mail``: (box, sequence number): the output is also posted to that same-host mailbox, where
+    consumer tasks wait for it (:mod:`dagrl.runtime.mailbox`); an argument that is a
+    :class:`~dagrl.runtime.mailbox.Ticket` (or holds some, gathered) is such a value, waited for before
+    the fragment runs.
     """
     host = _host(host_id)
-    inputs = [shm.unwrap(a) for a in args]
-    out = host.call(fragment, *inputs)
+    inputs = [_resolve(a) for a in args]
+    try:
+        out = host.call(fragment, *inputs)
+    except BaseException as err:
+        if mail is not None:
+            mailbox.post_error(*mail, err)
+        raise
+    if mail is not None:
+        mailbox.post(*mail, out)
     if announce is not None:
         from distributed import get_worker
 
@@ -105,6 +117,16 @@ def run_fragment(
         gathered = [inputs[i] if isinstance(inputs[i], list) else [inputs[i]] for i in reports]
         return Reported(out, [[report(v) for v in values] for values in gathered])
     return shm.wrap(out) if host.shared_memory else out
+
+
+def _resolve(arg: Any) -> Any:
+    """An argument as the fragment receives it: a mailbox ticket's value (also inside a gathered list),
+    an envelope's value (:func:`shm.unwrap`)."""
+    if isinstance(arg, mailbox.Ticket):
+        return mailbox.take(arg)
+    if isinstance(arg, list):
+        return [_resolve(a) for a in arg]
+    return shm.unwrap(arg)
 
 
 def load_acting(host_id: str, *weights: Any, after: Any = None) -> None:

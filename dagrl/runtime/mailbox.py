@@ -1,0 +1,249 @@
+"""A same-host mailbox for one value that tasks of the next iteration already wait for: ``sync``'s weights.
+
+``sync`` submits iteration ``i + 1`` while ``i`` runs, so Dask starts its ``publish`` the moment
+``update`` ends. Through Dask alone, each ``collect`` then starts only after the scheduler learns that
+``publish`` ended, sends the task to the sampler's worker and that worker fetches the weights peer to
+peer: 14-19 ms per iteration on two cores (BENCHMARKS.md, "`sync`'s time between tasks"), ~15 % of a
+CartPole PPO iteration. With the mailbox, ``collect`` ``i + 1`` is a task that depends on nothing of
+iteration ``i + 1``: it starts on its worker as soon as ``collect`` ``i`` ends and waits there for a
+:class:`Ticket`. ``publish`` writes its output into the box (a file on ``/dev/shm``) and wakes the
+waiting tasks, each through a FIFO of its thread (about half a millisecond). Only the driver's
+messages and the rollouts still go through Dask.
+
+A box is a directory ``/dev/shm/dagrl-mb-<hex>`` holding a file ``v-<seq>`` per posting (the pickled
+value or the producer's error; a producer's next posting removes its previous one), ``aborted`` (the
+highest sequence number the driver gave up on), a FIFO ``w-<pid>-<thread>`` per waiting thread and a marker
+``p-<pid>`` per posting process. :func:`sweep` removes the files of processes that are gone (and, at
+a run's end, a process's own), and the directory once nothing of a live process is left.
+
+The mailbox is an optimisation, never a requirement: the executor uses it only for a consumer on the
+producer's host, on a worker of its own (a task waiting there blocks nothing else), and a waiting task
+gives up when the driver aborts its sequence number (the iteration was cancelled) or after its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import select
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Aborted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
+
+DIR = "/dev/shm"
+PREFIX = "dagrl-mb-"
+POLL_S = 0.1
+"""A waiting task also looks at the box this often (a missed wake-up, an abort, its timeout)."""
+STATS: dict[str, int] = {"posted": 0, "taken": 0}
+"""What this process did: values posted, tickets answered."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a consumer task receives instead of a producer's future: wait for posting ``seq`` of ``box``."""
+
+    box: str
+    seq: int
+    producer: str
+    """The producer's task key (for the error a consumer raises when the producer failed)."""
+    timeout_s: float
+
+
+class Upstream(RuntimeError):
+    """The producer of a ticket's value raised; the executor blames the producer, not this consumer."""
+
+    def __init__(self, producer: str, message: str):
+        super().__init__(f"{producer} failed: {message}")
+        self.producer = producer
+
+
+class Aborted(RuntimeError):
+    """The driver gave up on the ticket's iteration (it was cancelled); the task's result is unused."""
+
+
+def _dir(box: str) -> str:
+    return os.path.join(DIR, box)
+
+
+def _mark(box: str, kind: str, suffix: str = "") -> str:
+    """Create the box if needed and this process's ``kind`` marker in it (``p``, or ``w``: a FIFO)."""
+    path = os.path.join(_dir(box), f"{kind}-{os.getpid()}{suffix}")
+    if not os.path.exists(path):
+        os.makedirs(_dir(box), exist_ok=True)
+        if kind == "w":
+            os.mkfifo(path)
+        else:
+            open(path, "wb").close()
+    return path
+
+
+def _write(box: str, name: str, data: bytes) -> None:
+    """Replace file ``name`` of the box at once: a reader opens the old contents or the new, whole."""
+    path = os.path.join(_dir(box), name)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _wake(box: str) -> None:
+    """A byte into every waiting process's FIFO (one with no reader open, or full, is skipped)."""
+    with contextlib.suppress(OSError):
+        names = [n for n in os.listdir(_dir(box)) if n.startswith("w-")]
+        for name in names:
+            try:
+                fd = os.open(os.path.join(_dir(box), name), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                os.write(fd, b"!")
+            os.close(fd)
+
+
+_POSTED: dict[tuple[str, int], int] = {}
+"""The last posting of each (box, producer process): removed when the producer posts again."""
+
+
+def _post(box: str, seq: int, data: bytes) -> None:
+    """Write posting ``seq`` and wake the waiters; drop this process's previous posting in ``box``.
+
+    A producer posts again only in a later iteration, which starts after every consumer of its
+    previous posting ended (each iteration's calls wait for the previous one's on their role)."""
+    _mark(box, "p")
+    _write(box, f"v-{seq}", data)
+    previous = _POSTED.get((box, os.getpid()))
+    _POSTED[box, os.getpid()] = seq
+    if previous is not None and previous != seq:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(_dir(box), f"v-{previous}"))
+    _wake(box)
+
+
+def post(box: str, seq: int, value: Any) -> None:
+    """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker)."""
+    _post(box, seq, b"v" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    STATS["posted"] += 1
+
+
+def post_error(box: str, seq: int, err: BaseException) -> None:
+    """The producer of posting ``seq`` raised ``err``: its waiters raise :class:`Upstream`."""
+    _post(box, seq, b"e" + f"{type(err).__name__}: {err}".encode())
+
+
+def abort(box: str, seq: int) -> None:
+    """Give up on postings up to ``seq`` (an iteration cancelled): their waiters raise :class:`Aborted`.
+    Run on each consumer's worker (``Client.run``), so it needs no filesystem shared with the driver."""
+    if not os.path.isdir(_dir(box)):
+        return
+    if _aborted(box) < seq:
+        _write(box, "aborted", seq.to_bytes(8, "little"))
+    _wake(box)
+
+
+def _aborted(box: str) -> int:
+    try:
+        with open(os.path.join(_dir(box), "aborted"), "rb") as f:
+            return int.from_bytes(f.read(8), "little")
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+_FIFOS: dict[tuple[str, int], int] = {}
+_FIFOS_LOCK = threading.Lock()
+
+
+def _fifo(box: str) -> int:
+    """This thread's FIFO in ``box`` (a wake-up is one byte, which one reader drains), open for
+    reading; also open for writing, so that a waker closing its end never leaves it at end-of-file
+    (which would make every wait return at once)."""
+    key = (box, threading.get_ident())
+    with _FIFOS_LOCK:
+        fd = _FIFOS.get(key)
+        if fd is None:
+            fd = _FIFOS[key] = os.open(_mark(box, "w", f"-{key[1]}"), os.O_RDWR | os.O_NONBLOCK)
+        return fd
+
+
+def _read(box: str, seq: int) -> tuple[bytes, bytes] | None:
+    """Posting ``seq``'s kind (``v``/``e``) and payload, if the box holds it now."""
+    try:
+        with open(os.path.join(_dir(box), f"v-{seq}"), "rb") as f:
+            return f.read(1), f.read()
+    except FileNotFoundError:
+        return None
+
+
+def take(ticket: Ticket) -> Any:
+    """The value posted under ``ticket`` (waiting for it); :class:`Upstream` if its producer raised,
+    :class:`Aborted` if the driver gave up on it, ``TimeoutError`` after ``ticket.timeout_s``."""
+    fd = _fifo(ticket.box)  # before the first look: a posting after it wakes us
+    deadline = time.monotonic() + ticket.timeout_s
+    while True:
+        got = _read(ticket.box, ticket.seq)
+        if got is not None:
+            kind, payload = got
+            if kind == b"e":
+                raise Upstream(ticket.producer, payload.decode(errors="replace"))
+            STATS["taken"] += 1
+            return pickle.loads(payload)
+        if _aborted(ticket.box) >= ticket.seq:
+            raise Aborted(f"{ticket.producer}: its iteration was cancelled")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no value from {ticket.producer} in {ticket.timeout_s:g} s")
+        select.select([fd], [], [], min(POLL_S, left))
+        with contextlib.suppress(BlockingIOError):
+            os.read(fd, 4096)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(own: bool = False) -> int:
+    """Remove the markers and FIFOs of processes that are gone (with ``own``: this process's too) and
+    every box left without a live process's; how many boxes were removed."""
+    if own:
+        with _FIFOS_LOCK:
+            for fd in _FIFOS.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _FIFOS.clear()
+    try:
+        boxes = [n for n in os.listdir(DIR) if n.startswith(PREFIX)]
+    except OSError:
+        return 0
+    removed = 0
+    for box in boxes:
+        try:
+            names = os.listdir(_dir(box))
+        except OSError:
+            continue
+        live = False
+        for name in names:
+            kind, _, rest = name.partition("-")
+            pid = rest.split("-")[0]
+            if kind not in ("p", "w") or not pid.isdigit():
+                continue
+            if (own and int(pid) == os.getpid()) or not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(_dir(box), name))
+            else:
+                live = True
+        if not live:
+            with contextlib.suppress(OSError):
+                for name in os.listdir(_dir(box)):
+                    os.unlink(os.path.join(_dir(box), name))
+                os.rmdir(_dir(box))
+                removed += 1
+    return removed

@@ -1,0 +1,214 @@
+"""The same-host mailbox for ``sync``'s weights: postings, wake-ups, aborts, errors, leftovers, when the
+executor uses it, and a real run that takes its weights from it and computes what it computed without."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dagrl.distribution import mail_edges
+from dagrl.fragment import load_algorithm
+from dagrl.graph import load_graph
+from dagrl.policies import build_policy
+from dagrl.runtime import mailbox
+from dagrl.runtime.executor import mail_readers
+
+
+@pytest.fixture
+def box():
+    name = f"{mailbox.PREFIX}{uuid.uuid4().hex[:16]}"
+    yield name
+    mailbox.sweep(own=True)
+    assert not os.path.exists(os.path.join(mailbox.DIR, name))
+
+
+def ticket(box: str, seq: int, timeout_s: float = 30.0) -> mailbox.Ticket:
+    return mailbox.Ticket(box, seq, "publish-learner-0-abc", timeout_s)
+
+
+def in_thread(fn):
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as err:
+            out["error"] = err
+        out["at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_waiting_take_is_woken_by_the_posting_not_by_its_poll(box, monkeypatch):
+    monkeypatch.setattr(mailbox, "POLL_S", 30.0)  # only the FIFO can wake it in time
+    weights = {"w": np.arange(10, dtype=np.float32), "b": np.ones(3)}
+    t, out = in_thread(lambda: mailbox.take(ticket(box, 1)))
+    time.sleep(0.3)
+    assert t.is_alive()  # nothing posted yet
+    posted = time.monotonic()
+    mailbox.post(box, 1, weights)
+    t.join(5)
+    assert not t.is_alive() and out["at"] - posted < 1.0
+    assert out["value"].keys() == weights.keys()
+    assert all(np.array_equal(out["value"][k], weights[k]) for k in weights)
+
+
+def test_a_take_answers_its_own_posting_only(box, monkeypatch):
+    monkeypatch.setattr(mailbox, "POLL_S", 0.05)
+    mailbox.post(box, 1, "first")
+    assert mailbox.take(ticket(box, 1)) == "first"
+    t, out = in_thread(lambda: mailbox.take(ticket(box, 2)))
+    time.sleep(0.2)
+    assert t.is_alive()  # posting 1 is there, 2 is not
+    mailbox.post(box, 2, "second")
+    t.join(5)
+    assert out["value"] == "second"
+
+
+def test_a_producer_error_reaches_the_waiters_naming_the_producer(box):
+    t, out = in_thread(lambda: mailbox.take(ticket(box, 4)))
+    time.sleep(0.1)
+    mailbox.post_error(box, 4, ValueError("bad weights"))
+    t.join(5)
+    err = out["error"]
+    assert isinstance(err, mailbox.Upstream) and err.producer == "publish-learner-0-abc"
+    assert "ValueError: bad weights" in str(err)
+
+
+def test_an_abort_ends_the_waits_up_to_its_sequence_number_only(box, monkeypatch):
+    monkeypatch.setattr(mailbox, "POLL_S", 30.0)
+    t3, out3 = in_thread(lambda: mailbox.take(ticket(box, 3)))
+    t4, out4 = in_thread(lambda: mailbox.take(ticket(box, 4)))
+    time.sleep(0.2)
+    mailbox.abort(box, 3)
+    t3.join(5)
+    assert isinstance(out3["error"], mailbox.Aborted)
+    time.sleep(0.2)
+    assert t4.is_alive()  # a later iteration's wait goes on
+    mailbox.abort(box, 2)  # an older abort arriving late changes nothing
+    mailbox.post(box, 4, "w4")
+    t4.join(5)
+    assert out4["value"] == "w4"
+
+
+def test_a_wait_gives_up_after_its_timeout(box):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="publish-learner-0-abc"):
+        mailbox.take(ticket(box, 1, timeout_s=0.3))
+    assert time.monotonic() - start < 5
+
+
+def test_another_process_waits_and_is_woken(box, monkeypatch):
+    code = (
+        "import sys, time; from dagrl.runtime import mailbox; mailbox.POLL_S = 30.0; "
+        f"t = mailbox.Ticket({box!r}, 7, 'p', 60.0); print(mailbox.take(t), flush=True); mailbox.sweep(own=True)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not any(n.startswith("w-") for n in _names(box)):  # its FIFO: it is waiting
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    mailbox.post(box, 7, "seven")
+    out, _ = proc.communicate(timeout=10)
+    assert out.strip() == "seven"
+
+
+def _names(box: str) -> list[str]:
+    try:
+        return os.listdir(os.path.join(mailbox.DIR, box))
+    except FileNotFoundError:
+        return []
+
+
+def test_sweep_removes_boxes_whose_processes_are_gone_and_keeps_live_ones(box):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    other = f"{mailbox.PREFIX}{uuid.uuid4().hex[:16]}"
+    os.makedirs(os.path.join(mailbox.DIR, other))
+    open(os.path.join(mailbox.DIR, other, f"p-{dead.stdout.strip()}"), "wb").close()
+    open(os.path.join(mailbox.DIR, other, "value"), "wb").close()
+    mailbox.post(box, 1, "mine")  # this process's marker: live
+    assert mailbox.sweep() >= 1
+    assert not os.path.exists(os.path.join(mailbox.DIR, other))
+    assert os.path.exists(os.path.join(mailbox.DIR, box))  # the fixture's sweep(own=True) removes it
+
+
+def test_mail_edges_are_weights_out_and_rollouts_in_and_not_what_replay_shards_wait_for():
+    def named(algo):
+        names = {n.id: n.name for n in algo.graph.nodes}
+        return {(names[a], names[b]): tuple(names[i] for i in ids) for (a, b), ids in mail_edges(algo).items()}
+
+    # the learner's update waits in its mailbox only after its publish: a collect needs those weights
+    assert named(load_algorithm("ppo")) == {("publish", "collect"): (), ("collect", "update"): ("publish",)}
+    # not update -> reprioritize: a shard's add and sample, which the update waits for, come first there
+    assert named(load_algorithm("dqn")) == {("publish", "collect"): (), ("sample", "update"): ("publish",)}
+
+
+def test_mail_readers_are_same_host_workers_hosting_nothing_else():
+    def h(address):
+        return SimpleNamespace(address=address)
+
+    learner, s0, s1 = h("tcp://10.0.0.1:4001"), h("tcp://10.0.0.1:4002"), h("tcp://10.0.0.1:4003")
+    far, shared, evaluator = h("tcp://10.0.0.2:4001"), h("tcp://10.0.0.1:4005"), h("tcp://10.0.0.1:4005")
+    hosts = {"learner": [learner], "sampler": [s0, s1, far, shared], "evaluator": [evaluator]}
+    readers = mail_readers(learner, hosts["sampler"], hosts)
+    assert readers == {s0.address, s1.address}  # not another host's, not a worker shared with the evaluator
+    assert mail_readers(learner, [h(learner.address)], {"learner": [learner]}) == frozenset()  # its own worker
+    assert mail_readers(h("inproc://x/1"), [s0], hosts) == frozenset()
+
+
+def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_without(tmp_path, graphs_dir):
+    """One worker per role on a LocalCluster: both samplers wait for each iteration's weights in the
+    mailbox, the learner for their rollouts; the learner ends where it ends with the mailbox off (and
+    so where ``single`` ends); no file of the mailbox is left after the run."""
+    from distributed import Client, LocalCluster
+
+    from dagrl.runtime.driver import Trainer
+    from dagrl.runtime.progress import Progress
+    from dagrl.runtime.rundir import RunDir
+
+    def stats():
+        return mailbox.STATS.copy()
+
+    boxes = set(_boxes())
+    over = ["stop.iterations=6", "stop.mean_return=null", "checkpoint.every=0", "roles.sampler.replicas=2"]
+    learned = {}
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        Client(lc) as client,
+    ):
+        for on in (True, False):
+            graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", [*over, f"policy.mailbox={str(on).lower()}"])
+            before = client.run(stats)
+            policy = build_policy(graph, client)
+            rundir = RunDir.create(tmp_path / str(on), graph.name)
+            try:
+                Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
+                learned[on] = {k: v.clone() for k, v in policy.state_dict()["learner"][0]["agent"].items()}
+                samplers = {h.address for h in policy.hosts["sampler"]}
+                learner = policy.hosts["learner"][0].address
+            finally:
+                policy.close()
+            after = client.run(stats)
+            moved = {a: {k: after[a][k] - before[a][k] for k in after[a]} for a in [*samplers, learner]}
+            if on:  # weights out to each sampler, rollouts in from each: 6 iterations (7 if run ahead at the stop)
+                assert moved[learner]["posted"] >= 6 and moved[learner]["taken"] >= 2 * 6, moved
+                assert all(moved[a]["taken"] >= 6 and moved[a]["posted"] >= 6 for a in samplers), moved
+            else:
+                assert all(m == {"posted": 0, "taken": 0} for m in moved.values()), moved
+    assert set(_boxes()) <= boxes  # the run's box went with the run
+    assert learned[True].keys() == learned[False].keys()
+    assert all(learned[True][k].equal(learned[False][k]) for k in learned[True])
+
+
+def _boxes() -> list[str]:
+    return [n for n in os.listdir(mailbox.DIR) if n.startswith(mailbox.PREFIX)]
