@@ -142,6 +142,21 @@ def test_sweep_removes_boxes_whose_processes_are_gone_and_keeps_live_ones(box):
     assert os.path.exists(os.path.join(mailbox.DIR, box))  # the fixture's sweep(own=True) removes it
 
 
+def test_cancelling_a_posting_ends_the_wait_on_the_readers_worker(client, box):
+    """What the executor does when an iteration fails: its postings are aborted on the workers whose
+    tasks wait for them, so those tasks end (their workers' threads are free for the redone iteration)."""
+    from dagrl.runtime.executor import Executor, Mail
+
+    address = sorted(client.scheduler_info()["workers"])[0]
+    waiting = client.submit(mailbox.take, ticket(box, 9), workers=[address], pure=False)
+    time.sleep(0.5)
+    assert not waiting.done()
+    Executor(client)._abort([Mail(box, 8, frozenset([address])), Mail(box, 9, frozenset([address]))])
+    with pytest.raises(mailbox.Aborted):
+        waiting.result(timeout=10)
+    client.run(mailbox.sweep, True, workers=[address])
+
+
 def test_mail_edges_are_weights_out_and_rollouts_in_and_not_what_replay_shards_wait_for():
     def named(algo):
         names = {n.id: n.name for n in algo.graph.nodes}

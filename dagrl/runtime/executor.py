@@ -299,6 +299,12 @@ def _ticketed(arg: Any, handle: Any, executor: Executor) -> Any:
     return arg
 
 
+async def _abort_on_worker(box: str, seq: int) -> None:
+    """:func:`mailbox.abort` on a worker's event loop: ``Client.run(..., wait=False)`` takes coroutine
+    functions only (a plain one fails there, "Combination not supported"), and the driver need not wait."""
+    mailbox.abort(box, seq)
+
+
 def _key(call: Call) -> str:
     return _dask_future(call.future).key
 
@@ -621,7 +627,7 @@ class Executor:
             last[m.box, m.readers] = max(m.seq, last.get((m.box, m.readers), 0))
         for (box, readers), seq in last.items():
             with contextlib.suppress(Exception):  # a reader's worker may be gone (nothing waits there)
-                self.client.run(mailbox.abort, box, seq, workers=sorted(readers), wait=False)
+                self.client.run(_abort_on_worker, box, seq, workers=sorted(readers), wait=False)
 
     def cancel(self, calls: Iterable[Call]) -> None:
         """Forget calls of an abandoned iteration (a failed one is redone); their tasks are cancelled."""
