@@ -50,9 +50,10 @@ class NoOptions:
 class SyncOptions:
     mailbox: bool = True
     """Samplers on the learner's host wait for the next weights in a same-host mailbox
-    (:mod:`dagrl.runtime.mailbox`) rather than for Dask to send their ``collect`` once ``publish``
-    ended: the iteration's boundary without the scheduler's round trip (~9 % of a CartPole PPO
-    iteration on two cores, BENCHMARKS.md). Elsewhere, and with ``false``, the weights go through Dask."""
+    (:mod:`dagrl.runtime.mailbox`), and the learner for their rollouts, rather than for Dask to send
+    each task once its inputs exist: the iteration's two boundaries without the scheduler's round
+    trips (BENCHMARKS.md). Across hosts, with ``false`` or with ``shared_memory: false``, the values
+    go through Dask."""
 
 
 @dataclass

@@ -23,11 +23,17 @@ def outgoing(client):
     return [(w, who, k, n) for w, rows in client.run(drain).items() for who, k, n in rows]
 
 
-@pytest.mark.parametrize("graph_file", ["ppo-cartpole-sync.yaml", "ppo-cartpole-async.yaml"])
-def test_fragments_are_tasks_on_their_workers_and_rollouts_skip_the_driver(client, graphs_dir, graph_file):
+@pytest.mark.parametrize(
+    ("graph_file", "over"),
+    [("ppo-cartpole-sync.yaml", ["policy.mailbox=false"]), ("ppo-cartpole-async.yaml", [])],
+)
+def test_fragments_are_tasks_on_their_workers_and_rollouts_skip_the_driver(client, graphs_dir, graph_file, over):
+    """Rollouts travel from the samplers' workers to the learner's through Dask (Dask's transfer logs);
+    under ``sync`` on one host they go through the mailbox instead (``tests/test_mailbox.py``), so this
+    checks Dask's path with it off."""
     from distributed import get_task_stream
 
-    graph = load_graph(f"{graphs_dir}/{graph_file}", BIG)
+    graph = load_graph(f"{graphs_dir}/{graph_file}", [*BIG, *over])
     policy = build_policy(graph, client)
     try:
         where = {(h.role, h.index): h.address for hs in policy.hosts.values() for h in hs}

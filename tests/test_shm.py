@@ -123,14 +123,15 @@ def test_segments_of_a_killed_sender_are_swept():
 
 
 def test_a_cluster_run_moves_image_rollouts_through_shared_memory_and_computes_the_same(client):
-    """Image rollouts (1.8 MB of observations each) reach the learner through /dev/shm: the learner
+    """Image rollouts (1.8 MB of observations each) reach the learner through /dev/shm (slots, or the
+    mailbox of ``sync``): the learner
     computes exactly what it computes when the same rollouts come over sockets, and no segment is
     left behind."""
     over = ["hyperparameters.num_steps=64", "roles.sampler.envs=4"]
 
     def run(shared: bool) -> tuple[list[dict], int]:
         graph = load_graph("graphs/ppo-brighthalf.yaml", [*over, f"shared_memory={str(shared).lower()}"])
-        sent = lambda: sum(s["shm_bytes"] for s in client.run(lambda: dict(shm.STATS)).values())  # noqa: E731
+        sent = lambda: sum(client.run(_shared_bytes).values())  # noqa: E731
         start = sent()
         policy = build_policy(graph, client)
         try:
@@ -145,6 +146,14 @@ def test_a_cluster_run_moves_image_rollouts_through_shared_memory_and_computes_t
     assert no_shm_bytes == 0
     assert with_shm == without
     assert not segments()
+
+
+def _shared_bytes() -> int:
+    """Bytes this process sent through /dev/shm: slots, and ``sync``'s mailbox (which carries the
+    rollouts where the learner's worker is on the samplers' host)."""
+    from dagrl.runtime import mailbox
+
+    return shm.STATS["shm_bytes"] + mailbox.STATS["bytes"]
 
 
 @pytest.mark.skipif(not os.path.isdir(shm.DIR), reason="no /dev/shm")

@@ -13,12 +13,13 @@ class Sync(Lockstep):
     on the gathered rollouts (A2C/PPO-style synchronous data parallelism, MSRL's AllGather policy).
     The iteration is one Dask graph: ``publish`` on the learner's worker, ``collect`` on each
     sampler's, ``update`` back on the learner's, data fetched worker to worker; a sampler on the
-    learner's host takes the weights from a mailbox (``policy.mailbox``)."""
+    learner's host takes the weights from a mailbox and the learner its rollouts (``policy.mailbox``;
+    not with ``shared_memory: false``)."""
 
     name = "sync"
     runs_ahead = True
 
     def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
-        if self.executor.remote and self.options.mailbox:
+        if self.executor.remote and self.options.mailbox and graph.spec.shared_memory:
             self.mail = mail_edges(graph.algorithm)

@@ -123,7 +123,12 @@ def _resolve(arg: Any) -> Any:
     """An argument as the fragment receives it: a mailbox ticket's value (also inside a gathered list),
     an envelope's value (:func:`shm.unwrap`)."""
     if isinstance(arg, mailbox.Ticket):
-        return mailbox.take(arg)
+        try:
+            return mailbox.take(arg)
+        except mailbox.NotPosted:  # no room on /dev/shm: the producer's output, through Dask
+            from distributed import Future, get_client
+
+            return shm.unwrap(Future(arg.producer, get_client()).result())
     if isinstance(arg, list):
         return [_resolve(a) for a in arg]
     return shm.unwrap(arg)

@@ -24,6 +24,7 @@ gives up when the driver aborts its sequence number (the iteration was cancelled
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import pickle
 import select
@@ -32,14 +33,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Aborted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
+__all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
 
 DIR = "/dev/shm"
 PREFIX = "dagrl-mb-"
 POLL_S = 0.1
 """A waiting task also looks at the box this often (a missed wake-up, an abort, its timeout)."""
-STATS: dict[str, int] = {"posted": 0, "taken": 0}
-"""What this process did: values posted, tickets answered."""
+STATS: dict[str, int] = {"posted": 0, "taken": 0, "bytes": 0}
+"""What this process did: values posted (and their bytes), tickets answered."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class Upstream(RuntimeError):
     def __init__(self, producer: str, message: str):
         super().__init__(f"{producer} failed: {message}")
         self.producer = producer
+
+
+class NotPosted(LookupError):
+    """The producer had no room on ``/dev/shm`` for its value: fetch its output through Dask."""
 
 
 class Aborted(RuntimeError):
@@ -81,12 +86,13 @@ def _mark(box: str, kind: str, suffix: str = "") -> str:
     return path
 
 
-def _write(box: str, name: str, data: bytes) -> None:
+def _write(box: str, name: str, *parts: Any) -> None:
     """Replace file ``name`` of the box at once: a reader opens the old contents or the new, whole."""
     path = os.path.join(_dir(box), name)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "wb") as f:
-        f.write(data)
+        for part in parts:
+            f.write(part)
     os.replace(tmp, path)
 
 
@@ -108,13 +114,17 @@ _POSTED: dict[tuple[str, int], int] = {}
 """The last posting of each (box, producer process): removed when the producer posts again."""
 
 
-def _post(box: str, seq: int, data: bytes) -> None:
+ALIGN = 64
+
+
+def _post(box: str, seq: int, *parts: Any) -> None:
     """Write posting ``seq`` and wake the waiters; drop this process's previous posting in ``box``.
 
     A producer posts again only in a later iteration, which starts after every consumer of its
-    previous posting ended (each iteration's calls wait for the previous one's on their role)."""
+    previous posting ended (each iteration's calls wait for the previous one's on their role); a
+    consumer still holding arrays of it keeps its mapping, which outlives the file."""
     _mark(box, "p")
-    _write(box, f"v-{seq}", data)
+    _write(box, f"v-{seq}", *parts)
     previous = _POSTED.get((box, os.getpid()))
     _POSTED[box, os.getpid()] = seq
     if previous is not None and previous != seq:
@@ -123,10 +133,40 @@ def _post(box: str, seq: int, data: bytes) -> None:
     _wake(box)
 
 
+def _room(nbytes: int) -> bool:
+    """Whether ``/dev/shm`` holds ``nbytes`` with room to spare (a container's is often 64 MB)."""
+    try:
+        st = os.statvfs(DIR)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize > 2 * nbytes + (64 << 20)
+
+
 def post(box: str, seq: int, value: Any) -> None:
-    """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker)."""
-    _post(box, seq, b"v" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker).
+
+    Arrays travel out of band (pickle protocol 5): the file holds the pickle, then each array's bytes
+    at an aligned offset, so a reader maps the file and gets arrays that are views of it (one copy in
+    all, the writer's). Without room on ``/dev/shm`` the posting says so, and the waiters fetch the
+    value through Dask instead (:class:`NotPosted`)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    sizes = [r.nbytes for r in raws]
+    if not _room(len(head) + sum(sizes)):
+        _post(box, seq, b"d")
+        return
+    meta = len(head).to_bytes(8, "little") + len(sizes).to_bytes(8, "little")
+    meta += b"".join(n.to_bytes(8, "little") for n in sizes)
+    parts: list[Any] = [b"v", meta, head]
+    at = 1 + len(meta) + len(head)
+    for raw in raws:
+        pad = -at % ALIGN
+        parts += [bytes(pad), raw]
+        at += pad + raw.nbytes
+    _post(box, seq, *parts)
     STATS["posted"] += 1
+    STATS["bytes"] += at
 
 
 def post_error(box: str, seq: int, err: BaseException) -> None:
@@ -168,28 +208,48 @@ def _fifo(box: str) -> int:
         return fd
 
 
-def _read(box: str, seq: int) -> tuple[bytes, bytes] | None:
-    """Posting ``seq``'s kind (``v``/``e``) and payload, if the box holds it now."""
+def _read(box: str, seq: int) -> mmap.mmap | None:
+    """Posting ``seq``, mapped copy-on-write (arrays read from it are writable, the file untouched),
+    if the box holds it now."""
     try:
         with open(os.path.join(_dir(box), f"v-{seq}"), "rb") as f:
-            return f.read(1), f.read()
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except FileNotFoundError:
         return None
 
 
+def _load(mm: mmap.mmap) -> Any:
+    """The value of a ``v`` posting: its pickle, with the arrays as views of the mapping."""
+    view = memoryview(mm)
+    head_len, count = int.from_bytes(view[1:9], "little"), int.from_bytes(view[9:17], "little")
+    sizes = [int.from_bytes(view[17 + 8 * i : 25 + 8 * i], "little") for i in range(count)]
+    at = 17 + 8 * count
+    head = view[at : at + head_len]
+    at += head_len
+    buffers = []
+    for n in sizes:
+        at += -at % ALIGN
+        buffers.append(view[at : at + n])
+        at += n
+    return pickle.loads(head, buffers=buffers)
+
+
 def take(ticket: Ticket) -> Any:
     """The value posted under ``ticket`` (waiting for it); :class:`Upstream` if its producer raised,
-    :class:`Aborted` if the driver gave up on it, ``TimeoutError`` after ``ticket.timeout_s``."""
+    :class:`NotPosted` if it had no room, :class:`Aborted` if the driver gave up on it,
+    ``TimeoutError`` after ``ticket.timeout_s``."""
     fd = _fifo(ticket.box)  # before the first look: a posting after it wakes us
     deadline = time.monotonic() + ticket.timeout_s
     while True:
-        got = _read(ticket.box, ticket.seq)
-        if got is not None:
-            kind, payload = got
+        mm = _read(ticket.box, ticket.seq)
+        if mm is not None:
+            kind = mm[:1]
             if kind == b"e":
-                raise Upstream(ticket.producer, payload.decode(errors="replace"))
+                raise Upstream(ticket.producer, mm[1:].decode(errors="replace"))
+            if kind == b"d":
+                raise NotPosted(ticket.producer)
             STATS["taken"] += 1
-            return pickle.loads(payload)
+            return _load(mm)
         if _aborted(ticket.box) >= ticket.seq:
             raise Aborted(f"{ticket.producer}: its iteration was cancelled")
         left = deadline - time.monotonic()
