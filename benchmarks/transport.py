@@ -12,10 +12,14 @@ Atari-shaped rollouts (uint8 4x84x84 observations, 8 envs x 128 steps: ~29 MB ea
 * ``driver``: the path before it. The same fragments as actor calls: each rollout comes back to
   the driver and is sent on to the learner;
 * ``ceiling``: raw Dask worker-to-worker bandwidth: the same bytes, already made, fetched by a
-  task on the learner's worker (no fragment, no copy).
+  task on the learner's worker (no fragment, no copy);
+* ``sync-mailbox`` / ``sync-dask``: whole ``sync`` iterations through the policy's own ``step``,
+  running ahead as the driver does, with the same-host mailbox (the default: the learner's task
+  waits on its worker and maps each rollout from ``/dev/shm``) and without it.
 
 Final JSON line: ``peer_bytes_s``, ``peer_socket_bytes_s``, ``driver_bytes_s``, ``ceiling_bytes_s``,
-``speedup`` = peer / driver, ``shm_vs_socket`` = peer / peer-socket, ``peer_vs_ceiling``.
+``speedup`` = peer / driver, ``shm_vs_socket`` = peer / peer-socket, ``peer_vs_ceiling``,
+``sync_mailbox_bytes_s``, ``sync_dask_bytes_s``, ``mailbox_vs_dask``.
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ from dagrl.graph import resolve_graph
 from dagrl.policies import build_policy
 
 
-def graph(samplers: int, shared_memory: bool = True):
+def graph(samplers: int, shared_memory: bool = True, mailbox: bool = True):
     return resolve_graph(
         {
             "algorithm": "transport_algo",
             "env": {"id": "CartPole-v1"},
-            "policy": "sync",
+            "policy": {"name": "sync", "mailbox": mailbox},
             "roles": {"sampler": {"replicas": samplers}},
             "shared_memory": shared_memory,
         },
@@ -59,6 +63,17 @@ def peer(policy, seconds: float) -> float:
             continue
         (out,) = ex.wait([inflight.pop(0)])
         done += out["perf/bytes"]
+    return done / (time.perf_counter() - t0)
+
+
+def stepped(policy, seconds: float) -> float:
+    """``sync`` through its own ``step``, running ahead as the driver does (so with the mailbox where
+    the graph allows it), until ``seconds`` passed and the iteration ahead is in."""
+    done, t0 = 0.0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += policy.step(ahead=True).metrics["perf/bytes"]
+    while policy.pending:
+        done += policy.step().metrics["perf/bytes"]
     return done / (time.perf_counter() - t0)
 
 
@@ -108,6 +123,13 @@ def main() -> None:
         Client(cluster, direct_to_workers=True) as client,
     ):
         rates = {}
+        for mailbox in (True, False):  # sync's steps, rollouts through the mailbox or through Dask
+            policy = build_policy(graph(args.samplers, mailbox=mailbox), client)
+            try:
+                stepped(policy, 2.0)
+                rates["sync-mailbox" if mailbox else "sync-dask"] = stepped(policy, args.seconds)
+            finally:
+                policy.close()
         for shared in (True, False):
             policy = build_policy(graph(args.samplers, shared), client)
             try:
@@ -126,6 +148,8 @@ def main() -> None:
         "peer": "peer (dagrl tasks, shared memory)",
         "peer-socket": "peer-socket (dagrl tasks, shared_memory: false)",
         "driver": "driver (actor calls via client)",
+        "sync-mailbox": "sync's steps, same-host mailbox (policy.mailbox, the default)",
+        "sync-dask": "sync's steps, through Dask (policy.mailbox: false)",
     }
     print(table([{"path": names[k], "MB/s": rates[k] / 1e6} for k in names], ["path", "MB/s"]))
     emit(
@@ -140,6 +164,9 @@ def main() -> None:
             "speedup": rates["peer"] / rates["driver"],
             "shm_vs_socket": rates["peer"] / rates["peer-socket"],
             "peer_vs_ceiling": rates["peer"] / rates["ceiling"],
+            "sync_mailbox_bytes_s": rates["sync-mailbox"],
+            "sync_dask_bytes_s": rates["sync-dask"],
+            "mailbox_vs_dask": rates["sync-mailbox"] / rates["sync-dask"],
         },
     )
 
