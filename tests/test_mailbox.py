@@ -76,7 +76,7 @@ def test_arrays_arrive_as_writable_views_of_the_posting_and_outlive_its_removal(
 
 
 def test_without_room_on_dev_shm_the_waiter_is_told_to_fetch_through_dask(box, monkeypatch):
-    monkeypatch.setattr(mailbox, "_room", lambda nbytes: False)
+    monkeypatch.setattr(mailbox, "room", lambda nbytes: False)
     mailbox.post(box, 1, np.zeros(10))
     with pytest.raises(mailbox.NotPosted):
         mailbox.take(ticket(box, 1))

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dagrl.runtime.shm import alive, entries, room
+
 __all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
 
 DIR = "/dev/shm"
@@ -133,15 +135,6 @@ def _post(box: str, seq: int, *parts: Any) -> None:
     _wake(box)
 
 
-def _room(nbytes: int) -> bool:
-    """Whether ``/dev/shm`` holds ``nbytes`` with room to spare (a container's is often 64 MB)."""
-    try:
-        st = os.statvfs(DIR)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize > 2 * nbytes + (64 << 20)
-
-
 def post(box: str, seq: int, value: Any) -> None:
     """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker).
 
@@ -153,7 +146,7 @@ def post(box: str, seq: int, value: Any) -> None:
     head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
     sizes = [r.nbytes for r in raws]
-    if not _room(len(head) + sum(sizes)):
+    if not room(len(head) + sum(sizes)):
         _post(box, seq, b"d")
         return
     meta = len(head).to_bytes(8, "little") + len(sizes).to_bytes(8, "little")
@@ -260,16 +253,6 @@ def take(ticket: Ticket) -> Any:
             os.read(fd, 4096)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep(own: bool = False) -> int:
     """Remove the markers and FIFOs of processes that are gone (with ``own``: this process's too) and
     every box left without a live process's; how many boxes were removed."""
@@ -279,12 +262,8 @@ def sweep(own: bool = False) -> int:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             _FIFOS.clear()
-    try:
-        boxes = [n for n in os.listdir(DIR) if n.startswith(PREFIX)]
-    except OSError:
-        return 0
     removed = 0
-    for box in boxes:
+    for box in entries(PREFIX):
         try:
             names = os.listdir(_dir(box))
         except OSError:
@@ -295,7 +274,7 @@ def sweep(own: bool = False) -> int:
             pid = rest.split("-")[0]
             if kind not in ("p", "w") or not pid.isdigit():
                 continue
-            if (own and int(pid) == os.getpid()) or not _alive(int(pid)):
+            if (own and int(pid) == os.getpid()) or not alive(int(pid)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(_dir(box), name))
             else:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DIR", "MIN_BYTES", "PREFIX", "STATS", "Shared", "sweep", "unwrap", "wrap"]
+__all__ = ["DIR", "MIN_BYTES", "PREFIX", "STATS", "Shared", "alive", "entries", "room", "sweep", "unwrap", "wrap"]
 
 DIR = "/dev/shm"
 PREFIX = "dagrl-shm-"
@@ -124,7 +124,8 @@ def _same_host(context: dict | None) -> bool:
         return False
 
 
-def _room(nbytes: int) -> bool:
+def room(nbytes: int) -> bool:
+    """Whether ``/dev/shm`` holds ``nbytes`` with room to spare (a container's is often 64 MB)."""
     try:
         st = os.statvfs(DIR)
     except OSError:
@@ -188,7 +189,7 @@ def _acquire_locked(need: int) -> _Slot | None:
             _SLOTS.remove(old)
             old.mm.close()
             _unlink(old.name)
-        if len(_SLOTS) >= MAX_SLOTS or not _room(need):
+        if len(_SLOTS) >= MAX_SLOTS or not room(need):
             return None
         slot = _Slot(max(need, 1 << 20) + (need >> 3))  # some slack: rollouts vary a little
         _SLOTS.append(slot)
@@ -299,7 +300,8 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(DIR, name))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (anyone's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -309,19 +311,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def entries(prefix: str) -> list[str]:
+    """Names in ``/dev/shm`` starting with ``prefix`` (none if it cannot be read)."""
+    try:
+        return [n for n in os.listdir(DIR) if n.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def sweep(own: bool = False) -> int:
     """Remove segments whose creating process is gone (and, with ``own``, this process's); how many."""
-    try:
-        names = [n for n in os.listdir(DIR) if n.startswith(PREFIX)]
-    except OSError:
-        return 0
     removed = 0
-    for name in names:
+    for name in entries(PREFIX):
         try:
             pid = int(name[len(PREFIX) :].split("-", 1)[0])
         except ValueError:
             continue
-        if (own and pid == os.getpid()) or not _alive(pid):
+        if (own and pid == os.getpid()) or not alive(pid):
             _unlink(name)
             removed += 1
     if own:
