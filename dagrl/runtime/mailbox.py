@@ -1,19 +1,21 @@
-"""A same-host mailbox for one value that tasks of the next iteration already wait for: ``sync``'s weights.
+"""A same-host mailbox for values that tasks of the next iteration already wait for: ``sync``'s weights
+and rollouts.
 
 ``sync`` submits iteration ``i + 1`` while ``i`` runs, so Dask starts its ``publish`` the moment
 ``update`` ends. Through Dask alone, each ``collect`` then starts only after the scheduler learns that
 ``publish`` ended, sends the task to the sampler's worker and that worker fetches the weights peer to
 peer: 14-19 ms per iteration on two cores (BENCHMARKS.md, "`sync`'s time between tasks"), ~15 % of a
-CartPole PPO iteration. With the mailbox, ``collect`` ``i + 1`` is a task that depends on nothing of
-iteration ``i + 1``: it starts on its worker as soon as ``collect`` ``i`` ends and waits there for a
-:class:`Ticket`. ``publish`` writes its output into the box (a file on ``/dev/shm``) and wakes the
-waiting tasks, each through a FIFO of its thread (about half a millisecond). Only the driver's
-messages and the rollouts still go through Dask.
+CartPole PPO iteration; the rollouts' way to ``update`` costs the same again. With the mailbox,
+``collect`` ``i + 1`` is a task that depends on nothing of iteration ``i + 1``: it starts on its
+worker as soon as ``collect`` ``i`` ends and waits there for a :class:`Ticket`; ``update`` ``i``
+likewise waits for each sampler's rollout. A producer writes its output into the box (a file on
+``/dev/shm``) and wakes the waiting tasks, each through a FIFO of its thread (about half a
+millisecond). Only the driver's messages still go through Dask.
 
 A box is a directory ``/dev/shm/dagrl-mb-<hex>`` holding a file ``v-<seq>`` per posting (the pickled
 value or the producer's error; a producer's next posting removes its previous one), ``aborted`` (the
-highest sequence number the driver gave up on), a FIFO ``w-<pid>-<thread>`` per waiting thread and a marker
-``p-<pid>`` per posting process. :func:`sweep` removes the files of processes that are gone (and, at
+highest sequence number the driver gave up on), a FIFO ``w-<pid>-<thread>`` per waiting thread and a
+marker ``p-<pid>`` per posting process. :func:`sweep` removes the files of processes that are gone (and, at
 a run's end, a process's own), and the directory once nothing of a live process is left.
 
 The mailbox is an optimisation, never a requirement: the executor uses it only for a consumer on the
@@ -33,11 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dagrl.runtime.shm import alive, entries, room
+from dagrl.runtime.shm import DIR, alive, entries, room
 
 __all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
 
-DIR = "/dev/shm"
 PREFIX = "dagrl-mb-"
 POLL_S = 0.1
 """A waiting task also looks at the box this often (a missed wake-up, an abort, its timeout)."""
@@ -99,7 +100,7 @@ def _write(box: str, name: str, *parts: Any) -> None:
 
 
 def _wake(box: str) -> None:
-    """A byte into every waiting process's FIFO (one with no reader open, or full, is skipped)."""
+    """A byte into every waiting thread's FIFO (one with no reader open, or full, is skipped)."""
     with contextlib.suppress(OSError):
         names = [n for n in os.listdir(_dir(box)) if n.startswith("w-")]
         for name in names:
@@ -112,8 +113,8 @@ def _wake(box: str) -> None:
             os.close(fd)
 
 
-_POSTED: dict[tuple[str, int], int] = {}
-"""The last posting of each (box, producer process): removed when the producer posts again."""
+_POSTED: dict[str, int] = {}
+"""This process's last posting in each box: removed when it posts there again."""
 
 
 ALIGN = 64
@@ -127,8 +128,8 @@ def _post(box: str, seq: int, *parts: Any) -> None:
     consumer still holding arrays of it keeps its mapping, which outlives the file."""
     _mark(box, "p")
     _write(box, f"v-{seq}", *parts)
-    previous = _POSTED.get((box, os.getpid()))
-    _POSTED[box, os.getpid()] = seq
+    previous = _POSTED.get(box)
+    _POSTED[box] = seq
     if previous is not None and previous != seq:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(_dir(box), f"v-{previous}"))
