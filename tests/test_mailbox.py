@@ -215,7 +215,7 @@ def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_w
 
     boxes = set(_boxes())
     over = ["stop.iterations=6", "stop.mean_return=null", "checkpoint.every=0", "roles.sampler.replicas=2"]
-    learned = {}
+    learned, waited = {}, {}
     with (
         LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
         Client(lc) as client,
@@ -230,6 +230,8 @@ def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_w
                 learned[on] = {k: v.clone() for k, v in policy.state_dict()["learner"][0]["agent"].items()}
                 samplers = {h.address for h in policy.hosts["sampler"]}
                 learner = policy.hosts["learner"][0].address
+                if on:
+                    waited = _metered(client)
             finally:
                 policy.close()
             after = client.run(stats)
@@ -240,8 +242,31 @@ def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_w
             else:
                 assert all(set(m.values()) == {0} for m in moved.values()), moved
     assert set(_boxes()) <= boxes  # the run's box went with the run
+    # the dashboard's Fine Performance Metrics tell the wait from the work: collect and update waited
+    # in the mailbox and read from it (metrics reach the scheduler with the workers' heartbeats)
+    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-wait"}, waited
+    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-read"}, waited
+    assert all(waited[k] > 0 for k in waited)
     assert learned[True].keys() == learned[False].keys()
     assert all(learned[True][k].equal(learned[False][k]) for k in learned[True])
+
+
+def _metered(client, timeout_s: float = 10.0) -> dict[tuple[str, str], float]:
+    """Seconds of mailbox activity by (task prefix, activity), summed over the cluster so far; waits
+    up to ``timeout_s`` for collect's and update's waits and reads (they come with the heartbeats)."""
+
+    def read(dask_scheduler):
+        return {
+            (k[1], k[2]): v
+            for k, v in dask_scheduler.cumulative_worker_metrics.items()
+            if len(k) == 4 and k[0] == "execute" and str(k[2]).startswith("mailbox-") and k[3] == "seconds"
+        }
+
+    want = {(p, a) for p in ("collect-sampler", "update-learner") for a in ("mailbox-wait", "mailbox-read")}
+    deadline = time.monotonic() + timeout_s
+    while not want <= (got := client.run_on_scheduler(read)).keys() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
 
 
 def _boxes() -> list[str]:

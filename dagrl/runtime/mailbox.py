@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from distributed.metrics import context_meter
+
 from dagrl.runtime.shm import DIR, alive, entries, room
 
 __all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
@@ -231,19 +233,31 @@ def _load(mm: mmap.mmap) -> Any:
 def take(ticket: Ticket) -> Any:
     """The value posted under ``ticket`` (waiting for it); :class:`Upstream` if its producer raised,
     :class:`NotPosted` if it had no room, :class:`Aborted` if the driver gave up on it,
-    ``TimeoutError`` after ``ticket.timeout_s``."""
+    ``TimeoutError`` after ``ticket.timeout_s``.
+
+    Inside a Dask task the wait and the read are metered apart (``mailbox-wait``, ``mailbox-read``):
+    the dashboard's Fine Performance Metrics then show them for the task's prefix, and they leave
+    its ``thread-noncpu`` and ``thread-cpu`` (the Task Stream's bar still spans the whole task)."""
+    with context_meter.meter("mailbox-wait"):
+        mm = _wait(ticket)
+    kind = mm[:1]
+    if kind == b"e":
+        raise Upstream(ticket.producer, mm[1:].decode(errors="replace"))
+    if kind == b"d":
+        raise NotPosted(ticket.producer)
+    STATS["taken"] += 1
+    with context_meter.meter("mailbox-read"):
+        return _load(mm)
+
+
+def _wait(ticket: Ticket) -> mmap.mmap:
+    """The posting of ``ticket``, mapped, once it is there; raises on an abort or at the timeout."""
     fd = _fifo(ticket.box)  # before the first look: a posting after it wakes us
     deadline = time.monotonic() + ticket.timeout_s
     while True:
         mm = _read(ticket.box, ticket.seq)
         if mm is not None:
-            kind = mm[:1]
-            if kind == b"e":
-                raise Upstream(ticket.producer, mm[1:].decode(errors="replace"))
-            if kind == b"d":
-                raise NotPosted(ticket.producer)
-            STATS["taken"] += 1
-            return _load(mm)
+            return mm
         if _aborted(ticket.box) >= ticket.seq:
             raise Aborted(f"{ticket.producer}: its iteration was cancelled")
         left = deadline - time.monotonic()
