@@ -362,6 +362,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
                 where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance{hint}"
             )
     _check_shards(spec, algo, parallel, where)
+    _warn_unequal_shards(spec, algo, parallel, where)
     if spec.evaluate.every and algo.eval_graph is None:
         raise ConfigError(
             where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
@@ -439,6 +440,28 @@ def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: 
                 f"roles.{src}.replicas",
                 f"{n}: must be a multiple of roles.{dst}.replicas ({k}), so every {dst} replica gets the same share",
             )
+
+
+def _warn_unequal_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:
+    """Replica i of a replicated role feeds replica ``i % k`` of another (samplers into replay shards):
+    with a count that is not a multiple of ``k``, some replicas get more than others. Each replay shard
+    draws the same number of rows per ``sample`` whatever it holds, so the rows of a shard that fills
+    more slowly are drawn more often than the others until the shards are full (Reverb's sharded
+    servers behave alike). Data-parallel learners are refused the same shape (:func:`_check_shards`)."""
+    seen = set()
+    for edge in algo.graph.edges:
+        src, dst = edge.src.role, edge.dst.role
+        if src == dst or dst in parallel or (src, dst) in seen or not (algo.roles[src].many and algo.roles[dst].many):
+            continue
+        seen.add((src, dst))
+        n, k = spec.roles[src].replicas, spec.roles[dst].replicas
+        if k > 1 and n % k:
+            logging.getLogger("dagrl").warning(
+                "%s: roles.%s.replicas %d is not a multiple of roles.%s.replicas %d: %s replica i feeds %s "
+                "replica i %% %d, so they get unequal shares (a replay shard's rows are drawn more often the "
+                "less it holds, until the shards are full)",
+                where, src, n, dst, k, src, dst, k,
+            )  # fmt: skip
 
 
 def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:

@@ -79,3 +79,22 @@ def test_single_and_sync_fill_replay_identically(client, tmp_path):
         stores.append(store.read(np.arange(store.head, store.tail)))
     for k in stores[0]:
         np.testing.assert_array_equal(stores[0][k], stores[1][k])
+
+
+@pytest.mark.parametrize(("samplers", "warned"), [(3, True), (4, False), (1, False)])
+def test_samplers_that_feed_replay_shards_unequally_are_warned(graphs_dir, caplog, monkeypatch, samplers, warned):
+    """3 samplers into 2 shards: shard 0 gets two samplers' rows, and the draws of shard 1's are twice as
+    frequent until both are full. One sampler feeds shard 0 alone: that is not a share, so no warning."""
+    import logging
+
+    from dagrl.graph import load_graph
+
+    logger = logging.getLogger("dagrl")  # as a test before may have left it after `dagrl` set its handler
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level("WARNING", logger="dagrl"):
+        load_graph(
+            f"{graphs_dir}/dqn-cartpole-apex.yaml", [f"roles.sampler.replicas={samplers}", "roles.replay.replicas=2"]
+        )
+    message = "roles.sampler.replicas 3 is not a multiple of roles.replay.replicas 2"
+    assert (message in caplog.text) == warned, caplog.text
