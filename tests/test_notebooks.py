@@ -16,8 +16,21 @@ from tests.test_slurm import CLUSTER
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def python_processes() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if "python" in (p.info["name"] or "")}
+def python_processes(marker: str | None = None) -> set[int]:
+    """Python processes; with ``marker``, only those whose environment holds it (``NAME=value``): the
+    notebook's kernel and whatever it started inherit it, other programs on the machine do not."""
+    pids = {p.pid for p in psutil.process_iter(["name"]) if "python" in (p.info["name"] or "")}
+    if marker is None:
+        return pids
+    name, _, value = marker.partition("=")
+    mine = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).environ().get(name) == value:
+                mine.add(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # gone, or another user's
+    return mine
 
 
 def run_notebook(name: str, tmp_path: Path, **env: str) -> nbformat.NotebookNode:
@@ -33,7 +46,8 @@ def run_notebook(name: str, tmp_path: Path, **env: str) -> nbformat.NotebookNode
         os.environ.clear()
         os.environ.update(old)
     end = time.monotonic() + 20  # workers and the kernel take a moment to exit
-    while (left := python_processes() - before) and time.monotonic() < end:
+    marker = f"DAGRL_NOTEBOOK_RUNS={tmp_path / 'runs'}"
+    while (left := python_processes(marker) - before) and time.monotonic() < end:
         time.sleep(0.5)
     leftover = [" ".join(psutil.Process(p).cmdline()[:4]) for p in left if psutil.pid_exists(p)]
     assert not leftover, f"{name} left processes behind: {leftover}"
