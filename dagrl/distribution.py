@@ -103,6 +103,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 @dataclass
 class DataParallelOptions:
+    mailbox: bool = True
+    """As ``sync``'s: samplers on a learner replica's host wait for its weights in a same-host
+    mailbox, and each replica for its samplers' rollouts (:class:`SyncOptions`)."""
     backend: str = "auto"
     """``torch.distributed`` backend of the learner replicas: ``gloo`` (CPU, or CUDA tensors through
     the host), ``nccl`` (one distinct GPU per replica); ``auto``: nccl when every replica has a GPU

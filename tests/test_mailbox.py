@@ -204,6 +204,39 @@ def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_w
     """One worker per role on a LocalCluster: both samplers wait for each iteration's weights in the
     mailbox, the learner for their rollouts; the learner ends where it ends with the mailbox off (and
     so where ``single`` ends); no file of the mailbox is left after the run."""
+    over = ["roles.sampler.replicas=2"]
+    learned, moved, waited = _on_and_off(tmp_path, f"{graphs_dir}/ppo-cartpole-sync.yaml", over, workers=3)
+    (learner,) = moved[True]["learner"]  # weights out to each sampler, rollouts in from each: 6 iterations (7 if ahead)
+    assert learner["posted"] >= 6 and learner["taken"] >= 2 * 6, moved
+    assert all(m["taken"] >= 6 and m["posted"] >= 6 for m in moved[True]["sampler"]), moved
+    assert all(set(m.values()) == {0} for ms in moved[False].values() for m in ms), moved
+    # the dashboard's Fine Performance Metrics tell the wait from the work: collect and update waited
+    # in the mailbox and read from it (metrics reach the scheduler with the workers' heartbeats)
+    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-wait"}, waited
+    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-read"}, waited
+    assert all(waited[k] > 0 for k in waited)
+    assert learned[True].keys() == learned[False].keys()
+    assert all(learned[True][k].equal(learned[False][k]) for k in learned[True])
+
+
+def test_dp_learner_replicas_take_their_own_samplers_rollouts_from_the_mailbox(tmp_path, graphs_dir):
+    """``dp-learners``, 2 replicas and 4 samplers: sampler i takes replica i % 2's weights from the
+    mailbox, and replica k the rollouts of samplers i % 2 == k; replica 0 ends where it ends with
+    the mailbox off (the replicas' equality is checked by the policy at the first iteration)."""
+    over = ["roles.sampler.replicas=4", "roles.sampler.resources.CPU=0"]
+    learned, moved, _ = _on_and_off(tmp_path, f"{graphs_dir}/ppo-cartpole-dp.yaml", over, workers=6)
+    for m in moved[True]["learner"]:  # its weights to 2 samplers, their 2 rollouts in: 6 iterations
+        assert m["posted"] >= 6 and m["taken"] >= 2 * 6, moved
+    assert all(m["taken"] >= 6 and m["posted"] >= 6 for m in moved[True]["sampler"]), moved
+    assert all(set(m.values()) == {0} for ms in moved[False].values() for m in ms), moved
+    assert learned[True].keys() == learned[False].keys()
+    assert all(learned[True][k].equal(learned[False][k]) for k in learned[True])
+
+
+def _on_and_off(tmp_path, path: str, over: list[str], workers: int) -> tuple[dict, dict, dict]:
+    """Six iterations of graph ``path`` with the mailbox on, then off, on one LocalCluster of a worker
+    per role replica: learner replica 0's weights, the mailbox counts that moved on each worker
+    (``{on: {role: [per replica]}}``), and the mailbox time metered by the run with it."""
     from distributed import Client, LocalCluster
 
     from dagrl.runtime.driver import Trainer
@@ -214,41 +247,34 @@ def test_sync_takes_its_weights_from_the_mailbox_and_computes_what_it_computes_w
         return mailbox.STATS.copy()
 
     boxes = set(_boxes())
-    over = ["stop.iterations=6", "stop.mean_return=null", "checkpoint.every=0", "roles.sampler.replicas=2"]
-    learned, waited = {}, {}
+    over = ["stop.iterations=6", "stop.mean_return=null", "checkpoint.every=0", *over]
+    learned, moved, waited = {}, {}, {}
     with (
-        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1"
+        ) as lc,
         Client(lc) as client,
     ):
         for on in (True, False):
-            graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", [*over, f"policy.mailbox={str(on).lower()}"])
+            graph = load_graph(path, [*over, f"policy.mailbox={str(on).lower()}"])
             before = client.run(stats)
             policy = build_policy(graph, client)
             rundir = RunDir.create(tmp_path / str(on), graph.name)
             try:
                 Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
                 learned[on] = {k: v.clone() for k, v in policy.state_dict()["learner"][0]["agent"].items()}
-                samplers = {h.address for h in policy.hosts["sampler"]}
-                learner = policy.hosts["learner"][0].address
+                where = {role: [h.address for h in policy.hosts[role]] for role in ("sampler", "learner")}
                 if on:
                     waited = _metered(client)
             finally:
                 policy.close()
             after = client.run(stats)
-            moved = {a: {k: after[a][k] - before[a][k] for k in after[a]} for a in [*samplers, learner]}
-            if on:  # weights out to each sampler, rollouts in from each: 6 iterations (7 if run ahead at the stop)
-                assert moved[learner]["posted"] >= 6 and moved[learner]["taken"] >= 2 * 6, moved
-                assert all(moved[a]["taken"] >= 6 and moved[a]["posted"] >= 6 for a in samplers), moved
-            else:
-                assert all(set(m.values()) == {0} for m in moved.values()), moved
+            moved[on] = {
+                role: [{k: after[a][k] - before[a][k] for k in after[a]} for a in addresses]
+                for role, addresses in where.items()
+            }
     assert set(_boxes()) <= boxes  # the run's box went with the run
-    # the dashboard's Fine Performance Metrics tell the wait from the work: collect and update waited
-    # in the mailbox and read from it (metrics reach the scheduler with the workers' heartbeats)
-    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-wait"}, waited
-    assert {"collect-sampler", "update-learner"} <= {p for p, a in waited if a == "mailbox-read"}, waited
-    assert all(waited[k] > 0 for k in waited)
-    assert learned[True].keys() == learned[False].keys()
-    assert all(learned[True][k].equal(learned[False][k]) for k in learned[True])
+    return learned, moved, waited
 
 
 def _metered(client, timeout_s: float = 10.0) -> dict[tuple[str, str], float]:

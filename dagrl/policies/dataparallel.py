@@ -7,7 +7,9 @@ each replica has a GPU of its own). The iteration is submitted as under ``sync``
 ``i % K == k`` (replay shards likewise) and sampler i reads the weights of replica i % K. The
 algorithm averages gradients with ``ctx.average_gradients`` before each optimiser step, so the
 replicas stay bit-identical: checked after the first iteration and at every checkpoint, which
-stores replica 0's state once.
+stores replica 0's state once. From the second iteration on, the next one is submitted while the
+current one runs, as under ``sync``; samplers on a learner replica's host take its weights from a
+same-host mailbox and each replica the rollouts of its samplers (``policy.mailbox``).
 
 A replica that fails rolls all of them back: the dead one is replaced, the group formed anew and
 every replica loaded from the checkpoint (a survivor whose all-reduce failed with its peer is
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagrl.distribution import data_parallel_roles
+from dagrl.distribution import data_parallel_roles, mail_edges
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.runtime.collective import form_group
@@ -33,16 +35,19 @@ class ReplicasDiverged(TrainingError):
 
 class DataParallel(Lockstep):
     name = "dp-learners"
+    runs_ahead = True
 
     def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
         self.formed = False
         self.checked = False
+        if self.executor.remote and self.options.mailbox and graph.spec.shared_memory:
+            self.mail = mail_edges(graph.algorithm)
 
     def step(self, ahead: bool = False) -> StepResult:
         self.prepare()
-        res = super().step(ahead)
+        res = super().step(ahead and self.checked)  # the first iteration's states are compared when it ends
         if not self.checked:
             self._check_identical("after the first iteration")
             self.checked = True
@@ -61,6 +66,7 @@ class DataParallel(Lockstep):
         return super().replace_in_place(failure)
 
     def restore(self, sd: dict[str, list[Any]]) -> None:
+        self.drop_ahead()  # it followed the iteration that failed
         self._form()  # replaces a replica found dead, then re-forms the group
         self.load_state_dict(sd)
         self.after_restore()

@@ -529,10 +529,8 @@ class Executor:
         return calls
 
     def _mail(self, handle: Any, consumers: list[Node], hosts: dict[str, list[Any]], roles: Any) -> Mail | None:
-        """A mailbox posting for a call on ``handle``, if a replica of ``consumers`` may wait for it there
-        (a gathering consumer only if its role has one replica)."""
-        one = [n for n in consumers if roles[n.role].many or len(hosts[n.role]) == 1]
-        waiting = [h for n in one for h in hosts[n.role] if n.role != handle.role]
+        """A mailbox posting for a call on ``handle``, if a replica of ``consumers`` may wait for it there."""
+        waiting = [h for n in consumers for h in hosts[n.role] if n.role != handle.role]
         readers = mail_readers(handle, waiting, hosts)
         if not readers:
             return None
