@@ -1,5 +1,5 @@
-"""A same-host mailbox for values that tasks of the next iteration already wait for: ``sync``'s weights
-and rollouts.
+"""A same-host mailbox for values that tasks of the next iteration already wait for: the weights and
+rollouts of ``sync`` and ``dp-learners``.
 
 ``sync`` submits iteration ``i + 1`` while ``i`` runs, so Dask starts its ``publish`` the moment
 ``update`` ends. Through Dask alone, each ``collect`` then starts only after the scheduler learns that
