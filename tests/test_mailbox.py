@@ -176,6 +176,27 @@ def test_cancelling_a_posting_ends_the_wait_on_the_readers_worker(client, box):
     client.run(mailbox.sweep, True, workers=[address])
 
 
+def test_a_driver_on_another_host_aborts_through_the_readers_without_waiting_for_a_dead_one(client, box, monkeypatch):
+    """Where the driver does not see the box, the readers' workers abort it; one of them dead (a
+    killed learner, a reader of the rollouts) would hold the scheduler's broadcast for the connect
+    timeout (30 s), which the driver must not wait out before redoing the iteration."""
+    from dagrl.runtime import executor
+    from dagrl.runtime.executor import Executor, Mail
+
+    monkeypatch.setattr(executor, "_box_here", lambda box: False)
+    address = sorted(client.scheduler_info()["workers"])[0]
+    waiting = client.submit(mailbox.take, ticket(box, 3), workers=[address], pure=False)
+    time.sleep(0.5)
+    assert not waiting.done()
+    dead = "tcp://127.0.0.1:9"  # the discard port: nothing listens
+    t0 = time.monotonic()
+    Executor(client)._abort([Mail(box, 3, frozenset([address, dead]))])
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(mailbox.Aborted):
+        waiting.result(timeout=10)
+    client.run(mailbox.sweep, True, workers=[address])
+
+
 def test_mail_edges_are_weights_out_and_rollouts_in_and_not_what_replay_shards_wait_for():
     def named(algo):
         names = {n.id: n.name for n in algo.graph.nodes}

@@ -299,6 +299,11 @@ def _ticketed(arg: Any, handle: Any, executor: Executor) -> Any:
     return arg
 
 
+def _box_here(box: str) -> bool:
+    """Whether this process sees mailbox ``box`` (its directory on this host's ``/dev/shm``)."""
+    return mailbox.exists(box)
+
+
 async def _abort_on_worker(box: str, seq: int) -> None:
     """:func:`mailbox.abort` on a worker's event loop: ``Client.run(..., wait=False)`` takes coroutine
     functions only (a plain one fails there, "Combination not supported"), and the driver need not wait."""
@@ -619,13 +624,28 @@ class Executor:
                 raise RoleFailure(first.handle, "hung", TimeoutError(msg))
 
     def _abort(self, mails: list[Mail]) -> None:
-        """Tell the tasks waiting for these postings, on their workers, that no value will come."""
+        """Tell the tasks waiting for these postings, on their workers, that no value will come.
+
+        A box this process sees (the driver on the workers' host) is aborted here: a file written and
+        the waiters' FIFOs poked. Otherwise the readers' workers do it (``Client.run``), from a thread
+        of its own: the client waits for the scheduler's broadcast, and a reader that just died
+        (a killed learner, reader of the rollouts) holds that for the comm's connect timeout, 30 s."""
         last: dict[tuple[str, frozenset[str]], int] = {}
         for m in mails:
             last[m.box, m.readers] = max(m.seq, last.get((m.box, m.readers), 0))
+        remote = []
         for (box, readers), seq in last.items():
+            if _box_here(box):
+                mailbox.abort(box, seq)
+            else:
+                remote.append((box, sorted(readers), seq))
+        if remote:
+            threading.Thread(target=self._abort_remote, args=(remote,), name="dagrl-abort", daemon=True).start()
+
+    def _abort_remote(self, remote: list[tuple[str, list[str], int]]) -> None:
+        for box, readers, seq in remote:
             with contextlib.suppress(Exception):  # a reader's worker may be gone (nothing waits there)
-                self.client.run(_abort_on_worker, box, seq, workers=sorted(readers), wait=False)
+                self.client.run(_abort_on_worker, box, seq, workers=readers, wait=False)
 
     def cancel(self, calls: Iterable[Call]) -> None:
         """Forget calls of an abandoned iteration (a failed one is redone); their tasks are cancelled."""

@@ -39,7 +39,7 @@ from distributed.metrics import context_meter
 
 from dagrl.runtime.shm import DIR, alive, entries, room
 
-__all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "post", "post_error", "sweep", "take"]
+__all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "exists", "post", "post_error", "sweep", "take"]
 
 PREFIX = "dagrl-mb-"
 POLL_S = 0.1
@@ -170,10 +170,15 @@ def post_error(box: str, seq: int, err: BaseException) -> None:
     _post(box, seq, b"e" + f"{type(err).__name__}: {err}".encode())
 
 
+def exists(box: str) -> bool:
+    """Whether ``box`` is on this host (its directory in ``/dev/shm``)."""
+    return os.path.isdir(_dir(box))
+
+
 def abort(box: str, seq: int) -> None:
     """Give up on postings up to ``seq`` (an iteration cancelled): their waiters raise :class:`Aborted`.
-    Run on each consumer's worker (``Client.run``), so it needs no filesystem shared with the driver."""
-    if not os.path.isdir(_dir(box)):
+    Run where the box is: by the driver on the consumers' host, else on their workers (``Client.run``)."""
+    if not exists(box):
         return
     if _aborted(box) < seq:
         _write(box, "aborted", seq.to_bytes(8, "little"))
