@@ -318,3 +318,36 @@ def _metered(client, timeout_s: float = 10.0) -> dict[tuple[str, str], float]:
 
 def _boxes() -> list[str]:
     return [n for n in os.listdir(mailbox.DIR) if n.startswith(mailbox.PREFIX)]
+
+
+def _pole_falls(delay: float) -> None:
+    time.sleep(delay)
+    raise ValueError("the pole fell off the cart")
+
+
+def _heard_of(producer: str) -> None:
+    raise mailbox.Upstream(producer, "ValueError: the pole fell off the cart")
+
+
+def test_a_failure_heard_through_the_mailbox_is_the_producers_own_error_with_its_frames(client):
+    """A consumer hears of its producer's error in the mailbox and its task fails first; the failure
+    the driver raises is the producer's, with the producer's exception and traceback (what the restart
+    event records), not the consumer's report of it."""
+    from dagrl.runtime.executor import Call, Executor, Mail
+    from dagrl.runtime.supervisor import RoleFailure, remote_traceback
+
+    producer = client.submit(_pole_falls, 0.5, pure=False)
+    consumer = client.submit(_heard_of, producer.key, pure=False)
+    handles = [SimpleNamespace(role=r, index=0, address="tcp://127.0.0.1:1") for r in ("sampler", "learner")]
+    calls = [
+        Call(handles[0], "collect", producer, time.perf_counter(), mail=Mail("b", 1, frozenset())),
+        Call(handles[1], "update", consumer, time.perf_counter()),
+    ]
+    with pytest.raises(Exception):  # noqa: B017 - the consumer's error, first
+        consumer.result(timeout=10)
+    assert producer.status == "pending"
+    with pytest.raises(RoleFailure) as failure:
+        Executor(client)._raise_errors(calls)
+    assert failure.value.handle is handles[0]
+    assert isinstance(failure.value.cause, ValueError)
+    assert "_pole_falls" in remote_traceback(failure.value.cause)

@@ -304,6 +304,10 @@ def _box_here(box: str) -> bool:
     return mailbox.exists(box)
 
 
+OWN_ERROR_WAIT_S = 5.0
+"""How long the driver waits for a producer's own error after a consumer reported it (:class:`mailbox.Upstream`)."""
+
+
 async def _abort_on_worker(box: str, seq: int) -> None:
     """:func:`mailbox.abort` on a worker's event loop: ``Client.run(..., wait=False)`` takes coroutine
     functions only (a plain one fails there, "Combination not supported"), and the driver need not wait."""
@@ -593,10 +597,23 @@ class Executor:
                 err = call.future.exception()
                 if isinstance(err, mailbox.Upstream):  # told by the mailbox before Dask told us
                     call = next((c for c in watched if c.mail is not None and _key(c) == err.producer), call)
+                    err = self._own_error(call, err)
                 kind = "lost" if isinstance(err, HostGone) else "raised"
                 if kind == "raised" and self.supervisor is not None and self._worker_lost(call):
                     kind = "lost"
                 raise RoleFailure(call.handle, kind, err)
+
+    @staticmethod
+    def _own_error(producer: Call, told: BaseException) -> BaseException:
+        """The producer's own exception (its frames, for the restart event), which Dask reports moments
+        after the consumer that heard of it through the mailbox; ``told`` if it does not come."""
+        from distributed import wait
+
+        with contextlib.suppress(Exception):
+            wait([_dask_future(producer.future)], timeout=OWN_ERROR_WAIT_S)
+        if producer.future.status == "error":
+            return producer.future.exception()
+        return told
 
     def _worker_lost(self, call: Call) -> bool:
         from distributed.comm.core import CommClosedError
