@@ -299,11 +299,6 @@ def _ticketed(arg: Any, handle: Any, executor: Executor) -> Any:
     return arg
 
 
-def _box_here(box: str) -> bool:
-    """Whether this process sees mailbox ``box`` (its directory on this host's ``/dev/shm``)."""
-    return mailbox.exists(box)
-
-
 OWN_ERROR_WAIT_S = 5.0
 """How long the driver waits for a producer's own error after a consumer reported it (:class:`mailbox.Upstream`)."""
 
@@ -532,12 +527,12 @@ class Executor:
                         args.append(a)
                 folded = (reports or {}).get(node.id, ())
                 announced = node.id in announce
-                box = self._mail(h, consumers, hosts, roles) if consumers else None
+                box = self._mail(h, consumers, hosts) if consumers else None
                 row.append(self.submit(h, node.name, args, after=first, reports=folded, announce=announced, mail=box))
             calls[node.id] = row
         return calls
 
-    def _mail(self, handle: Any, consumers: list[Node], hosts: dict[str, list[Any]], roles: Any) -> Mail | None:
+    def _mail(self, handle: Any, consumers: list[Node], hosts: dict[str, list[Any]]) -> Mail | None:
         """A mailbox posting for a call on ``handle``, if a replica of ``consumers`` may wait for it there."""
         waiting = [h for n in consumers for h in hosts[n.role] if n.role != handle.role]
         readers = mail_readers(handle, waiting, hosts)
@@ -652,7 +647,7 @@ class Executor:
             last[m.box, m.readers] = max(m.seq, last.get((m.box, m.readers), 0))
         remote = []
         for (box, readers), seq in last.items():
-            if _box_here(box):
+            if mailbox.exists(box):
                 mailbox.abort(box, seq)
             else:
                 remote.append((box, sorted(readers), seq))
