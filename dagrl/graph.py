@@ -444,18 +444,25 @@ def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: 
 
 def _warn_unequal_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:
     """Replica i of a replicated role feeds replica ``i % k`` of another (samplers into replay shards):
-    with a count that is not a multiple of ``k``, some replicas get more than others. Each replay shard
-    draws the same number of rows per ``sample`` whatever it holds, so the rows of a shard that fills
-    more slowly are drawn more often than the others until the shards are full (Reverb's sharded
-    servers behave alike). Data-parallel learners are refused the same shape (:func:`_check_shards`)."""
+    with a count that is not a multiple of ``k``, some replicas get more than others. Replay shards
+    that hear from the learner through ``reprioritize`` draw in proportion to what they hold
+    (:func:`dagrl.replay.role.shard_draws`); the others draw the same number of rows whatever they
+    hold, so the rows of a shard that fills more slowly are drawn more often until the shards are full
+    (Reverb's sharded servers behave alike). Data-parallel learners are refused the same shape
+    (:func:`_check_shards`)."""
+    from dagrl.replay.role import reprioritize
+
+    steered = {n.role for n in algo.graph.nodes if n.fragment.fn is reprioritize.fn}
     seen = set()
     for edge in algo.graph.edges:
         src, dst = edge.src.role, edge.dst.role
-        if src == dst or dst in parallel or (src, dst) in seen or not (algo.roles[src].many and algo.roles[dst].many):
+        if src == dst or dst in parallel or dst in steered or (src, dst) in seen:
+            continue
+        if not (algo.roles[src].many and algo.roles[dst].many):
             continue
         seen.add((src, dst))
         n, k = spec.roles[src].replicas, spec.roles[dst].replicas
-        if k > 1 and n % k:
+        if n > k > 1 and n % k:  # fewer producers than consumers: each fed one feeds it alone
             logging.getLogger("dagrl").warning(
                 "%s: roles.%s.replicas %d is not a multiple of roles.%s.replicas %d: %s replica i feeds %s "
                 "replica i %% %d, so they get unequal shares (a replay shard's rows are drawn more often the "

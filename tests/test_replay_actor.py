@@ -81,10 +81,18 @@ def test_single_and_sync_fill_replay_identically(client, tmp_path):
         np.testing.assert_array_equal(stores[0][k], stores[1][k])
 
 
-@pytest.mark.parametrize(("samplers", "warned"), [(3, True), (4, False), (1, False)])
-def test_samplers_that_feed_replay_shards_unequally_are_warned(graphs_dir, caplog, monkeypatch, samplers, warned):
-    """3 samplers into 2 shards: shard 0 gets two samplers' rows, and the draws of shard 1's are twice as
-    frequent until both are full. One sampler feeds shard 0 alone: that is not a share, so no warning."""
+@pytest.mark.parametrize(
+    ("graph", "samplers", "warned"),
+    [("sac-pendulum-apex", 3, True), ("sac-pendulum-apex", 4, False), ("sac-pendulum-apex", 1, False),
+     ("dqn-cartpole-apex", 3, False)],
+)  # fmt: skip
+def test_replay_shards_fed_unequally_are_warned_unless_the_learner_sizes_draws(
+    graphs_dir, caplog, monkeypatch, graph, samplers, warned
+):
+    """3 samplers into 2 shards: shard 0 gets two samplers' rows. SAC's shards draw the same number of
+    rows each, so shard 1's rows are drawn twice as often until both are full: warned. DQN's learner
+    sizes each shard's draw through ``reprioritize`` (tests/test_replay_shards.py): not warned. One
+    sampler feeds shard 0 alone: that is not a share, so no warning."""
     import logging
 
     from dagrl.graph import load_graph
@@ -93,8 +101,6 @@ def test_samplers_that_feed_replay_shards_unequally_are_warned(graphs_dir, caplo
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logger, "propagate", True)
     with caplog.at_level("WARNING", logger="dagrl"):
-        load_graph(
-            f"{graphs_dir}/dqn-cartpole-apex.yaml", [f"roles.sampler.replicas={samplers}", "roles.replay.replicas=2"]
-        )
-    message = "roles.sampler.replicas 3 is not a multiple of roles.replay.replicas 2"
+        load_graph(f"{graphs_dir}/{graph}.yaml", [f"roles.sampler.replicas={samplers}", "roles.replay.replicas=2"])
+    message = f"roles.sampler.replicas {samplers} is not a multiple of roles.replay.replicas 2"
     assert (message in caplog.text) == warned, caplog.text

@@ -28,7 +28,7 @@ from dagrl.mixed_obs import MixedBox
 from dagrl.networks import CNN, encoder, is_image
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
-from dagrl.replay.role import UpdateResult, add, reprioritize, sample
+from dagrl.replay.role import UpdateResult, add, pooled_weights, reprioritize, sample, shard_draws
 from dagrl.schema import at_least, positive, unit_interval
 
 ACTION_SPACES = (gym.spaces.Discrete,)  # one Q-value per action
@@ -297,7 +297,7 @@ def learner_step(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, t
 @fragment(role="learner")
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Double-DQN steps on each ``batch_size`` slice of the sampled rows (none until learning starts);
-    returns |TD error| per sampled row and shard, for prioritized replay."""
+    returns |TD error| per sampled row and shard, for prioritized replay, and each shard's next draw."""
     outs, priorities = learn_from(state, samples, state.step)
     if not priorities:  # nothing sampled yet
         return UpdateResult({"perf/frames": 0.0})
@@ -305,7 +305,7 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
         **step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan")),
         "perf/frames": float(len(outs) * state.cfg.batch_size),
     }
-    return UpdateResult(metrics, priorities)
+    return UpdateResult(metrics, priorities, shard_draws(samples))
 
 
 def learn_from(
@@ -319,7 +319,7 @@ def learn_from(
         return [], {}
     cfg, dev = state.cfg, state.device
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
-    data["weight"] = torch.as_tensor(np.concatenate([s.weights for s in present]), device=dev)
+    data["weight"] = torch.as_tensor(pooled_weights(present), device=dev)
     outs = []
     for start in range(0, len(data["weight"]) - cfg.batch_size + 1, cfg.batch_size):
         outs.append(step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))

@@ -30,7 +30,7 @@ from dagrl.evaluator import EpisodeRunner
 from dagrl.fragment import evaluation, fragment, iteration, role
 from dagrl.networks import obs_tensor
 from dagrl.replay import ReplayState, Sample
-from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, sample
+from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, sample, shard_draws
 from dagrl.replay.sequences import SequenceRecorder, sequence_schema
 from dagrl.schema import at_least, unit_interval
 
@@ -279,13 +279,13 @@ def sequence_loss(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, 
 @fragment(role="learner")
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Gradient steps on each ``batch_size`` slice of the sampled sequences (none until learning starts);
-    returns each sampled sequence's priority by shard, for prioritized replay."""
+    returns each sampled sequence's priority by shard, for prioritized replay, and each shard's next draw."""
     outs, priorities = dqn.learn_from(state, samples, partial(sequence_loss, state))
     if not priorities:  # nothing sampled yet
         return UpdateResult({"perf/frames": 0.0})
     metrics = step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan"))
     metrics["perf/frames"] = float(sum(o["frames"] for o in outs))  # the steps learned on, burn-in aside
-    return UpdateResult(metrics, priorities)
+    return UpdateResult(metrics, priorities, shard_draws(samples))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -79,6 +79,15 @@ class Sample:
     weights: np.ndarray
     shard: int = -1
     """The replay shard that drew it (set by the replay role's ``sample`` fragment)."""
+    stored: int = 0
+    """Rows the store held when it drew."""
+    mass: float = 0.0
+    """The sum over stored rows of what each draw is proportional to: ``priority ** alpha`` under PER,
+    1 per row otherwise (then ``mass == stored``)."""
+    floor: float = 1.0
+    """The least stored ``priority ** alpha`` (1 without PER): the weights are ``(floor / p) ** beta``."""
+    beta: float = 1.0
+    """The importance-weight exponent the weights were drawn with."""
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -652,10 +661,11 @@ class ReplayStore:
             raise ReplayError(f"sample size must be >= 1, got {n}")
         self.samples_drawn += 1
         if self.tree is not None:
-            indices, weights = self._prioritized(n)
-            return Sample(self.read(indices), indices, weights)
+            indices, weights, beta = self._prioritized(n)
+            tree = self.tree
+            return Sample(self.read(indices), indices, weights, -1, stored, tree.total, tree.min, beta)
         indices, data = self._uniform(n)
-        return Sample(data, indices, np.ones(n, np.float32))
+        return Sample(data, indices, np.ones(n, np.float32), -1, stored, float(stored))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Uniform draws, gathered straight from where they sit: ring positions and cache slots.
@@ -799,7 +809,7 @@ class ReplayStore:
             self.prefetcher.join(timeout=5)
             self.prefetcher = None
 
-    def _prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray, float]:
         tree = self.tree
         assert tree is not None
         total = tree.total
@@ -813,7 +823,7 @@ class ReplayStore:
         probs = tree.get(slots) / total
         max_weight = (stored * tree.min / total) ** -beta
         weights = ((stored * probs) ** -beta / max_weight).astype(np.float32)
-        return indices, weights
+        return indices, weights, beta
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         """Set new priorities (e.g. |TD error|) for sampled rows; rows dropped since are skipped."""
