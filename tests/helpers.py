@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from distributed.diagnostics.plugin import WorkerPlugin
 
 import dagrl
 from dagrl.graph import load_graph
@@ -58,3 +60,36 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+class TaskSpans(WorkerPlugin):
+    """Each task's time executing, on its worker's own clock. Dask's task stream shifts a worker's times
+    by its estimate of the scheduler's clock offset, re-estimated at each heartbeat, so two tasks of one
+    worker may seem to overlap there by whatever the estimate moved between them."""
+
+    name = "dagrl-tests-task-spans"
+
+    def setup(self, worker: Any) -> None:
+        self.started: dict[Any, float] = {}
+        self.spans: dict[Any, tuple[float, float]] = {}
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing":
+            self.started[key] = time.monotonic()
+        elif start == "executing" and key in self.started:
+            self.spans[key] = (self.started.pop(key), time.monotonic())
+
+
+@contextlib.contextmanager
+def task_spans(client: Any) -> Iterator[Any]:
+    """Within: record each task's span on its worker (:class:`TaskSpans`); yields ``spans(address)``,
+    the spans of that worker's tasks by key, (start, stop) on that worker's monotonic clock."""
+    client.register_plugin(TaskSpans())
+
+    def spans(address: str) -> dict[Any, tuple[float, float]]:
+        return client.run(lambda dask_worker: dask_worker.plugins[TaskSpans.name].spans, workers=[address])[address]
+
+    try:
+        yield spans
+    finally:
+        client.unregister_worker_plugin(TaskSpans.name)

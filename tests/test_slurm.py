@@ -84,6 +84,15 @@ def driver_state(run: Path) -> str:
     return re.search(r"driver +job \d+: (\S+)", status(run)).group(1)
 
 
+NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+"""The driver job's states before its last: COMPLETING while SLURM ends the job's processes."""
+
+
+def driver_end(run: Path, timeout: float = 240) -> str:
+    """The driver job's state once it has ended."""
+    return wait_for(lambda: (s := driver_state(run)) not in NOT_ENDED and s, timeout, "end")
+
+
 def normalise(text: str, run: Path, scheduler: str | None = None) -> str:
     text = text.replace(str(run), "RUN").replace(run.name, "RUN")
     return text.replace(scheduler, "SCHEDULER") if scheduler else text
@@ -122,7 +131,7 @@ def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path
     assert time.monotonic() - t0 < 30, "submit must return at once, not wait for training"
     assert re.search(r"submitted job \d+", out.stdout)
 
-    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    state = driver_end(run)
     log = dagrl("logs", str(run), "--no-follow").stdout
     assert state == "COMPLETED", f"driver ended {state}:\n{log}"
     assert "done (iterations)" in log
@@ -191,7 +200,7 @@ def test_a_cancelled_worker_job_is_resubmitted_and_the_run_finishes(slurm, tmp_p
     sampler = next(a for a in json.loads((run / "actors.json").read_text()) if a["role"] == "sampler")
     subprocess.run(["scancel", sampler["env"]["SLURM_JOB_ID"]], check=True)
 
-    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    state = driver_end(run)
     log = dagrl("logs", str(run), "--no-follow").stdout
     assert state == "COMPLETED", log
     assert "done (iterations)" in log
@@ -207,7 +216,7 @@ def test_central_inference_on_a_tls_cluster_speaks_tls_too(slurm, tmp_path):
     """The samplers' per-step socket to the inference role is not a plain-TCP hole in a TLS cluster."""
     out, run = submit(tmp_path, "--set", "stop.iterations=3", graph="graphs/ppo-cartpole-seed.yaml")
     assert out.returncode == 0, out.stderr
-    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    state = driver_end(run)
     log = dagrl("logs", str(run), "--no-follow").stdout
     assert state == "COMPLETED", log
     assert re.search(r"inference role: 2 samplers act through [\d.]+:\d+ \(TLS\)", log), log
@@ -251,7 +260,7 @@ def test_an_algorithm_of_the_users_own_beside_the_graph_runs_in_slurm_jobs(slurm
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     run = Path(re.search(r"run directory (\S+)", out.stdout).group(1))
-    state = wait_for(lambda: (s := driver_state(run)) not in ("PENDING", "RUNNING", "CONFIGURING") and s, 240, "end")
+    state = driver_end(run)
     log = dagrl("logs", str(run), "--no-follow").stdout
     assert state == "COMPLETED", log
     assert "done (iterations)" in log
