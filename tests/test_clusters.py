@@ -240,9 +240,8 @@ def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_pat
     one after the other (CPU fallback here; the placement and the threads are what is checked)."""
     import time
 
-    from distributed import get_task_stream
-
     from dagrl.policies import build_policy
+    from tests.helpers import task_spans
 
     graph = load_graph(
         "graphs/sac-pendulum-split.yaml",
@@ -258,17 +257,18 @@ def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_pat
         try:
             where = {a["role"]: a["address"] for a in policy.actors()}
             end = time.monotonic() + 120
-            with get_task_stream(client) as stream:
+            with task_spans(client) as on_worker:
                 while policy.rounds < 12 and time.monotonic() < end:
                     policy.step()
+                seen = on_worker(gpu)  # the GPU worker's own clock
         finally:
             policy.close()
     assert where["critic"] == where["actor"] == gpu
     spans = {"update_critic": [], "update_actor": []}
-    for t in stream.data:
-        name = t["key"].split("-")[0]
+    for key, span in seen.items():
+        name = key.split("-")[0]
         if name in spans:
-            spans[name].append((t["startstops"][-1]["start"], t["startstops"][-1]["stop"]))
+            spans[name].append(span)
     assert len(spans["update_critic"]) >= 10, spans
     overlapping = sum(any(a0 < c1 and c0 < a1 for a0, a1 in spans["update_actor"]) for c0, c1 in spans["update_critic"])
     assert overlapping >= 6, spans
