@@ -186,6 +186,10 @@ class StreamingCentralInference(Acting, Async):
             server = self.server
             if role == INFERENCE_ROLE:
                 if failure.handle is server:  # else: already replaced by another sampler's thread
+                    if failure.kind == "raised" and not self._server_answers():
+                        # an error seen on a call of a role that no longer answers is its loss, not its
+                        # own: it may be a sampler's report of the loss, inherited by the call
+                        failure = RoleFailure(server, "lost", failure.cause)
                     self._replace_server(failure)
             elif not isinstance(failure.cause, InferenceUnavailable):
                 super()._on_failure(failure)  # the sampler's own: replaced
