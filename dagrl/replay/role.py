@@ -59,12 +59,17 @@ class ReplayState:
     draws: int | None = None
     """Rows per ``sample`` as the learner last asked (:attr:`UpdateResult.draws`); else the default."""
 
+    @property
+    def rows_per_sample(self) -> int:
+        """Rows one ``sample`` draws: the learner's :attr:`draws`, else ``batches x batch_size``."""
+        return self.draws or self.batch_size * self.batches
+
     def state_dict(self) -> dict[str, int]:
         return self.store.state_dict()
 
     def stats(self) -> dict[str, int]:
         """The store's counts, and the rows this shard draws per ``sample``."""
-        return {**self.store.stats(), "draws": self.draws or self.batch_size * self.batches}
+        return {**self.store.stats(), "draws": self.rows_per_sample}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.store.load_state_dict(state)
@@ -106,7 +111,7 @@ def sample(state: ReplayState, stored: int) -> Sample | None:
     stored = len(state.store)
     if stored < max(state.learning_starts, state.batch_size):
         return None
-    want = state.draws or state.batch_size * state.batches
+    want = state.rows_per_sample
     if want <= stored:
         out = state.store.sample(want)
         out.shard = state.shard
