@@ -87,8 +87,10 @@ def test_prioritized_shards_pooled_draw_as_one_prioritized_replay(tmp_path):
 
 
 def test_apex_dqn_shards_fed_unequally_draw_by_what_they_hold(client, graphs_dir, tmp_path):
-    """Ape-X DQN with 3 samplers into 2 shards on a LocalCluster: shard 0 holds twice shard 1's rows,
-    and after a few learner rounds it draws about twice as many (the sizes lag by a round or so)."""
+    """Ape-X DQN with 3 samplers into 2 shards on a LocalCluster: shard 0 takes two samplers' rollouts
+    and shard 1 one sampler's, and each shard's share of the learner's draws follows its share of the
+    rows. How far the rows split depends on the samplers' speeds (on a loaded 2-core machine shard 0
+    has held 57-68 %); the draws lag the sizes by a round or two, which 60 rounds make small."""
     g = load_graph(
         f"{graphs_dir}/dqn-cartpole-apex.yaml",
         [
@@ -98,7 +100,7 @@ def test_apex_dqn_shards_fed_unequally_draw_by_what_they_hold(client, graphs_dir
     )  # fmt: skip
     policy = build_policy(g, client)
     try:
-        for _ in range(40):
+        for _ in range(60):
             policy.step()
         beats = [h.heartbeat().result()["stats"] for h in policy.hosts["replay"]]
     finally:
@@ -106,5 +108,7 @@ def test_apex_dqn_shards_fed_unequally_draw_by_what_they_hold(client, graphs_dir
     rows = np.array([b["rows"] for b in beats], float)
     draws = np.array([b["draws"] for b in beats], float)
     assert draws.sum() == 2 * 64 * 4
-    assert rows[0] > 1.5 * rows[1]
-    assert draws[0] / draws.sum() == pytest.approx(rows[0] / rows.sum(), abs=0.05)
+    held, drawn, tolerance = rows[0] / rows.sum(), draws[0] / draws.sum(), 0.025
+    # Equal draws (0.5 each) must be told apart from draws by size: the rows split unevenly enough.
+    assert abs(held - 0.5) > 2 * tolerance, f"rows {rows} split too evenly to tell"
+    assert drawn == pytest.approx(held, abs=tolerance), f"rows {rows}, draws {draws}"
