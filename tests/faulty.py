@@ -6,6 +6,7 @@ One-shot faults use a marker file (``DAGRL_FAULT_DIR``) so they fire once across
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -114,6 +115,19 @@ class SamplerState:
     seq: int = 0
     collects: int = 0
 
+    def close(self) -> None:
+        """Leave a ``closed-sampler-<index>`` marker: the test sees when the host closed the state."""
+        with contextlib.suppress(OSError, KeyError):
+            (Path(os.environ["DAGRL_FAULT_DIR"]) / f"closed-sampler-{self.index}").touch()
+
+
+def hang(limit_s: float = 3600.0) -> None:
+    """Block as a hung env would, until the test leaves a ``release-hung`` marker (or ``limit_s``)."""
+    release = Path(os.environ["DAGRL_FAULT_DIR"]) / "release-hung"
+    end = time.monotonic() + limit_s
+    while not release.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+
 
 @dataclass
 class Rows:
@@ -163,7 +177,7 @@ def publish(state: LearnerState) -> np.ndarray:
 def collect(state: SamplerState, weights: np.ndarray) -> Rows:
     state.collects += 1
     if state.hang_at and state.collects == state.hang_at and once("hung"):
-        time.sleep(3600)
+        hang()
     seq = np.arange(state.seq, state.seq + state.rows)
     state.seq += state.rows
     source = np.full(state.rows, state.index)

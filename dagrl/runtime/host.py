@@ -47,6 +47,10 @@ HOSTS: weakref.WeakValueDictionary[str, RoleHost] = weakref.WeakValueDictionary(
 dropped) disappears from here too."""
 
 
+CLOSE_WAIT_S = 10.0
+"""How long :meth:`RoleHost.close` waits for the fragment in progress before leaving the close to it."""
+
+
 class HostGone(RuntimeError):
     """A fragment task reached a worker that no longer has its role host (released, or the worker restarted)."""
 
@@ -206,23 +210,57 @@ class RoleHost:
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
         self.lock = threading.RLock()  # fragment tasks (worker pool) vs actor methods (actor thread)
+        self.flags = threading.Lock()  # ``running`` and ``close_after``, read by a close that found the lock taken
         self.host_id = host_id or f"{role}-{ctx.index}-{id(self):x}"
         self.closed = False
+        """New fragments are refused."""
+        self.ended = False
+        """The state and its envs are closed."""
+        self.close_after = False
+        """The fragment in progress closes the state when it returns (:meth:`close` did not wait for it)."""
         HOSTS[self.host_id] = self
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
         """End the role instance after the fragment in progress: the state's own ``close`` if it has
         one (a replay's prefetch thread), the envs its context made (their threads or processes) and
         its inference socket, where each of them is. Once; a fragment called after it is refused.
-        The first error is raised after everything was tried."""
-        with self.lock:
-            if self.closed:
+        The first error is raised after everything was tried.
+
+        A fragment still running after ``wait_s`` (an env that hangs) is not waited for: new fragments
+        are refused from then on, and that fragment closes the state when it returns. On a worker this
+        method runs on the worker's only actor thread, which every actor there shares; waiting on it
+        for a hung env would stall them all, the actors of later runs on a kept cluster included.
+        Returns whether the state is closed now (``False``: it is left to the fragment in progress)."""
+        while not self.lock.acquire(timeout=max(wait_s, 0.01)):
+            with self.flags:
+                self.closed = True
+                HOSTS.pop(self.host_id, None)
+                if self.running is not None:
+                    fragment, since = self.running
+                    self.close_after = True
+                    log.warning(
+                        "%s[%d]: %s still running after %.0f s; the role closes when it returns",
+                        self.role, self.index, fragment, time.perf_counter() - since,
+                    )  # fmt: skip
+                    return False
+            # the lock's holder was not a fragment (a weights load, a batch of inference): wait again
+        try:
+            self._end()
+        finally:
+            self.lock.release()
+        return True
+
+    def _end(self) -> None:
+        """Close the state, its envs and its socket (the lock held), once."""
+        with self.flags:
+            if self.ended:
                 return
-            self.closed = True
-            HOSTS.pop(self.host_id, None)
-            close_each(
-                [getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None), self._leave]
-            )
+            self.ended = self.closed = True
+            self.close_after = False
+        HOSTS.pop(self.host_id, None)
+        close_each(
+            [getattr(self.state, "close", None), self.ctx.close, getattr(self.server, "close", None), self._leave]
+        )
 
     def _leave(self) -> None:
         """Leave the data-parallel group: the process's default group outlives the run otherwise, and a
@@ -241,18 +279,33 @@ class RoleHost:
                 raise HostGone(f"{self.role}[{self.index}] is closed (its run ended); {fragment} not run")
             self.calls += 1
             t0 = time.perf_counter()
-            self.running = (fragment, t0)
+            with self.flags:
+                self.running = (fragment, t0)
             try:
                 return self.fragments[fragment](self.state, *args)
             finally:
                 self.busy_s[fragment] = self.busy_s.get(fragment, 0.0) + time.perf_counter() - t0
-                self.running = None
+                with self.flags:
+                    self.running = None
+                    close_now = self.close_after
+                if close_now:
+                    self._end_late(fragment)
+
+    def _end_late(self, fragment: str) -> None:
+        """The close a hung ``fragment`` held up, once it returned; an error is logged (nobody waits)."""
+        try:
+            self._end()
+        except Exception as err:  # noqa: BLE001 (the run that closed the role is gone)
+            log.warning("%s[%d] closing after %s: %s: %s", self.role, self.index, fragment, type(err).__name__, err)
 
     def state_dict(self) -> Any:
-        """The role state's checkpoint, or ``None`` for roles without one (samplers)."""
+        """The role state's checkpoint, or ``None`` for roles without one (samplers): at once, without
+        waiting for the fragment in progress (a sampler streaming under ``apex`` always has one)."""
         fn = getattr(self.state, "state_dict", None)
+        if fn is None:
+            return None
         with self.lock:
-            return to_cpu(fn()) if fn is not None else None
+            return to_cpu(fn())
 
     def load_state_dict(self, sd: Any) -> None:
         if sd is not None:

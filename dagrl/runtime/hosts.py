@@ -13,7 +13,7 @@ from typing import Any
 from dagrl.clusters import workers as live_workers
 from dagrl.context import RoleContext
 from dagrl.graph import Graph
-from dagrl.runtime.host import RoleHost
+from dagrl.runtime.host import CLOSE_WAIT_S, RoleHost
 from dagrl.runtime.placement import place
 from dagrl.wrappers import parse as parse_wrappers
 
@@ -93,16 +93,16 @@ class Handle:
     def acting_stats(self) -> Any:
         return self._invoke("acting_stats")
 
-    def start_close(self) -> Any:
-        """Ask the host to close its role state (:meth:`RoleHost.close`): a future (``Done`` in-process),
-        or ``None`` where the actor can no longer be reached."""
+    def start_close(self, wait_s: float = CLOSE_WAIT_S) -> Any:
+        """Ask the host to close its role state (:meth:`RoleHost.close`, which waits up to ``wait_s`` for
+        a fragment in progress): a future of whether it closed (``Done`` in-process), or ``None`` where
+        the actor can no longer be reached."""
         if not self.remote:
-            self.target.close()
-            return Done(None)
+            return Done(self.target.close(wait_s))
         if self.future is None:
             return None
         try:
-            return self.target.close()  # not watched: a lost actor is not replaced to be closed
+            return self.target.close(wait_s)  # not watched: a lost actor is not replaced to be closed
         except Exception:  # Dask refuses calls on an actor whose worker is known lost
             return None
 
@@ -135,8 +135,8 @@ def close_all(handles: list[Handle], wait_s: float = 10.0) -> None:
 
     closing = []
     for h in handles:
-        try:
-            closing.append(h.start_close() if wait_s > 0 else None)
+        try:  # the host gives up on a hung fragment before this gives up on the host
+            closing.append(h.start_close(0.8 * wait_s) if wait_s > 0 else None)
         except Exception as err:  # noqa: BLE001 (an in-process state that fails to close)
             failed(h, err)
             closing.append(None)
@@ -144,7 +144,8 @@ def close_all(handles: list[Handle], wait_s: float = 10.0) -> None:
     for h, pending in zip(handles, closing, strict=True):
         if pending is not None:
             try:
-                pending.result(timeout=max(0.1, deadline - time.monotonic()))
+                if not pending.result(timeout=max(0.1, deadline - time.monotonic())):
+                    log.warning("%s[%d] is still running a fragment; it closes when that returns", h.role, h.index)
             except Exception as err:  # noqa: BLE001 (the run is over; say what did not close cleanly)
                 failed(h, err)
         h.release()
