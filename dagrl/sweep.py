@@ -5,7 +5,8 @@ the others, so the cluster runs them side by side. Every trial is one task (``tr
 dashboard's Task Stream) that trains the graph in one process on a worker (policy ``single``: the
 graph's own distribution policy is not used, the cluster's cores go to trials instead), writing a run
 directory of its own. The driver gathers only each trial's summary and writes a table per setting:
-mean and spread of the final mean return, env steps, wall time and how the trials stopped.
+mean, spread, interquartile mean and its bootstrap interval of the final mean return
+(:mod:`dagrl.aggregate`), env steps, wall time and how the trials stopped.
 
 Every trial's graph is validated before a cluster starts. The workers write into the sweep's
 directory, so a cluster reached by ``--scheduler`` or started on SLURM (one worker job per trial, or
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dagrl.aggregate import bootstrap_interval, iqm
 from dagrl.schema import ConfigError
 
 log = logging.getLogger("dagrl")
@@ -153,8 +155,9 @@ def finished(run_dir: Path) -> dict[str, Any] | None:
 
 
 def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per setting, in the order of the records: trials, failures, mean +- std of the
-    final mean return, mean env steps and wall seconds, stop reasons."""
+    """One row per setting, in the order of the records: trials, failures; of the final mean returns,
+    the mean, standard deviation, interquartile mean and its 95 % bootstrap interval over the trials
+    (:mod:`dagrl.aggregate`); mean env steps and wall seconds, stop reasons."""
     rows: dict[str, dict[str, Any]] = {}
     for rec in records:
         row = rows.setdefault(rec["setting"], {"setting": rec["setting"], "trials": 0, "failed": 0, "_done": []})
@@ -169,6 +172,9 @@ def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         returns = [s["mean_return"] for s in done if s.get("mean_return") is not None]
         row["mean_return"] = float(np.mean(returns)) if returns else None
         row["std_return"] = float(np.std(returns)) if returns else None
+        row["iqm_return"] = iqm(returns) if returns else None
+        interval = bootstrap_interval(returns)
+        row["ci_return"] = list(interval) if interval is not None else None
         row["env_steps"] = float(np.mean([s["env_steps"] for s in done])) if done else None
         row["elapsed_s"] = float(np.mean([s["elapsed_s"] for s in done])) if done else None
         row["stops"] = dict(sorted(collections.Counter(s["stop_reason"] for s in done).items()))
@@ -181,14 +187,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
     lines = [
-        "| setting | trials | failed | mean return | std | env steps | wall s | stopped on |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| setting | trials | failed | mean return | std | IQM | 95 % CI of IQM | env steps | wall s | stopped on |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         stops = ", ".join(f"{k} {v}" for k, v in r["stops"].items()) or "-"
+        ci = r["ci_return"]
+        interval = f"{ci[0]:.1f} to {ci[1]:.1f}" if ci else "-"
         lines.append(
             f"| {r['setting']} | {r['trials']} | {r['failed']} | {num(r['mean_return'], '.1f')} | "
-            f"{num(r['std_return'], '.1f')} | {num(r['env_steps'], ',.0f')} | {num(r['elapsed_s'], '.1f')} | {stops} |"
+            f"{num(r['std_return'], '.1f')} | {num(r['iqm_return'], '.1f')} | {interval} | "
+            f"{num(r['env_steps'], ',.0f')} | {num(r['elapsed_s'], '.1f')} | {stops} |"
         )
     return "\n".join(lines) + "\n"
 

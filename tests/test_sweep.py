@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from distributed import get_task_stream
 
+from dagrl.aggregate import bootstrap_interval, iqm
 from dagrl.cli import main
 from dagrl.clusters import workers as live_workers
 from dagrl.dashboard import METRICS
 from dagrl.schema import ConfigError
-from dagrl.sweep import parse_grid, plan, run_sweep, table
+from dagrl.sweep import markdown, parse_grid, plan, run_sweep, table
 
 
 @pytest.mark.parametrize(
@@ -124,8 +126,41 @@ def test_the_table_gives_each_setting_its_mean_spread_and_stops():
     ]  # fmt: skip
     rows = table(records)
     assert rows[0] == {"setting": "lr=1", "trials": 2, "failed": 1, "mean_return": 10.0, "std_return": 0.0,
+                       "iqm_return": 10.0, "ci_return": None,  # one trial: no interval
                        "env_steps": 100.0, "elapsed_s": 1.0, "stops": {"iterations": 1}}  # fmt: skip
     assert rows[1]["mean_return"] == 40.0 and rows[1]["std_return"] == 10.0 and rows[1]["env_steps"] == 200.0
+    assert rows[1]["iqm_return"] == 40.0 and rows[1]["ci_return"] == [30.0, 50.0]  # resampled: 30, 40 or 50
+    lines = markdown(rows).splitlines()
+    assert lines[0].split(" | ")[5:7] == ["IQM", "95 % CI of IQM"]
+    assert lines[2].split(" | ")[5:7] == ["10.0", "-"] and lines[3].split(" | ")[5:7] == ["40.0", "30.0 to 50.0"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 10, 13])
+def test_the_iqm_cuts_a_quarter_of_the_runs_from_each_end_as_scipy_does(n):
+    from scipy.stats import trim_mean
+
+    x = np.random.default_rng(n).normal(100.0, 30.0, n)
+    assert iqm(x) == pytest.approx(trim_mean(x, 0.25))
+    if n >= 3:  # 4 runs or more: one seed gone wild is cut
+        assert iqm(np.append(x, 1e9)) < 1000.0
+
+
+def test_the_bootstrap_interval_is_scipys_percentile_bootstrap_of_the_iqm():
+    """Against ``scipy.stats.bootstrap`` (percentile method, another RNG): the same interval within the
+    resampling noise of 20,000 draws, for a sweep's typical 10 seeds with one collapsed."""
+    from scipy.stats import bootstrap, trim_mean
+
+    runs = np.array([480.0, 500.0, 500.0, 310.0, 495.0, 470.0, 500.0, 120.0, 455.0, 500.0])
+    ours = bootstrap_interval(runs, resamples=20_000)
+    theirs = bootstrap(
+        (runs,), lambda x, axis: trim_mean(x, 0.25, axis=axis), n_resamples=20_000, method="percentile", rng=1
+    ).confidence_interval
+    assert ours == pytest.approx((theirs.low, theirs.high), abs=15.0)  # scipy over its own seeds: 372.5-380
+    assert ours[0] < iqm(runs) < ours[1] and ours[1] - ours[0] > 20  # ten runs, one collapsed: still wide
+    assert bootstrap_interval(runs) == bootstrap_interval(runs)  # seeded: a table read twice stays
+    assert bootstrap_interval(runs[:1]) is None
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_interval(runs, level=95)
 
 
 def test_a_sweep_started_again_reads_back_what_ended_and_runs_nothing_twice(client, graphs_dir, tmp_path):
