@@ -157,7 +157,8 @@ def finished(run_dir: Path) -> dict[str, Any] | None:
 def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per setting, in the order of the records: trials, failures; of the final mean returns,
     the mean, standard deviation, interquartile mean and its 95 % bootstrap interval over the trials
-    (:mod:`dagrl.aggregate`); mean env steps and wall seconds, stop reasons."""
+    (:mod:`dagrl.aggregate`); the IQM and interval of the final greedy evaluations (:func:`final_eval`;
+    ``None`` where the graph does not evaluate); mean env steps and wall seconds, stop reasons."""
     rows: dict[str, dict[str, Any]] = {}
     for rec in records:
         row = rows.setdefault(rec["setting"], {"setting": rec["setting"], "trials": 0, "failed": 0, "_done": []})
@@ -172,9 +173,8 @@ def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         returns = [s["mean_return"] for s in done if s.get("mean_return") is not None]
         row["mean_return"] = float(np.mean(returns)) if returns else None
         row["std_return"] = float(np.std(returns)) if returns else None
-        row["iqm_return"] = iqm(returns) if returns else None
-        interval = bootstrap_interval(returns)
-        row["ci_return"] = list(interval) if interval is not None else None
+        row["iqm_return"], row["ci_return"] = robust(returns)
+        row["eval_iqm"], row["eval_ci"] = robust([r for r in map(final_eval, done) if r is not None])
         row["env_steps"] = float(np.mean([s["env_steps"] for s in done])) if done else None
         row["elapsed_s"] = float(np.mean([s["elapsed_s"] for s in done])) if done else None
         row["stops"] = dict(sorted(collections.Counter(s["stop_reason"] for s in done).items()))
@@ -182,23 +182,42 @@ def table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def final_eval(summary: dict[str, Any]) -> float | None:
+    """A trial's newest greedy-evaluation return: the one still running at its stop (waited for), else
+    the newest that finished before it; ``None`` where the graph does not evaluate."""
+    waited = summary.get("eval") or {}
+    value = waited.get("eval/return_mean", summary.get("eval_return"))
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def robust(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """The interquartile mean of the trials' values and its 95 % bootstrap interval (``None``: no value;
+    one value has no interval)."""
+    if not values:
+        return None, None
+    interval = bootstrap_interval(values)
+    return iqm(values), list(interval) if interval is not None else None
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
-    lines = [
-        "| setting | trials | failed | mean return | std | IQM | 95 % CI of IQM | env steps | wall s | stopped on |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
+    def interval(ci: list[float] | None) -> str:
+        return f"{ci[0]:.1f} to {ci[1]:.1f}" if ci else "-"
+
+    evaluated = any(r["eval_iqm"] is not None for r in rows)  # eval columns only where the graph evaluates
+    head = ["setting", "trials", "failed", "mean return", "std", "IQM", "95 % CI of IQM"]
+    head += ["eval IQM", "95 % CI of eval IQM"] if evaluated else []
+    head += ["env steps", "wall s", "stopped on"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + "---: | " * (len(head) - 2) + "--- |"]
     for r in rows:
+        cells = [r["setting"], str(r["trials"]), str(r["failed"]), num(r["mean_return"], ".1f")]
+        cells += [num(r["std_return"], ".1f"), num(r["iqm_return"], ".1f"), interval(r["ci_return"])]
+        cells += [num(r["eval_iqm"], ".1f"), interval(r["eval_ci"])] if evaluated else []
         stops = ", ".join(f"{k} {v}" for k, v in r["stops"].items()) or "-"
-        ci = r["ci_return"]
-        interval = f"{ci[0]:.1f} to {ci[1]:.1f}" if ci else "-"
-        lines.append(
-            f"| {r['setting']} | {r['trials']} | {r['failed']} | {num(r['mean_return'], '.1f')} | "
-            f"{num(r['std_return'], '.1f')} | {num(r['iqm_return'], '.1f')} | {interval} | "
-            f"{num(r['env_steps'], ',.0f')} | {num(r['elapsed_s'], '.1f')} | {stops} |"
-        )
+        cells += [num(r["env_steps"], ",.0f"), num(r["elapsed_s"], ".1f"), stops]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -74,13 +74,16 @@ def test_bad_sweep_options_are_one_line_before_any_cluster(args, message, tmp_pa
 
 def test_trials_run_as_tasks_on_the_workers_and_the_table_sums_them_per_setting(client, graphs_dir, tmp_path):
     graph = f"{graphs_dir}/ppo-cartpole-sync.yaml"
-    _, trials = plan(graph, ["stop.iterations=3", "checkpoint.every=0"], ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
+    sets = ["stop.iterations=3", "checkpoint.every=0", "evaluate.every=3"]
+    _, trials = plan(graph, sets, ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
     with get_task_stream(client) as stream:
         rows = run_sweep(client, graph, trials, tmp_path / "sweep", progress=False)
     assert [(r["setting"], r["trials"], r["failed"]) for r in rows] == [("lr=1e-3", 2, 0), ("lr=3e-3", 2, 0)]
     assert all(r["stops"] == {"iterations": 2} for r in rows)
     records = [json.loads(line) for line in (tmp_path / "sweep" / "trials.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["summary"]["iterations"] == 3 for r in records)
+    evals = [r["summary"]["eval_return"] for r in records if r["setting"] == "lr=1e-3"]
+    assert None not in evals and rows[0]["eval_iqm"] == pytest.approx(np.mean(evals))  # 2 trials: IQM = mean
     returns = {}
     for rec in records:  # each trial's own run directory, with its own setting and seed
         config = yaml.safe_load(Path(rec["run_dir"], "config.yaml").read_text())
@@ -127,12 +130,30 @@ def test_the_table_gives_each_setting_its_mean_spread_and_stops():
     rows = table(records)
     assert rows[0] == {"setting": "lr=1", "trials": 2, "failed": 1, "mean_return": 10.0, "std_return": 0.0,
                        "iqm_return": 10.0, "ci_return": None,  # one trial: no interval
+                       "eval_iqm": None, "eval_ci": None,  # no evaluation
                        "env_steps": 100.0, "elapsed_s": 1.0, "stops": {"iterations": 1}}  # fmt: skip
     assert rows[1]["mean_return"] == 40.0 and rows[1]["std_return"] == 10.0 and rows[1]["env_steps"] == 200.0
     assert rows[1]["iqm_return"] == 40.0 and rows[1]["ci_return"] == [30.0, 50.0]  # resampled: 30, 40 or 50
     lines = markdown(rows).splitlines()
-    assert lines[0].split(" | ")[5:7] == ["IQM", "95 % CI of IQM"]
+    assert lines[0].split(" | ")[5:8] == ["IQM", "95 % CI of IQM", "env steps"]  # no eval columns
     assert lines[2].split(" | ")[5:7] == ["10.0", "-"] and lines[3].split(" | ")[5:7] == ["40.0", "30.0 to 50.0"]
+
+
+def test_the_table_gives_the_final_greedy_evaluations_iqm_where_the_graph_evaluates():
+    """A trial's final evaluation is the one its stop waited for (``summary["eval"]``), else the newest
+    that finished (``eval_return``); settings whose trials never evaluated show none."""
+    base = {"mean_return": 10.0, "env_steps": 100, "elapsed_s": 1.0, "stop_reason": "iterations"}
+    records = [
+        {"setting": "a", "seed": 1, "summary": {**base, "eval_return": 150.0, "eval": {"eval/return_mean": 200.0}}},
+        {"setting": "a", "seed": 2, "summary": {**base, "eval_return": 100.0}},
+        {"setting": "b", "seed": 1, "summary": {**base, "eval_return": None}},
+    ]
+    rows = table(records)
+    assert rows[0]["eval_iqm"] == 150.0 and rows[0]["eval_ci"] == [100.0, 200.0]  # 200 (waited for) and 100
+    assert rows[1]["eval_iqm"] is None and rows[1]["eval_ci"] is None
+    lines = markdown(rows).splitlines()
+    assert lines[0].split(" | ")[7:9] == ["eval IQM", "95 % CI of eval IQM"]
+    assert lines[2].split(" | ")[7:9] == ["150.0", "100.0 to 200.0"] and lines[3].split(" | ")[7:9] == ["-", "-"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 10, 13])
