@@ -292,7 +292,7 @@ def test_hung_sampler_is_treated_as_dead(cluster, tmp_path, faults):
     assert ("sampler", "hung") in kinds
 
 
-def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(cluster, faults):
+def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(cluster, faults, caplog):
     """A run that ends while a sampler's env hangs (before supervision calls it hung) does not wait for
     it, nor does a checkpoint (the sampler has no state to save). The host refuses new fragments, the
     close returns, and the worker's one actor thread, which every actor there shares, stays free:
@@ -315,6 +315,8 @@ def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(
     assert time.monotonic() - t0 < 5
     closed = [os.path.exists(os.path.join(faults, f"closed-sampler-{i}")) for i in range(2)]
     assert closed == [False, True]  # sampler 1 closed at once; sampler 0 is inside its env
+    [said] = [r.getMessage() for r in caplog.records if "still running a fragment" in r.getMessage()]
+    assert said.startswith("sampler[0]") and f"restart_workers([{hung.address!r}])" in said  # what frees it
     try:
         assert neighbour.info().result(timeout=15)["index"] == 2  # the worker's actor thread answers
         open(os.path.join(faults, "release-hung"), "w").close()

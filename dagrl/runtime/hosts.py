@@ -144,8 +144,13 @@ def close_all(handles: list[Handle], wait_s: float = 10.0) -> None:
     for h, pending in zip(handles, closing, strict=True):
         if pending is not None:
             try:
-                if not pending.result(timeout=max(0.1, deadline - time.monotonic())):
-                    log.warning("%s[%d] is still running a fragment; it closes when that returns", h.role, h.index)
+                if not pending.result(timeout=max(0.1, deadline - time.monotonic())) and h.remote:
+                    log.warning(
+                        "%s[%d] is still running a fragment; it closes when that returns. Until then it takes a "
+                        "thread of worker %s, where a later run's actor may wait for it "
+                        "(client.restart_workers([%r]) frees it)",
+                        h.role, h.index, h.address, h.address,
+                    )  # fmt: skip
             except Exception as err:  # noqa: BLE001 (the run is over; say what did not close cleanly)
                 failed(h, err)
         h.release()
