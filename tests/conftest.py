@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -26,6 +27,18 @@ def pytest_collection_finish(session):
     ]
     packages = [p for users, absent, (have, pkgs) in needs if files & users and absent(have) for p in pkgs]
     debian.install_early(packages)
+
+
+@pytest.fixture
+def dagrl_log(caplog, monkeypatch):
+    """``caplog`` that hears the ``dagrl`` logger whatever ran before. dagrl's CLI stops that logger
+    from propagating to the root logger, where ``caplog`` listens, so a CLI test earlier in the session
+    would hide its records; here the logger hands each record to ``caplog`` once, directly."""
+    logger = logging.getLogger("dagrl")
+    monkeypatch.setattr(logger, "propagate", False)
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="session")

@@ -155,7 +155,7 @@ def test_data_parallel_replicas_get_distinct_workers_first_and_on_replacement():
 
 
 @pytest.mark.parametrize(("graph_file", "vector"), [("ppo-cartpole-single", "sync"), ("ppo-cartpole-sync", "threads")])
-def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_path, graph_file, vector, caplog):
+def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_path, graph_file, vector, dagrl_log):
     """Role states end with the run, on the workers too: each env made (samplers', the evaluator's) is
     closed before ``dagrl.train`` returns, not whenever its actor is collected; nothing fails to close."""
     import dagrl
@@ -172,4 +172,4 @@ def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_
     made = marks(folder, "made")
     assert len(made) >= graph.role("sampler").replicas * graph.role("sampler").envs + 1  # + the evaluator's
     assert marks(folder, "closed") == made
-    assert not [r.getMessage() for r in caplog.records if "clos" in r.getMessage()]
+    assert not [r.getMessage() for r in dagrl_log.records if "clos" in r.getMessage()]

@@ -292,7 +292,7 @@ def test_hung_sampler_is_treated_as_dead(cluster, tmp_path, faults):
     assert ("sampler", "hung") in kinds
 
 
-def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(cluster, faults, caplog):
+def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(cluster, faults, dagrl_log):
     """A run that ends while a sampler's env hangs (before supervision calls it hung) does not wait for
     it, nor does a checkpoint (the sampler has no state to save). The host refuses new fragments, the
     close returns, and the worker's one actor thread, which every actor there shares, stays free:
@@ -302,31 +302,33 @@ def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(
     hosts = start_actors(cluster, graph, roles=["sampler"])["sampler"]
     hung = hosts[0]
     neighbour = start_one(cluster, graph, "sampler", 2, hung.address, Start())  # e.g. a kept cluster's next run
+    release = os.path.join(faults, "release-hung")
     stuck = cluster.submit(
         run_fragment, hung.host_id, "collect", np.zeros(4, np.float32), workers=[hung.address], pure=False
     )
-    deadline = time.monotonic() + 30
-    while hung.heartbeat().result()["running"] != "collect":
-        assert time.monotonic() < deadline, "the sampler's collect did not start"
-        time.sleep(0.05)
-    assert hung.state_dict().result(timeout=5) is None  # a checkpoint does not wait for a stateless sampler
-    t0 = time.monotonic()
-    close_all(hosts, wait_s=2.0)
-    assert time.monotonic() - t0 < 5
-    closed = [os.path.exists(os.path.join(faults, f"closed-sampler-{i}")) for i in range(2)]
-    assert closed == [False, True]  # sampler 1 closed at once; sampler 0 is inside its env
-    [said] = [r.getMessage() for r in caplog.records if "still running a fragment" in r.getMessage()]
-    assert said.startswith("sampler[0]") and f"restart_workers([{hung.address!r}])" in said  # what frees it
     try:
+        deadline = time.monotonic() + 30
+        while hung.heartbeat().result()["running"] != "collect":
+            assert time.monotonic() < deadline, "the sampler's collect did not start"
+            time.sleep(0.05)
+        assert hung.state_dict().result(timeout=5) is None  # a checkpoint does not wait for a stateless sampler
+        t0 = time.monotonic()
+        close_all(hosts, wait_s=2.0)
+        assert time.monotonic() - t0 < 5
+        closed = [os.path.exists(os.path.join(faults, f"closed-sampler-{i}")) for i in range(2)]
+        assert closed == [False, True]  # sampler 1 closed at once; sampler 0 is inside its env
+        [said] = [r.getMessage() for r in dagrl_log.records if "still running a fragment" in r.getMessage()]
+        assert said.startswith("sampler[0]") and f"restart_workers([{hung.address!r}])" in said  # what frees it
         assert neighbour.info().result(timeout=15)["index"] == 2  # the worker's actor thread answers
-        open(os.path.join(faults, "release-hung"), "w").close()
+        open(release, "w").close()
         assert stuck.result(timeout=30).env_steps == graph.config.rows  # the env returned
         deadline = time.monotonic() + 10
         while not os.path.exists(os.path.join(faults, "closed-sampler-0")):
             assert time.monotonic() < deadline, "the hung sampler's state was not closed after its env returned"
             time.sleep(0.05)
-    finally:
-        close_all([neighbour])
+    finally:  # whatever failed: free the worker's thread for the tests after this one
+        open(release, "w").close()
+        close_all([neighbour, *hosts], wait_s=5.0)
 
 
 def test_a_publish_that_raises_under_sync_is_the_learners_failure_not_the_samplers(cluster, tmp_path, faults):
