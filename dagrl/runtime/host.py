@@ -210,7 +210,7 @@ class RoleHost:
         self.busy_s: dict[str, float] = {}  # seconds spent inside each fragment
         self.running: tuple[str, float] | None = None  # (fragment, start) of the call in progress
         self.lock = threading.RLock()  # fragment tasks (worker pool) vs actor methods (actor thread)
-        self.flags = threading.Lock()  # ``running`` and ``close_after``, read by a close that found the lock taken
+        self.flags = threading.Lock()  # a fragment's end (``running`` cleared) vs a close marking ``close_after``
         self.host_id = host_id or f"{role}-{ctx.index}-{id(self):x}"
         self.closed = False
         """New fragments are refused."""
@@ -279,8 +279,7 @@ class RoleHost:
                 raise HostGone(f"{self.role}[{self.index}] is closed (its run ended); {fragment} not run")
             self.calls += 1
             t0 = time.perf_counter()
-            with self.flags:
-                self.running = (fragment, t0)
+            self.running = (fragment, t0)  # one assignment: a close reads it under ``flags``, then or later
             try:
                 return self.fragments[fragment](self.state, *args)
             finally:
