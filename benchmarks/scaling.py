@@ -8,8 +8,9 @@ PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartP
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
 policy and sampler count k, a real training run on one LocalCluster (k + 1 workers are started once
 for the largest k) is timed over ``seconds`` after a warm-up; throughput is env steps/s between the
-first metrics row after the warm-up and the last. Learner work is kept small and proportional
-(one update per k rollouts, one epoch), so the sampler side is what is measured.
+first metrics row after the warm-up and the last. The graph runs as a user writes it: its own policy
+options (``async``'s defaults: each update takes what has arrived, up to one rollout per sampler) and
+hyperparameters (10 epochs); only the samplers, their envs and the env's cost change.
 
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
 * **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
@@ -17,7 +18,9 @@ first metrics row after the warm-up and the last. Learner work is kept small and
   stepped in a thread of the sampler's process, ``vector: threads``) and ``central-inference``
   (as ``sync``, one inference actor acting for all samplers: one batched forward per env step),
   ``central-async`` (the same, the samplers streaming as under ``async``);
-  ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event.
+  ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event;
+  ``async-before`` is ``async`` on the engine before the streams (the driver issues every collect and
+  every learner round; its default of one rollout per update), in the same run.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout.
 * **in env**: the samplers' share of their ``collect`` time spent inside ``env.step`` (from each
@@ -27,12 +30,14 @@ first metrics row after the warm-up and the last. Learner work is kept small and
   samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
   is a policy's throughput over it: the framework's share of the loss, apart from the machine's.
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
-  envs), same n_steps and one epoch, timed the same way.
+  envs), the graph's n_steps, epochs and minibatch, timed the same way (up to ``--sb3-max`` samplers:
+  k x envs processes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -44,6 +49,8 @@ from dagrl.algos import ppo
 from dagrl.clusters import LocalClusterSpec, local_cluster
 from dagrl.context import RoleContext
 from dagrl.graph import load_graph
+from dagrl.policies import POLICIES
+from dagrl.policies.streaming import Rounds
 from dagrl.runtime.executor import Executor
 from dagrl.training import train
 
@@ -53,6 +60,7 @@ NUM_STEPS = 32
 SETUPS = {
     "sync": "policy sync, each sampler steps its envs in turn",
     "async": "policy async, each sampler steps its envs in turn",
+    "async-before": "as async, on the engine before the streams: the driver issues every collect and round",
     "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
@@ -60,6 +68,13 @@ SETUPS = {
     "central-async": "as central-inference, the samplers streaming as under async (asynchronous: true)",
 }
 VECTORS = {"subproc": "async", "threads": "threads"}  # a setup's suffix -> roles.sampler.vector
+
+
+class Before(Rounds):
+    """``async`` as it ran before the streams: a driver thread per sampler issues each collect, the driver
+    each learner round (:class:`~dagrl.policies.streaming.Rounds`)."""
+
+    name = "async"
 
 
 class Window:
@@ -81,27 +96,30 @@ class Window:
 
 
 def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
+    """One run of the graph as a user writes it: its own policy options and hyperparameters; only the
+    samplers, their envs, the env's cost and the stop change."""
     policy, _, vector = setup.partition("-") if not setup.startswith("central") else (setup, "", "")
+    before = vector == "before"
     Executor.report_events = vector != "report-tasks"
-    stream = f"max_staleness: 2, rollouts_per_update: {k}"
-    options = {
-        "async": f"{{name: async, {stream}}}",
-        "central-async": f"{{name: central-inference, asynchronous: true, {stream}}}",
-    }.get(policy, policy)
+    options = {"central-async": "{name: central-inference, asynchronous: true}"}.get(policy, policy)
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
         f"roles.sampler.vector={VECTORS.get(vector, 'sync')}",
-        f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}", f"hyperparameters.num_steps={NUM_STEPS}",
-        "hyperparameters.update_epochs=1", f"hyperparameters.minibatch_size={k * args.envs * NUM_STEPS}",
+        f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
         "checkpoint.every=0", f"runs_dir={root}",
     ])  # fmt: skip
+    if before:  # the old engine with the old default (one rollout per update)
+        graph.policy_options = dataclasses.replace(graph.policy_options, rollouts_per_update=1)
+    saved = POLICIES["async"]
+    POLICIES["async"] = Before if before else saved
     window = Window(args.warmup)
     cpu = time.process_time()
     try:
         summary = train(graph, client, listeners=[window.on_row])
     finally:
         Executor.report_events = True
+        POLICIES["async"] = saved
     cpu = time.process_time() - cpu  # this process: the driver, the client and the scheduler
     return {
         "steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"],
@@ -184,10 +202,12 @@ def sb3(k: int, args: argparse.Namespace, cost: str) -> float:
     def make(i: int):
         return lambda: gym.make(ENV, step_ms=args.step_ms, cost=cost)
 
+    cfg = load_graph(GRAPH).config  # the graph's own hyperparameters, as dagrl runs it
     envs = SubprocVecEnv([make(i) for i in range(n)])
     try:
         model = PPO(
-            "MlpPolicy", envs, n_steps=NUM_STEPS, batch_size=n * NUM_STEPS, n_epochs=1, gamma=0.98, gae_lambda=0.8,
+            "MlpPolicy", envs, n_steps=cfg.num_steps, batch_size=cfg.minibatch_size, n_epochs=cfg.update_epochs,
+            gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
             learning_rate=1e-3, policy_kwargs={"net_arch": [64, 64]}, device="cpu", seed=0,
         )  # fmt: skip
         clock = Clock()
@@ -215,6 +235,8 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=4.0)
     p.add_argument("--busy-max", type=int, default=None, help="largest k for --cost busy (default: core count)")
     p.add_argument("--skip-sb3", action="store_true")
+    p.add_argument("--sb3-max", type=int, default=16, help="largest k for SB3 (k x envs env processes)")
+    p.add_argument("--plain-max", type=int, default=16, help="largest k for plain || k (k processes)")
     args = p.parse_args()
     import os
 
@@ -238,8 +260,9 @@ def main() -> None:
             base: dict[str, float] = {}
             for k in ks[cost]:
                 row = {"cost": cost, "samplers": k, "envs": k * args.envs, "plain x k": plain * k}
-                row["plain || k"] = plain if k == 1 else plain_parallel(k, args, cost)
-                print(f"[{cost}] plain || {k}: {row['plain || k']:,.0f} steps/s", flush=True)
+                if k <= args.plain_max:
+                    row["plain || k"] = plain if k == 1 else plain_parallel(k, args, cost)
+                    print(f"[{cost}] plain || {k}: {row['plain || k']:,.0f} steps/s", flush=True)
                 for policy in args.policies:
                     r = dagrl(policy, k, args, cost, client, root)
                     base.setdefault(policy, r["steps_s"])
@@ -247,14 +270,15 @@ def main() -> None:
                     row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
                     row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
                     row[f"{policy} in env"] = r["sampler_in_env"]
-                    row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
+                    if "plain || k" in row:
+                        row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
                     cpu = r["driver_cpu_ms_per_1k_steps"]
                     print(
                         f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s, driver CPU {cpu:.0f} ms/1k steps",
                         flush=True,
                     )
-                if not args.skip_sb3:
+                if not args.skip_sb3 and k <= args.sb3_max:
                     row["sb3"] = sb3(k, args, cost)
                     runs.append({"cost": cost, "samplers": k, "policy": "sb3", "steps_s": row["sb3"]})
                     print(f"[{cost}] sb3 SubprocVecEnv x{k * args.envs}: {row['sb3']:,.0f} steps/s", flush=True)

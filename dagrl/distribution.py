@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dagrl.fragment import Algorithm, Node
 
@@ -60,18 +60,26 @@ class SyncOptions:
 class AsyncOptions:
     max_staleness: int = 4
     """Rollouts collected with weights older than this many updates are dropped (still counted)."""
-    rollouts_per_update: int = 1
-    """Rollouts the learner consumes per update."""
+    rollouts_per_update: int | Literal["auto"] = "auto"
+    """The most rollouts one update takes. The learner takes what has arrived, at least one, at most
+    this many (:mod:`dagrl.policies.pull`): a learner slower than the samplers gets larger batches, so
+    a graph scales with samplers without retuning; ``auto``: as many as there are samplers."""
     in_flight: int = 2
-    """Collect calls each sampler keeps queued on its worker, so it never idles waiting for the driver."""
+    """Rollouts per sampler on their way at once: the one being collected, plus ``in_flight - 1``
+    waiting for the learner at its hub (at least one update's worth in all). A sampler whose rollout
+    finds no room waits: the backpressure that bounds staleness."""
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if self.rollouts_per_update < 1:
-            raise ValueError(f"rollouts_per_update must be >= 1, got {self.rollouts_per_update}")
+        if self.rollouts_per_update != "auto" and self.rollouts_per_update < 1:
+            raise ValueError(f"rollouts_per_update must be >= 1 or auto, got {self.rollouts_per_update}")
         if self.in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
+
+    def per_update(self, samplers: int) -> int:
+        """The most rollouts one update takes with ``samplers`` samplers."""
+        return samplers if self.rollouts_per_update == "auto" else int(self.rollouts_per_update)
 
 
 @dataclass
@@ -142,7 +150,7 @@ class CentralInferenceOptions:
     max_staleness: int | None = None
     """With ``asynchronous``: as ``async``'s (default 4)."""
     rollouts_per_update: int | None = None
-    """With ``asynchronous``: as ``async``'s (default 1)."""
+    """With ``asynchronous``: the rollouts each update takes (default 1)."""
     in_flight: int | None = None
     """With ``asynchronous``: as ``async``'s (default 2)."""
 
@@ -159,8 +167,9 @@ class CentralInferenceOptions:
 
     @property
     def streaming(self) -> AsyncOptions:
-        """The options of the stream under ``asynchronous``, ``async``'s defaults filled in."""
-        return AsyncOptions(**self._given())
+        """The options of the stream under ``asynchronous``, ``async``'s defaults filled in (one
+        rollout per update: this form's learner rounds take exactly that many)."""
+        return AsyncOptions(**{"rollouts_per_update": 1, **self._given()})
 
 
 POLICY_OPTIONS: dict[str, type] = {

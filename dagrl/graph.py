@@ -409,21 +409,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             check(spec.stop.env_steps)
         except ValueError as err:
             raise ConfigError(where, "hyperparameters", str(err)) from None
-    if spec.policy == "async":
-        _warn_idle_samplers(spec, algo, options, where)
     return Graph(spec, algo, config, obs_space, act_space, where, options, env_obs_space)
-
-
-def _warn_idle_samplers(spec: GraphSpec, algo: Algorithm, options: Any, where: str) -> None:
-    """``async`` lets ``2 x rollouts_per_update`` collects run ahead of the learner; more samplers wait."""
-    sampler = distribution.stream_shape(algo).stream.role
-    replicas, at_once = spec.roles[sampler].replicas, 2 * options.rollouts_per_update
-    if replicas > at_once:
-        logging.getLogger("dagrl").warning(
-            "%s: roles.%s.replicas %d: async runs at most 2 x policy.rollouts_per_update = %d collects at once; "
-            "the other samplers wait (raise rollouts_per_update, or use fewer samplers with more envs)",
-            where, sampler, replicas, at_once,
-        )  # fmt: skip
 
 
 def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:

@@ -23,14 +23,11 @@ def outgoing(client):
     return [(w, who, k, n) for w, rows in client.run(drain).items() for who, k, n in rows]
 
 
-@pytest.mark.parametrize(
-    ("graph_file", "over"),
-    [("ppo-cartpole-sync.yaml", ["policy.mailbox=false"]), ("ppo-cartpole-async.yaml", [])],
-)
+@pytest.mark.parametrize(("graph_file", "over"), [("ppo-cartpole-sync.yaml", ["policy.mailbox=false"])])
 def test_fragments_are_tasks_on_their_workers_and_rollouts_skip_the_driver(client, graphs_dir, graph_file, over):
     """Rollouts travel from the samplers' workers to the learner's through Dask (Dask's transfer logs);
     under ``sync`` on one host they go through the mailbox instead (``tests/test_mailbox.py``), so this
-    checks Dask's path with it off."""
+    checks Dask's path with it off. ``async`` streams them past the scheduler (``tests/test_stream.py``)."""
     from distributed import get_task_stream
 
     graph = load_graph(f"{graphs_dir}/{graph_file}", [*BIG, *over])
@@ -121,25 +118,6 @@ def test_announced_reports_match_the_outputs_they_stand_for(client, graphs_dir):
         np.testing.assert_array_equal(got.episodes.returns, want.episodes.returns)
         np.testing.assert_array_equal(got.episodes.lengths, want.episodes.lengths)
         np.testing.assert_array_equal(got.episodes.in_window, want.episodes.in_window)
-
-
-def test_async_counts_every_arrival_without_a_report_task(client, graphs_dir):
-    """Under ``async`` each rollout's report comes as an event: the env steps counted are those of the
-    rollouts that arrived, and the task stream holds no ``report`` task."""
-    from distributed import get_task_stream
-
-    graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml")
-    policy = build_policy(graph, client)
-    try:
-        with get_task_stream(client) as ts:
-            results = [policy.step() for _ in range(4)]
-        counted, arrived = sum(r.env_steps for r in results), policy.rounds * policy.batch + policy.dropped
-    finally:
-        policy.close()
-    per_rollout = graph.role("sampler").envs * graph.config.num_steps
-    assert counted == arrived * per_rollout > 0
-    assert "report" not in {rec["key"].split("-")[0] for rec in ts.data}
-    assert sum(len(r.episodes) for r in results) > 0
 
 
 class _Future:

@@ -4,7 +4,6 @@ end to end on a real LocalCluster (measure, verify by real runs, write a graph t
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 
 import pytest
@@ -282,19 +281,6 @@ def test_tune_measures_and_verifies_on_a_real_cluster(client, tmp_path, graphs_d
     assert tuned.role("sampler").replicas <= 2  # three workers: the learner keeps one
     assert tuned.role("sampler").vector == m["vector"]["chosen"]
     assert "Verified by short real runs" in out.read_text()
-
-
-def test_async_graph_with_samplers_the_rate_limiter_idles_is_warned(graphs_dir, caplog, monkeypatch):
-    logger = logging.getLogger("dagrl")  # as a test before left it after `dagrl` set up its own handler
-    monkeypatch.setattr(logger, "handlers", [])
-    monkeypatch.setattr(logger, "propagate", True)
-    with caplog.at_level("WARNING", logger="dagrl"):
-        load_graph(f"{graphs_dir}/ppo-cartpole.yaml", ["roles.sampler.replicas=6", "policy.rollouts_per_update=2"])
-    assert "roles.sampler.replicas 6" in caplog.text and "= 4 collects at once" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="dagrl"):
-        load_graph(f"{graphs_dir}/ppo-cartpole.yaml", ["roles.sampler.replicas=4"])
-    assert "collects at once" not in caplog.text
 
 
 def two_backends() -> dict:

@@ -75,6 +75,10 @@ class Policy:
         self.executor = executor or Executor()
         self.supervisor: Any = None
         """A :class:`~dagrl.runtime.supervisor.Supervisor` for policies on a cluster (set by build_policy)."""
+        self.horizon: int | None = None
+        """Set by the driver before each :meth:`step`: the iterations, that one included, that may end
+        before the driver must act (a checkpoint, a blocking evaluation, a foreseeable stop);
+        ``None``: no bound. A policy whose learner runs on its own never runs past it."""
         self.counting: dict[int, bool] = {}
         """Per node on a replicated role: whether its outputs carry env steps (learnt from the first report)."""
 

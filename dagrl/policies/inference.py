@@ -37,7 +37,7 @@ from dagrl.distribution import INFERENCE_ROLE
 from dagrl.fragment import Node
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
-from dagrl.policies.streaming import Async
+from dagrl.policies.streaming import Rounds
 from dagrl.runtime.executor import Call
 from dagrl.runtime.host import load_acting
 from dagrl.runtime.inference import InferenceUnavailable
@@ -134,7 +134,7 @@ class CentralInference(Acting, Lockstep):
         return res
 
 
-class StreamingCentralInference(Acting, Async):
+class StreamingCentralInference(Acting, Rounds):
     """``central-inference`` with ``asynchronous: true`` (module docstring)."""
 
     name = "central-inference"

@@ -1,4 +1,4 @@
-"""The stream engine behind ``async``, ``apex`` and ``split-learner``.
+"""The stream engine behind ``apex``, ``split-learner`` and ``central-inference``'s asynchronous form.
 
 The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
 
@@ -495,13 +495,14 @@ class Streaming(Policy):
         super().close()
 
 
-class Async(Streaming):
-    """``async``: samplers collect continuously with the weights they have; the learner updates on each
+class Rounds(Streaming):
+    """Samplers collect continuously with the weights they have; the learner updates on each
     ``rollouts_per_update`` arrivals; rollouts staler than ``max_staleness`` updates are dropped (their
     env steps and episodes still count). The algorithm corrects for what remains (PPO: the ratio against
-    the behaviour log-probs in the rollout)."""
+    the behaviour log-probs in the rollout). The engine of ``central-inference``'s asynchronous form;
+    ``async`` itself runs without the driver in the rollout's path (:mod:`dagrl.policies.pull`)."""
 
-    name = "async"
+    name = "async-rounds"
 
     @property
     def stream_options(self) -> Any:

@@ -177,6 +177,7 @@ class Trainer:
             try:
                 while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
                     try:
+                        self.policy.horizon = self.horizon()
                         res = self.policy.step(ahead=reason is None and self.may_run_ahead())
                         self._record(res, start)
                     except RoleFailure as failure:
@@ -250,6 +251,25 @@ class Trainer:
         every = self.graph.spec.checkpoint.every
         if every and self.counters.iteration % every == 0:
             self.checkpoint()
+
+    def horizon(self) -> int:
+        """How many iterations, the next one included, may end before the driver must act between two:
+        a checkpoint, a blocking evaluation, or a stop it can foresee (``iterations``; ``env_steps``, at
+        the largest iteration's count so far). A policy whose learner runs without the driver (``async``)
+        runs no further, so a checkpoint holds exactly the iterations its counters say."""
+        c, s = self.counters, self.stop
+        ends = []
+        every = self.graph.spec.checkpoint.every
+        if every:
+            ends.append(every - c.iteration % every)
+        if self.evaluation.pool is None and self.evaluation.every:
+            ends.append(self.evaluation.every - c.iteration % self.evaluation.every)
+        if s.iterations is not None:
+            ends.append(s.iterations - c.iteration)
+        if s.env_steps is not None:
+            most = self._most_env_steps
+            ends.append(math.ceil((s.env_steps - c.env_steps) / most) if most > 0 else 1)
+        return max(1, min(ends, default=1 << 30))
 
     def may_run_ahead(self) -> bool:
         """Whether the iteration after the one about to run may be submitted with it: nothing is due

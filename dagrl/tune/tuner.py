@@ -121,7 +121,7 @@ def shape_of(graph: Graph) -> Shape:
     policy, options = graph.spec.policy, graph.policy_options
     collect = role.envs * length
     if policy == "async":
-        round_steps = options.rollouts_per_update * collect
+        round_steps = options.per_update(role.replicas) * collect
     elif policy in ("apex", "split-learner"):
         ratio = options.update_ratio if options.update_ratio is not None else 1.0 / role.replicas
         round_steps = max(1, round(collect / ratio))

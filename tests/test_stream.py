@@ -1,0 +1,185 @@
+"""``async``'s stream: samplers push to the learner's hub, the learner pulls; the driver only watches.
+
+The hub alone (no cluster): what a round takes, what waits, what is refused. On a real LocalCluster:
+no scheduler task and no rollout bytes on the driver per rollout, and a learner that is lost or raises
+is rolled back without any rollout made with its old weights reaching the restored one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+from dagrl.graph import load_graph
+from dagrl.policies import build_policy
+from dagrl.runtime.executor import Report
+from dagrl.runtime.stream import Hub, Learned
+
+
+def _hub(**kw) -> Hub:
+    opts = {"samplers": 2, "budget": 2, "capacity": 2, "max_staleness": 1, **kw}
+    hub = Hub(f"test-{id(opts)}", 0, 0, **opts)
+    hub.publish(0, {0: ["w0"]})
+    return hub
+
+
+def _round(hub: Hub) -> None:
+    hub.learned(0, Learned(0, {}, [], [], 0, 0.0, 0.0, hub.version), {0: [f"w{hub.version + 1}"]})
+
+
+def test_a_round_takes_what_arrived_up_to_its_budget_once_allowed():
+    async def main():
+        hub = _hub(budget=2, capacity=4)
+        for i in range(3):
+            assert (await hub.put(i % 2, 0, 0, i, Report(env_steps=4)))[0] == "ok"
+        assert hub.allowed == 0 and hub.queue  # nothing taken before the driver allows a round
+        hub.allowed = 1
+        taken, stale, _ = hub.take(0)
+        assert [a.value for a in taken] == [0, 1] and not stale
+        _round(hub)
+        taken, _, _ = await asyncio.to_thread(_take_allowed, hub)
+        assert [a.value for a in taken] == [2]  # one is enough: the learner does not wait for a full budget
+        status = await hub.drain(2, 0.0, 0.0)
+        assert [r.index for r in status.rounds] == [1] and status.arrived == 3
+
+    asyncio.run(main())
+
+
+def _take_allowed(hub: Hub):
+    with hub.cond:
+        hub.allowed = 2
+    return hub.take(0)
+
+
+def test_stale_rollouts_are_dropped_and_counted():
+    async def main():
+        hub = _hub(max_staleness=1, capacity=4)
+        await hub.put(0, 0, 0, "old", Report(env_steps=4))
+        hub.publish(2, {0: ["w2"]})  # two versions later
+        await hub.put(1, 0, 2, "fresh", Report(env_steps=4))
+        hub.allowed = 1
+        taken, stale, _ = hub.take(0)
+        assert [a.value for a in stale] == ["old"] and [a.value for a in taken] == ["fresh"]
+        assert hub.dropped == 1
+
+    asyncio.run(main())
+
+
+def test_a_full_hub_holds_the_sampler_before_its_next_collect_and_frees_it_when_the_learner_takes():
+    async def main():
+        hub = _hub(budget=1, capacity=1)
+        put = asyncio.ensure_future(hub.put(0, 0, 0, "a", Report(env_steps=4)))
+        await asyncio.sleep(0.05)
+        assert not put.done() and hub.blocked[0]  # its rollout delivered, the sampler waits to collect
+        hub.allowed = 1
+        await asyncio.to_thread(hub.take, 0)
+        assert await asyncio.wait_for(put, 2.0) == ("ok", 0)
+        assert not hub.blocked[0]
+
+    asyncio.run(main())
+
+
+def test_a_retired_hub_refuses_and_redirects_and_a_new_generation_refuses_old_weights():
+    async def main():
+        hub = _hub(capacity=4)
+        await hub.put(0, 0, 0, "a", Report(env_steps=4))
+        assert await hub.retire("tcp://new", "hub-key", 1) == 1  # the waiting rollout is dropped
+        assert not hub.queue
+        assert await hub.put(1, 0, 0, "b", Report(env_steps=4)) == ("moved", "tcp://new", "hub-key", 1)
+        assert hub.refused == 2
+        new = Hub("test-new", 1, 5, samplers=2, budget=2, capacity=2, max_staleness=1)
+        assert await new.put(0, 0, 3, "c", Report(env_steps=4)) == ("refused", 1)
+        assert not new.queue and new.refused == 1
+
+    asyncio.run(main())
+
+
+def _new_keys(client) -> set[str]:
+    return set(client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks)))
+
+
+def test_async_runs_no_task_per_rollout_and_sends_the_driver_reports_only(client, graphs_dir):
+    """Once the loops run, a round costs the scheduler nothing (no task is created) and the driver
+    receives the rounds' metrics and reports, far smaller than the rollouts the learner received."""
+    over = ["roles.sampler.envs=16", "hyperparameters.num_steps=128"]
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", over)
+    policy = build_policy(graph, client)
+    seen = []
+    take = policy._take_status
+    policy._take_status = lambda s: (seen.append(len(pickle.dumps(s))), take(s))
+    try:
+        policy.step()  # starts the hub and the loops (tasks, once)
+        before = _new_keys(client)
+        results = [policy.step() for _ in range(12)]
+        after = _new_keys(client)
+        arrived = policy.status.arrived
+    finally:
+        policy.close()
+    assert after - before == set(), sorted(after - before)
+    assert all(r.env_steps > 0 and np.isfinite(r.metrics["losses/value"]) for r in results)
+    per_rollout = 16 * graph.config.num_steps
+    counted = sum(r.env_steps for r in results)
+    assert counted == sum(r.metrics["perf/rollouts_per_update"] for r in results) * per_rollout
+    rollout_bytes = arrived * per_rollout * 4 * 4  # the float32 observations alone
+    assert sum(seen) < rollout_bytes / 20, (sum(seen), rollout_bytes)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Four worker processes under nannies, with a fault folder their processes see."""
+    from distributed import Client, LocalCluster
+
+    os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        Client(lc, direct_to_workers=True) as client,
+    ):
+        yield client
+
+
+def _after_rollback(run, iterations: int):
+    summary = run.finish()
+    assert summary["stop_reason"] == "iterations" and summary["iterations"] == iterations
+    (rollback,) = run.events("rollback")
+    rows = run.rundir.read_metrics()
+    assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
+    after = [r for r in rows if r["iteration"] > rollback["to_iteration"]]
+    start = run.policy.starts[1]
+    assert start > max(r["stream/version"] for r in rows if r["iteration"] <= rollback["to_iteration"])
+    # the restored learner trained only on rollouts made with its own weights
+    assert min(r["stream/oldest_version"] for r in after) >= start, [r["stream/oldest_version"] for r in after]
+    return rows, after
+
+
+@pytest.mark.slow
+def test_killed_learner_under_async_rolls_back_onto_a_new_hub(cluster, tmp_path):
+    from tests.test_supervision import Run
+
+    graph = load_graph("graphs/ppo-cartpole-async.yaml", ["checkpoint.every=5", "stop.iterations=30"])
+    run = Run(graph, cluster, tmp_path)
+    run.wait_iteration(12)
+    run.kill("learner")
+    _after_rollback(run, 30)
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("learner", "lost")]
+
+
+@pytest.mark.slow
+def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_refused(cluster, tmp_path):
+    """The learner's worker survives, and so does its hub: retired, it refuses what the samplers made with
+    the weights from before the rollback and sends them to the restored learner's hub."""
+    from tests.test_supervision import Run
+
+    shutil.rmtree(os.environ["DAGRL_FAULT_DIR"])
+    os.makedirs(os.environ["DAGRL_FAULT_DIR"])
+    graph = load_graph(
+        "graphs/ppo-cartpole-async.yaml", ["algorithm=tests.faulty_ppo", "checkpoint.every=4", "stop.iterations=24"]
+    )
+    run = Run(graph, cluster, tmp_path)
+    rows, after = _after_rollback(run, 24)
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("learner", "raised")]
+    assert after[-1]["stream/refused"] >= 1, [r["stream/refused"] for r in after]
