@@ -61,9 +61,13 @@ class AsyncOptions:
     max_staleness: int = 4
     """Rollouts collected with weights older than this many updates are dropped (still counted)."""
     rollouts_per_update: int | Literal["auto"] = "auto"
-    """The most rollouts one update takes. The learner takes what has arrived, at least one, at most
-    this many (:mod:`dagrl.policies.pull`): a learner slower than the samplers gets larger batches, so
-    a graph scales with samplers without retuning; ``auto``: as many as there are samplers."""
+    """The most rollouts one update takes (:mod:`dagrl.policies.pull`); ``auto``: as many as there are
+    samplers, so a graph scales with samplers without retuning."""
+    min_rollouts_per_update: int | None = None
+    """The fewest rollouts an update waits for; default: ``rollouts_per_update`` (a full batch). Lower
+    lets a learner faster than the samplers update on what has arrived, more often on smaller batches:
+    each update is then a weights version, and a sampler's rollout ages by every update made while it
+    collected, so at 1 a fast learner can age rollouts past ``max_staleness`` (dropped, counted)."""
     in_flight: int = 2
     """Rollouts per sampler on their way at once: the one being collected, plus ``in_flight - 1``
     waiting for the learner at its hub (at least one update's worth in all). A sampler whose rollout
@@ -74,12 +78,19 @@ class AsyncOptions:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.rollouts_per_update != "auto" and self.rollouts_per_update < 1:
             raise ValueError(f"rollouts_per_update must be >= 1 or auto, got {self.rollouts_per_update}")
+        if self.min_rollouts_per_update is not None and self.min_rollouts_per_update < 1:
+            raise ValueError(f"min_rollouts_per_update must be >= 1, got {self.min_rollouts_per_update}")
         if self.in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
 
     def per_update(self, samplers: int) -> int:
         """The most rollouts one update takes with ``samplers`` samplers."""
         return samplers if self.rollouts_per_update == "auto" else int(self.rollouts_per_update)
+
+    def least_per_update(self, samplers: int) -> int:
+        """The fewest rollouts one update waits for with ``samplers`` samplers."""
+        most = self.per_update(samplers)
+        return most if self.min_rollouts_per_update is None else min(self.min_rollouts_per_update, most)
 
 
 @dataclass
@@ -162,7 +173,7 @@ class CentralInferenceOptions:
         self.streaming  # noqa: B018  (async's checks of the given values)
 
     def _given(self) -> dict[str, int]:
-        keys = ("max_staleness", "rollouts_per_update", "in_flight")
+        keys = ("max_staleness", "rollouts_per_update", "in_flight")  # not min_: this form takes exactly
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     @property

@@ -2,9 +2,9 @@
 
 The iteration runs without the driver (:mod:`dagrl.runtime.stream`): one long-running task per
 sampler collects back to back and pushes each rollout worker to worker; one on the learner's worker
-takes what has arrived (at least one rollout, at most ``rollouts_per_update``: by default as many as
-there are samplers), updates and publishes the next weights version, which each sampler takes
-between two rollouts. No scheduler task and no driver decision per rollout.
+takes what has arrived (``min_rollouts_per_update`` to ``rollouts_per_update`` rollouts: by default
+one per sampler), updates and publishes the next weights version, which each sampler takes between
+two rollouts. No scheduler task and no driver decision per rollout.
 
 The driver watches at a bounded rate (:meth:`Async._poll`): it receives the finished rounds (one
 iteration each, with the reports of the rollouts they counted), grants the hub the rounds it may
@@ -118,6 +118,7 @@ class Async(Policy):
         self.hub_future = self.client.submit(
             Hub, key, self.generation, self.starts[self.generation],
             samplers=self.samplers, budget=self.budget, capacity=self.capacity, max_staleness=o.max_staleness,
+            least=o.least_per_update(self.samplers),
             actor=True, workers=[home.address], allow_other_workers=False, key=key,
         )  # fmt: skip
         self.hub = self.hub_future.result()

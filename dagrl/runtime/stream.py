@@ -120,6 +120,8 @@ class Hub:
     version : the weights version its first publish takes (after a rollback: past every older one).
     samplers : how many sampler loops put into it (sources ``0 .. samplers - 1``).
     budget : the most rollouts a round takes.
+    least : the fewest rollouts a round waits for (fewer once the queue is full, which it never is
+        with ``capacity >= least``).
     capacity : the most rollouts waiting; a sampler whose put fills it waits before its next collect.
     max_staleness : rollouts older than this many versions when taken are dropped (still counted).
 
@@ -137,10 +139,13 @@ class Hub:
 
     def __init__(
         self, hub_id: str, generation: int, version: int, *, samplers: int, budget: int, capacity: int,
-        max_staleness: int | None,
+        max_staleness: int | None, least: int = 1,
     ) -> None:  # fmt: skip
         self.hub_id, self.generation = hub_id, generation
         self.budget, self.capacity, self.max_staleness = budget, max(capacity, budget, 1), max_staleness
+        self.least = max(1, min(least, budget))
+        self.stale: list[Arrival] = []
+        """Rollouts dropped as stale and not yet counted in a round."""
         self.cond = threading.Condition()
         self.queue: collections.deque[Arrival] = collections.deque()
         self.version = version
@@ -287,22 +292,31 @@ class Hub:
         self._wake()
 
     def take(self, generation: int) -> tuple[list[Arrival], list[Arrival], float] | None:
-        """The next round's rollouts (at most ``budget``), the stale ones dropped and the time waited,
-        once at least one has arrived and the driver allows another round; ``None`` once stopped."""
+        """The next round's rollouts (``least`` to ``budget`` of them), the stale ones dropped since the
+        last round and the time waited, once enough fresh ones have arrived and the driver allows
+        another round; ``None`` once stopped."""
         t0 = time.perf_counter()
         with self.cond:
-            while not self._ended(generation) and not (self.queue and self.rounds < self.allowed):
+            while True:
+                ready = len(self.queue) >= self.least or (self.queue and len(self.queue) >= self.capacity)
+                if self._ended(generation) or (ready and self.rounds < self.allowed):
+                    break
                 self.cond.wait(0.5)
             if self._ended(generation):
                 return None
             stale = []
             if self.max_staleness is not None:
                 stale = [a for a in self.queue if self.version - a.version > self.max_staleness]
-            dropped = {id(a) for a in stale}
-            fresh = [a for a in self.queue if id(a) not in dropped]
-            taken = fresh[: self.budget]
-            self.queue = collections.deque(fresh[self.budget :])
-            self.dropped += len(stale)
+            if stale:
+                dropped = {id(a) for a in stale}
+                self.queue = collections.deque(a for a in self.queue if id(a) not in dropped)
+                self.dropped += len(stale)
+                self.stale.extend(stale)
+            if not self.queue:  # every one was stale: count them with the next round, wait again
+                self._wake()
+                return self.take(generation)
+            taken = [self.queue.popleft() for _ in range(min(self.budget, len(self.queue)))]
+            stale, self.stale = self.stale, []
             self.round_started = time.monotonic()
         self._wake()  # room for waiting samplers
         return taken, stale, time.perf_counter() - t0
