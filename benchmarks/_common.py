@@ -104,3 +104,28 @@ def sampler_in_env(run_dir: str) -> float | None:
     from dagrl.dashboard.feed import in_env, role_time
 
     return in_env(role_time(json.loads((Path(run_dir) / "actors.json").read_text()), "sampler"))
+
+
+def engine_before(policy: str):
+    """A context manager under which ``async`` runs on the engine before the streams (the driver issues
+    every collect and every learner round: :class:`dagrl.policies.streaming.Rounds`), for ``policy``
+    ``async-before``; for any other policy it changes nothing. For side-by-side runs in one process."""
+    import contextlib
+
+    from dagrl.policies import POLICIES
+    from dagrl.policies.streaming import Rounds
+
+    class Before(Rounds):
+        name = "async"
+
+    @contextlib.contextmanager
+    def swapped():
+        saved = POLICIES["async"]
+        if policy == "async-before":
+            POLICIES["async"] = Before
+        try:
+            yield
+        finally:
+            POLICIES["async"] = saved
+
+    return swapped()

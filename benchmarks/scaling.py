@@ -22,7 +22,8 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
   ``async-before`` is ``async`` on the engine before the streams (the driver issues every collect and
   every learner round; its default of one rollout per update), in the same run.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
-  steps: what the driver pays per rollout.
+  steps: what the driver pays per rollout; **net cpu**: the same less the process's CPU rate with the
+  cluster idle (measured for 2 s before each run), which with many workers is most of it.
 * **in env**: the samplers' share of their ``collect`` time spent inside ``env.step`` (from each
   run's ``actors.json``): near 1 the envs bound the samplers.
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
@@ -43,14 +44,12 @@ import tempfile
 import time
 from typing import Any
 
-from _common import emit, sampler_in_env, table
+from _common import emit, engine_before, sampler_in_env, table
 
 from dagrl.algos import ppo
 from dagrl.clusters import LocalClusterSpec, local_cluster
 from dagrl.context import RoleContext
 from dagrl.graph import load_graph
-from dagrl.policies import POLICIES
-from dagrl.policies.streaming import Rounds
 from dagrl.runtime.executor import Executor
 from dagrl.training import train
 
@@ -68,13 +67,6 @@ SETUPS = {
     "central-async": "as central-inference, the samplers streaming as under async (asynchronous: true)",
 }
 VECTORS = {"subproc": "async", "threads": "threads"}  # a setup's suffix -> roles.sampler.vector
-
-
-class Before(Rounds):
-    """``async`` as it ran before the streams: a driver thread per sampler issues each collect, the driver
-    each learner round (:class:`~dagrl.policies.streaming.Rounds`)."""
-
-    name = "async"
 
 
 class Window:
@@ -111,21 +103,31 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     ])  # fmt: skip
     if before:  # the old engine with the old default (one rollout per update)
         graph.policy_options = dataclasses.replace(graph.policy_options, rollouts_per_update=1)
-    saved = POLICIES["async"]
-    POLICIES["async"] = Before if before else saved
+    idle = idle_cpu_rate()
     window = Window(args.warmup)
-    cpu = time.process_time()
+    cpu, wall = time.process_time(), time.perf_counter()
     try:
-        summary = train(graph, client, listeners=[window.on_row])
+        with engine_before(setup):
+            summary = train(graph, client, listeners=[window.on_row])
     finally:
         Executor.report_events = True
-        POLICIES["async"] = saved
     cpu = time.process_time() - cpu  # this process: the driver, the client and the scheduler
+    net = cpu - idle * (time.perf_counter() - wall)  # less what the cluster costs it doing nothing
     return {
         "steps_s": window.rate(), "iterations": summary["iterations"], "env_steps": summary["env_steps"],
         "driver_cpu_ms_per_1k_steps": 1e6 * cpu / max(1, summary["env_steps"]),
+        "net_cpu_ms_per_1k_steps": 1e6 * net / max(1, summary["env_steps"]),
+        "idle_cpu_share": idle,
         "sampler_in_env": sampler_in_env(summary["run_dir"]),
     }  # fmt: skip
+
+
+def idle_cpu_rate(seconds: float = 2.0) -> float:
+    """CPU seconds per second this process spends with the cluster idle (the scheduler hearing its
+    workers' heartbeats): with 65 workers it is most of the driver's CPU at one slow sampler."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
 def plain_loop(args: argparse.Namespace, cost: str) -> float:
@@ -269,13 +271,15 @@ def main() -> None:
                     row[policy] = r["steps_s"]
                     row[f"{policy} eff"] = r["steps_s"] / (k * base[policy])
                     row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
+                    row[f"{policy} net cpu"] = r["net_cpu_ms_per_1k_steps"]
                     row[f"{policy} in env"] = r["sampler_in_env"]
                     if "plain || k" in row:
                         row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
-                    cpu = r["driver_cpu_ms_per_1k_steps"]
+                    cpu, net = r["driver_cpu_ms_per_1k_steps"], r["net_cpu_ms_per_1k_steps"]
                     print(
-                        f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s, driver CPU {cpu:.0f} ms/1k steps",
+                        f"[{cost}] {policy} k={k}: {r['steps_s']:,.0f} steps/s, driver CPU {cpu:.1f} ms/1k steps "
+                        f"({net:.1f} above idle)",
                         flush=True,
                     )
                 if not args.skip_sb3 and k <= args.sb3_max:
@@ -287,11 +291,13 @@ def main() -> None:
                 rows.append(row)
     cols = ["cost", "samplers", "envs", "plain x k", "plain || k"]
     for policy in args.policies:
-        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu", f"{policy} in env"]
+        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu", f"{policy} net cpu"]
+        cols += [f"{policy} in env"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
     print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler;")
     print("cpu: CPU time of the driver process (client and scheduler) per 1,000 env steps, ms;")
+    print("net cpu: the same less the process's CPU with the cluster idle (measured before each run);")
     print("in env: the samplers' share of their collect time spent inside env.step")
     print(table(rows, cols))
     for cost in args.cost:

@@ -169,13 +169,11 @@ def test_killed_learner_under_async_rolls_back_onto_a_new_hub(cluster, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_refused(cluster, tmp_path):
+def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_refused(cluster, tmp_path, faults):
     """The learner's worker survives, and so does its hub: retired, it refuses what the samplers made with
     the weights from before the rollback and sends them to the restored learner's hub."""
     from tests.test_supervision import Run
 
-    shutil.rmtree(os.environ["DAGRL_FAULT_DIR"])
-    os.makedirs(os.environ["DAGRL_FAULT_DIR"])
     graph = load_graph(
         "graphs/ppo-cartpole-async.yaml", ["algorithm=tests.faulty_ppo", "checkpoint.every=4", "stop.iterations=24"]
     )
@@ -183,3 +181,38 @@ def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_r
     rows, after = _after_rollback(run, 24)
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("learner", "raised")]
     assert after[-1]["stream/refused"] >= 1, [r["stream/refused"] for r in after]
+
+
+@pytest.fixture
+def faults():
+    path = os.environ["DAGRL_FAULT_DIR"]
+    shutil.rmtree(path)
+    os.makedirs(path)
+    yield path
+    open(os.path.join(path, "release-hung"), "w").close()  # a hang left behind ends
+
+
+def test_an_env_error_under_async_restarts_that_sampler_and_names_the_env(cluster, tmp_path, faults):
+    from tests.test_supervision import Run
+
+    graph = load_graph("graphs/ppo-cartpole-async.yaml", ["env.id=tests.faulty:StepFailsOnce-v0", "stop.iterations=10"])
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 10
+    (event,) = run.events("restart")
+    assert event["role"] == "sampler" and event["kind"] == "raised"
+    assert "env tests.faulty:StepFailsOnce-v0 raised in step() on sampler[" in event["reason"]
+    assert "faulty.py" in event["traceback"] and "raise ValueError" in event["traceback"]
+
+
+def test_a_hung_sampler_loop_under_async_is_replaced_and_the_other_keeps_the_learner_fed(cluster, tmp_path, faults):
+    from tests.test_supervision import Run
+
+    graph = load_graph(
+        "graphs/ppo-cartpole-async.yaml",
+        ["env.id=tests.faulty_ppo:HangsOnce-v0", "stop.iterations=16", "supervision.hang_timeout_s=3"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 16
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("sampler", "hung")]

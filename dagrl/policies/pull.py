@@ -157,7 +157,7 @@ class Async(Policy):
     def pending(self) -> bool:
         """Rounds the learner finished past the stop: stop the stream, then hand them over (they count)."""
         if self.started and not self.stopped:
-            self._stop_stream()
+            self._stop_stream()  # waits for the loops: a round in progress ends and is filed
             with contextlib.suppress(Exception):  # a hub lost now: nothing more to count
                 self._take_status(self.hub.drain(0, 0.0, 0.0).result(timeout=CALL_TIMEOUT_S))
         return bool(self.queue)

@@ -322,9 +322,12 @@ class Hub:
         return taken, stale, time.perf_counter() - t0
 
     def learned(self, generation: int, item: Learned, published: dict[int, list[Any]] | None) -> bool:
-        """File a finished round and publish its weights; ``False`` if this hub no longer serves ``generation``."""
+        """File a finished round and publish its weights; ``False`` if this hub no longer serves ``generation``.
+
+        A round that ends after :meth:`stop` is still filed: its update is in the learner's state, so
+        the driver counts it (and the final checkpoint holds what the counters say)."""
         with self.cond:
-            if self._ended(generation):
+            if self.retired is not None or generation != self.generation:
                 return False
             self.rounds += 1
             item.index = self.rounds
