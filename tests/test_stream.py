@@ -210,9 +210,14 @@ def test_a_hung_sampler_loop_under_async_is_replaced_and_the_other_keeps_the_lea
 
     graph = load_graph(
         "graphs/ppo-cartpole-async.yaml",
-        ["env.id=tests.faulty_ppo:HangsOnce-v0", "stop.iterations=16", "supervision.hang_timeout_s=3"],
-    )
+        [
+            "env.id=tests.faulty_ppo:HangsOnce-v0",
+            "stop.iterations=150",
+            "stop.mean_return=1.0e9",
+            "supervision.hang_timeout_s=3",
+        ],
+    )  # the hang comes at the third iteration; 150 outlast the 3 s it takes to call it hung
     run = Run(graph, cluster, tmp_path)
     summary = run.finish()
-    assert summary["iterations"] == 16
+    assert summary["iterations"] == 150
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("sampler", "hung")]

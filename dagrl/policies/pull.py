@@ -80,6 +80,8 @@ class Async(Policy):
         """The learner loop's future."""
         self.loops: list[Any] = [None] * self.samplers
         self.loop_generation = [0] * self.samplers
+        self.loop_started = [0.0] * self.samplers
+        """When each loop was (re)started: a new loop is not hung for its predecessor's silence."""
         """The generation each sampler loop was started on (a loop may outlive its hub by a rollback)."""
         self.queue: collections.deque[Learned] = collections.deque()
         self.delivered = 0
@@ -138,6 +140,7 @@ class Async(Policy):
         h = self.hosts[self.shape.stream.role][i]
         inputs = [("node", a.id) if isinstance(a, Node) else ("value", a) for a in self.shape.stream.inputs]
         self.loop_generation[i] = self.generation
+        self.loop_started[i] = time.monotonic()
         self.loops[i] = self.client.submit(
             sampler_loop, (self.hub_address, self.hub_key), h.host_id, i, self.shape.stream.name, inputs,
             self.generation, workers=[h.address], allow_other_workers=False, pure=False,
@@ -210,8 +213,9 @@ class Async(Policy):
                 failure = RoleFailure(h, "lost", OSError("worker gone"))
             elif loop.status == "finished":  # it returned without being stopped (its hub was): start it again
                 self._start_sampler(i)
-            elif status.since_put[i] > hang and not status.blocked[i] and status.since_put[i] != float("inf"):
-                msg = f"no rollout for {status.since_put[i]:.0f} s (hang_timeout_s {hang:g})"
+            elif min(status.since_put[i], time.monotonic() - self.loop_started[i]) > hang and not status.blocked[i]:
+                msg = f"no rollout for {min(status.since_put[i], time.monotonic() - self.loop_started[i]):.0f} s"
+                msg += f" (hang_timeout_s {hang:g})"
                 failure = RoleFailure(h, "hung", TimeoutError(msg))
             if failure is not None:
                 self.replace_in_place(failure)
