@@ -184,18 +184,15 @@ def test_killed_learner_rolls_back_to_the_checkpoint_and_finishes(cluster, tmp_p
     assert load_checkpoint(run.rundir.path)["counters"]["iteration"] == 14
 
 
-def test_killed_learner_under_apex_drops_the_round_ahead_and_rolls_back(cluster, tmp_path):
-    """``apex`` keeps a learner round submitted behind the one in flight: the kill fails both, the round
-    ahead is dropped with the one that failed, and the run rolls back and finishes every iteration once."""
+def test_killed_learner_under_apex_rolls_back_onto_a_new_hub(cluster, tmp_path):
+    """The learner's worker holds the stream's hub: the kill loses both; the run rolls back, the samplers'
+    loops restart on the restored learner's hub, and every iteration is counted once."""
     graph = faulty(["policy=apex", "checkpoint.every=5", "stop.iterations=30", f"roles.replay.path={tmp_path / 'r'}"])
     run = Run(graph, cluster, tmp_path)
-    ahead = []
-    run.trainer.listeners.append(lambda row, res: ahead.append(run.policy.pending))
     run.wait_iteration(12)
     run.kill("learner")
     summary = run.finish()
     assert summary["stop_reason"] == "iterations" and summary["iterations"] == 30
-    assert sum(ahead) >= 10, ahead  # rounds were submitted ahead, before the kill and after it
     (rollback,) = run.events("rollback")
     assert rollback["role"] == "learner" and rollback["to_iteration"] in (10, 15)
     assert [r["iteration"] for r in run.rundir.read_metrics()] == list(range(1, 31))

@@ -5,8 +5,9 @@ Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`
 data-parallel learner replicas (:mod:`.dataparallel`), and ``central-inference``, with one batched
 ``inference`` role acting for every sampler (:mod:`.inference`; streamed as ``async`` with
 ``asynchronous: true``), ``async``
-streams the samplers to the learner, which pulls what has arrived, without the driver (:mod:`.pull`);
-``apex`` and ``split-learner`` stream the samplers and run rate-limited learner rounds (:mod:`.streaming`).
+and ``apex`` stream the samplers to the learner, which pulls what has arrived (through replay under
+``apex``), without the driver (:mod:`.pull`); ``split-learner`` streams the samplers and submits
+rate-limited learner rounds from the driver (:mod:`.streaming`).
 Their names and options are data in :mod:`dagrl.distribution`.
 """
 
@@ -18,9 +19,9 @@ from typing import Any
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.dataparallel import DataParallel
 from dagrl.policies.inference import CentralInference, StreamingCentralInference
-from dagrl.policies.pull import Async
+from dagrl.policies.pull import Apex, Async
 from dagrl.policies.single import Single
-from dagrl.policies.streaming import Apex, SplitLearner
+from dagrl.policies.streaming import SplitLearner
 from dagrl.policies.sync import Sync
 from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import Start, start_actors, start_local, start_one

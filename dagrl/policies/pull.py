@@ -1,18 +1,25 @@
-"""``async``: samplers stream rollouts to the learner's hub; the learner pulls what has arrived.
+"""``async`` and ``apex``: samplers stream to the learner's hub; the learner pulls what has arrived.
 
-The iteration runs without the driver (:mod:`dagrl.runtime.stream`): one long-running task per
-sampler collects back to back and pushes each rollout worker to worker; one on the learner's worker
-takes what has arrived (``min_rollouts_per_update`` to ``rollouts_per_update`` rollouts: by default
-one per sampler), updates and publishes the next weights version, which each sampler takes between
-two rollouts. No scheduler task and no driver decision per rollout.
+The iteration runs without the driver (:mod:`dagrl.runtime.stream`, :mod:`dagrl.runtime.loops`): one
+long-running task per sampler collects back to back and hands each rollout on, worker to worker; one
+on the learner's worker runs the learner's rounds and publishes each new weights version, which each
+sampler takes between two rollouts. No scheduler task and no driver decision per rollout.
 
-The driver watches at a bounded rate (:meth:`Async._poll`): it receives the finished rounds (one
+* ``async``: the rollouts go to the hub, and each round takes ``min_rollouts_per_update`` to
+  ``rollouts_per_update`` of them (by default one per sampler);
+* ``apex``: each sampler stores its rollouts in its replay shard itself (``add`` on the shard's
+  worker) and the hub gets their reports; the rounds (``sample -> update -> reprioritize``) follow the
+  inserts at ``update_ratio``, both ways, after the warm-up (``learning_starts``).
+
+The driver watches at a bounded rate (:meth:`Stream._poll`): it receives the finished rounds (one
 iteration each, with the reports of the rollouts they counted), grants the hub the rounds it may
 run before the driver must act (:attr:`horizon`: a checkpoint, a blocking evaluation, a stop it can
 foresee), and supervises:
 
 * a sampler whose loop raised, whose worker died, or which has put nothing for ``hang_timeout_s``
   (while not waiting for room) is replaced and its loop restarted; the others never stop;
+* a replay shard a loop failed on (its worker died, its fragment raised) is replaced and the loops
+  that call it restart on the replacement (the learner's on the same hub: no rollback);
 * a learner whose loop raised, whose worker died, or whose round runs past ``hang_timeout_s`` is the
   driver's to roll back (:class:`~dagrl.runtime.supervisor.RoleFailure`). The restored learner gets a
   new hub (a new generation, versions past every older one); the old hub, if it answers, refuses
@@ -31,11 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.distribution import stream_shape
+from dagrl.distribution import stream_shape, warmup_steps
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult
 from dagrl.runtime.hosts import Handle
-from dagrl.runtime.stream import Hub, HubGone, Learned, Status, learner_loop, sampler_loop
+from dagrl.runtime.loops import learner_loop, sampler_loop
+from dagrl.runtime.stream import Hub, HubGone, Learned, Limit, PeerFailed, Status
 from dagrl.runtime.supervisor import RoleFailure
 
 log = logging.getLogger("dagrl")
@@ -48,19 +56,17 @@ CALL_TIMEOUT_S = 30.0
 """How long a call to the hub may take before its worker is judged gone."""
 
 
-class Async(Policy):
-    """``async`` (module docstring)."""
+class Stream(Policy):
+    """Samplers loop and push, the learner loops and pulls, the driver watches (module docstring);
+    :class:`Async` and :class:`Apex` say how the learner takes what the samplers made."""
 
-    name = "async"
+    staleness_key = "perf/staleness"
 
     def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         algo = graph.algorithm
         self.shape = stream_shape(algo)
         self.samplers = len(hosts[self.shape.stream.role])
-        o = self.stream_options
-        self.budget = o.per_update(self.samplers)
-        self.capacity = max(self.budget, (o.in_flight - 1) * self.samplers)
         learn_roles = [n.role for n in self.shape.learn if not algo.roles[n.role].many]
         if not learn_roles:
             raise TypeError(f"{self.name}: the iteration has no learner fragment after {self.shape.stream.name}")
@@ -80,9 +86,12 @@ class Async(Policy):
         """The learner loop's future."""
         self.loops: list[Any] = [None] * self.samplers
         self.loop_generation = [0] * self.samplers
+        """The generation each sampler loop was started on (a loop may outlive its hub by a rollback)."""
         self.loop_started = [0.0] * self.samplers
         """When each loop was (re)started: a new loop is not hung for its predecessor's silence."""
-        """The generation each sampler loop was started on (a loop may outlive its hub by a rollback)."""
+        self.loop_peers: list[dict[tuple[str, int], Handle]] = [{} for _ in range(self.samplers)]
+        """The other roles' hosts each loop calls (a replay shard), as they were when it started."""
+        self.learner_peers: dict[tuple[str, int], Handle] = {}
         self.queue: collections.deque[Learned] = collections.deque()
         self.delivered = 0
         """Rounds of the current hub handed to the driver."""
@@ -93,10 +102,9 @@ class Async(Policy):
         self.started = self.stopped = False
         self.last_step_end = 0.0
 
-    @property
-    def stream_options(self) -> Any:
-        """The :class:`~dagrl.distribution.AsyncOptions` this stream runs with."""
-        return self.options
+    def hub_options(self) -> dict[str, Any]:
+        """How this policy's hub takes what the samplers make (:class:`~dagrl.runtime.stream.Hub`)."""
+        raise NotImplementedError
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -115,36 +123,52 @@ class Async(Policy):
         """A hub (generation ``self.generation``) and its learner loop on the learner's worker."""
         home = self.hosts[self.learner_role][0]
         key = f"stream-hub-{self.generation}-{uuid.uuid4().hex}"
-        o = self.stream_options
         self.starts[self.generation] = self.version + (self.generation > 0)
         self.hub_future = self.client.submit(
-            Hub, key, self.generation, self.starts[self.generation],
-            samplers=self.samplers, budget=self.budget, capacity=self.capacity, max_staleness=o.max_staleness,
-            least=o.least_per_update(self.samplers),
+            Hub, key, self.generation, self.starts[self.generation], samplers=self.samplers, **self.hub_options(),
             actor=True, workers=[home.address], allow_other_workers=False, key=key,
         )  # fmt: skip
         self.hub = self.hub_future.result()
         self.hub_key, self.hub_address, self.delivered = key, home.address, 0
+        self._start_learner()
+
+    def _start_learner(self) -> None:
+        home = self.hosts[self.learner_role][0]
         hosts = {
             role: [(h.host_id, h.address) for h in handles]
             for role, handles in self.hosts.items()
             if any(n.role == role for n in (*self.shape.before, *self.shape.learn))
         }
+        self.learner_peers = {(h.role, h.index): h for role in hosts for h in self.hosts[role]}
         self.learner = self.client.submit(
-            learner_loop, key, self.graph.spec.algorithm, hosts, self.generation,
+            learner_loop, self.hub_key, self.graph.spec.algorithm, hosts, self.generation,
             workers=[home.address], allow_other_workers=False, pure=False,
             key=f"learn-loop-{self.learner_role}-{self.generation}-{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
 
     def _start_sampler(self, i: int) -> None:
         h = self.hosts[self.shape.stream.role][i]
-        inputs = [("node", a.id) if isinstance(a, Node) else ("value", a) for a in self.shape.stream.inputs]
+        stream = self.shape.stream
+
+        def spec(node: Node) -> list[tuple[str, Any]]:
+            return [
+                ("stream", None) if a is stream else ("node", a.id) if isinstance(a, Node) else ("value", a)
+                for a in node.inputs
+            ]
+
+        inserts, peers = [], {}
+        for node in self.shape.insert:  # sampler i stores into shard i mod K
+            shards = self.hosts[node.role]
+            shard = shards[i % len(shards)]
+            inserts.append((node.id, node.name, node.role, shard.index, shard.host_id, shard.address, spec(node)))
+            peers[(node.role, shard.index)] = shard
         self.loop_generation[i] = self.generation
         self.loop_started[i] = time.monotonic()
+        self.loop_peers[i] = peers
         self.loops[i] = self.client.submit(
-            sampler_loop, (self.hub_address, self.hub_key), h.host_id, i, self.shape.stream.name, inputs,
-            self.generation, workers=[h.address], allow_other_workers=False, pure=False,
-            key=f"{self.shape.stream.name}-loop-{h.role}-{i}-{uuid.uuid4().hex[:8]}",
+            sampler_loop, (self.hub_address, self.hub_key), h.host_id, i, stream.name, spec(stream),
+            self.generation, inserts, workers=[h.address], allow_other_workers=False, pure=False,
+            key=f"{stream.name}-loop-{h.role}-{i}-{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
 
     # -- the driver's iteration --------------------------------------------------------------------
@@ -188,6 +212,10 @@ class Async(Policy):
         sup = self.supervisor
         if self.learner.status == "error" or status.error is not None:
             err = self.learner.exception() if self.learner.status == "error" else RuntimeError(status.error)
+            if isinstance(err, PeerFailed) and self._peer_replaced(err, self.learner_peers):
+                self.hub.clear().result(timeout=CALL_TIMEOUT_S)
+                self._start_learner()  # the same hub: the learner's own state is untouched
+                return
             lost = sup is not None and not sup.alive(learner.address, fresh=True)
             raise RoleFailure(learner, "lost" if lost else "raised", err)
         if sup is None:
@@ -201,6 +229,7 @@ class Async(Policy):
         for i, loop in enumerate(self.loops):
             h = self.hosts[self.shape.stream.role][i]
             failure = None
+            silent = min(status.since_put[i], time.monotonic() - self.loop_started[i])
             if loop.status == "error":
                 err = loop.exception()
                 if isinstance(err, HubGone):
@@ -208,18 +237,32 @@ class Async(Policy):
                         self._start_sampler(i)
                         continue
                     raise RoleFailure(learner, "lost", err)  # its hub is the learner's worker
+                if isinstance(err, PeerFailed) and self._peer_replaced(err, self.loop_peers[i]):
+                    self._start_sampler(i)  # on the shard's replacement
+                    continue
                 failure = RoleFailure(h, "lost" if not sup.alive(h.address, fresh=True) else "raised", err)
             elif not sup.alive(h.address):
                 failure = RoleFailure(h, "lost", OSError("worker gone"))
             elif loop.status == "finished":  # it returned without being stopped (its hub was): start it again
                 self._start_sampler(i)
-            elif min(status.since_put[i], time.monotonic() - self.loop_started[i]) > hang and not status.blocked[i]:
-                msg = f"no rollout for {min(status.since_put[i], time.monotonic() - self.loop_started[i]):.0f} s"
-                msg += f" (hang_timeout_s {hang:g})"
-                failure = RoleFailure(h, "hung", TimeoutError(msg))
+            elif silent > hang and not status.blocked[i]:
+                failure = RoleFailure(
+                    h, "hung", TimeoutError(f"no rollout for {silent:.0f} s (hang_timeout_s {hang:g})")
+                )
             if failure is not None:
                 self.replace_in_place(failure)
                 self._start_sampler(i)
+
+    def _peer_replaced(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> bool:
+        """Replace the host a loop failed on (a replay shard: ``recover: replace``), unless that is done
+        already; ``False`` if it is not such a role (then the failure is the loop's own)."""
+        old = peers.get((err.role, err.index))
+        if old is None or self.graph.algorithm.roles[err.role].recover != "replace":
+            return False
+        sup = self.supervisor
+        kind = err.kind if sup is None or err.kind == "lost" or sup.alive(old.address, fresh=True) else "lost"
+        self.replace_in_place(RoleFailure(old, kind, err))
+        return True
 
     def _result(self, r: Learned) -> StepResult:
         res = StepResult()
@@ -227,14 +270,14 @@ class Async(Policy):
             res.add_output(rep, source=source)
         s = self.status
         res.metrics = dict(r.metrics)
-        res.metrics["perf/staleness"] = float(np.mean(r.lags)) if r.lags else 0.0
+        res.metrics[self.staleness_key] = float(np.mean(r.lags)) if r.lags else 0.0
         res.metrics["perf/rollouts_per_update"] = float(len(r.lags))
         res.metrics["stream/version"] = float(r.version)
         res.metrics["stream/oldest_version"] = float(r.oldest)
+        res.metrics["perf/collects"] = float(r.collects)
         if s is not None:
             res.metrics["perf/dropped_rollouts"] = float(self.dropped_before + s.dropped)
             res.metrics["stream/refused"] = float(self.refused_before + s.refused)
-            res.metrics["perf/collects"] = float(s.arrived)
         res.update_time, res.sample_time = r.update_s, r.wall_s
         self.delivered += 1
         return res
@@ -282,3 +325,43 @@ class Async(Policy):
             self.client.cancel(futures)
         self.hub = None
         super().close()
+
+
+class Async(Stream):
+    """``async``: the learner takes the rollouts themselves, ``min_rollouts_per_update`` to
+    ``rollouts_per_update`` of them; staler than ``max_staleness`` versions: dropped (counted)."""
+
+    name = "async"
+
+    @property
+    def stream_options(self) -> Any:
+        """The :class:`~dagrl.distribution.AsyncOptions` this stream runs with."""
+        return self.options
+
+    def hub_options(self) -> dict[str, Any]:
+        o = self.stream_options
+        budget = o.per_update(self.samplers)
+        return {
+            "budget": budget, "capacity": max(budget, (o.in_flight - 1) * self.samplers),
+            "max_staleness": o.max_staleness, "least": o.least_per_update(self.samplers),
+        }  # fmt: skip
+
+
+class Apex(Stream):
+    """``apex``: each sampler stores its rollouts in replay shard i mod K itself; the learner's rounds
+    (``sample -> update -> reprioritize``) follow ``update_ratio`` rounds per insert both ways
+    (``rate_limit: false``: free), from the point the replay holds ``learning_starts`` env steps; until
+    then an iteration counts a round's worth of inserts and nothing learns."""
+
+    name = "apex"
+    staleness_key = "perf/weights_lag"
+
+    def hub_options(self) -> dict[str, Any]:
+        o = self.options
+        ratio = o.update_ratio if o.update_ratio is not None else 1.0 / self.samplers
+        limit = Limit(
+            ratio, o.max_lead if o.max_lead is not None else 2 * self.samplers, o.rate_limit,
+            warmup_steps(self.graph.config), max(1, round(1 / ratio)), o.publish_every,
+        )  # fmt: skip
+        shards = {n.id: len(self.hosts[n.role]) for n in self.shape.insert}
+        return {"budget": 1, "capacity": 1, "max_staleness": None, "limit": limit, "shards": shards}

@@ -1,4 +1,4 @@
-"""The stream engine behind ``apex``, ``split-learner`` and ``central-inference``'s asynchronous form.
+"""The round engine behind ``split-learner`` and ``central-inference``'s asynchronous form.
 
 The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
 
@@ -520,11 +520,13 @@ class Rounds(Streaming):
         res.metrics["perf/dropped_rollouts"] = float(self.dropped)
 
 
-class Apex(Streaming):
-    """``apex``: samplers stream into replay shards (sampler i -> shard i mod K); the learner samples and
-    updates in rounds, ``update_ratio`` rounds per collect both ways (``rate_limit: false``: free)."""
+class RoundsApex(Streaming):
+    """Samplers stream into replay shards (sampler i -> shard i mod K); the learner samples and updates in
+    rounds, ``update_ratio`` rounds per collect both ways (``rate_limit: false``: free). The engine of
+    ``split-learner``; ``apex`` itself runs without the driver in the rollout's path
+    (:mod:`dagrl.policies.pull`)."""
 
-    name = "apex"
+    name = "apex-rounds"
     runs_ahead = True
 
     def configure(self) -> None:
@@ -534,7 +536,7 @@ class Apex(Streaming):
         self.limited, self.publish_every, self.in_flight = o.rate_limit, o.publish_every, o.in_flight
 
 
-class SplitLearner(Apex):
+class SplitLearner(RoundsApex):
     """``split-learner``: as ``apex``, but a value passed between two single-instance learner roles in a
     round (SAC: the critic's new weights to the actor) arrives one round late, so both learner roles
     update at once, on their own workers and devices (Spreeze's dual-GPU idea)."""

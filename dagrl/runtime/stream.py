@@ -1,17 +1,19 @@
 """Streams: samplers loop on their own workers and push rollouts to a hub; the learner loops beside it and pulls.
 
+This module holds the hub and what passes through it; the loops are in :mod:`dagrl.runtime.loops`.
+
 The policies that stream (``async``) keep the driver and the scheduler off the path of every rollout:
 
 * a :class:`Hub` is a Dask actor on the learner's worker. It queues arrived rollouts, holds the
   newest published weights under a version number, and keeps what each learner round produced until
   the driver asks. Its sampler- and driver-facing methods are ``async``: Dask runs them on the
   worker's event loop, so a sampler waiting for room never holds a thread;
-* :func:`sampler_loop` is one long-running task per sampler (it secedes from the worker's pool). It
+* :func:`~dagrl.runtime.loops.sampler_loop` is one long-running task per sampler (it secedes from the worker's pool). It
   runs the stream fragment (``collect``) back to back against its role host, pushes each output with
   its :class:`~dagrl.runtime.executor.Report` to the hub (:meth:`Hub.put`, one worker-to-worker
   actor call; on the same host a large rollout crosses through :mod:`dagrl.runtime.shm`) and takes
   the newest weights between rollouts when the reply says there are newer ones;
-* :func:`learner_loop` is one long-running task on the learner's worker. It takes what has arrived
+* :func:`~dagrl.runtime.loops.learner_loop` is one long-running task on the learner's worker. It takes what has arrived
   (:meth:`Hub.take`: at least one rollout, at most the round's budget, the stale ones dropped and
   counted), runs the learn fragments (``update``) on the local role host, publishes the next weights
   version (``publish``) and files the round for the driver;
@@ -29,6 +31,17 @@ answers, is *retired*: every later put to it is refused (counted) and answered w
 address, so a sampler mid-rollout with weights from before the rollback never feeds the restored
 learner; it fetches the new hub's weights and goes on.
 
+With replay (``apex``: a :class:`Limit`), a sampler loop stores each rollout in its replay shard
+(``add``, an actor call to the shard's worker) and hands the hub only its report and what the shard
+answered; the learner's rounds (``sample -> update -> reprioritize``, the shards' fragments called on
+their workers) are rate-limited against those inserts both ways, as Reverb's ``SampleToInsertRatio``:
+a sampler waits before its next collect while it would run ``max_lead`` inserts past the ratio, the
+learner while it would run ahead of it. Until the replay holds ``warmup`` env steps the samplers run
+free and the hub files a round's worth of inserts as one iteration without learning.
+
+A fragment of another role that fails under a loop (a replay shard's worker died, its ``add`` raised)
+raises :class:`PeerFailed`, naming that role, so the driver replaces it, not the loop's own role.
+
 The hub's ``take``/``learned`` (learner thread) and its ``async`` methods (event loop) share one
 condition; a learner-side change wakes the event loop's waiters with ``call_soon_threadsafe``.
 """
@@ -38,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import threading
 import time
 import weakref
@@ -45,13 +59,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagrl.distribution import stream_shape
-from dagrl.fragment import Node, load_algorithm
-from dagrl.runtime.executor import Report, report, route
-from dagrl.runtime.host import HOSTS, _host
-from dagrl.runtime.shm import unwrap, wrap
+from dagrl.runtime.executor import Report
 
-__all__ = ["Arrival", "Hub", "HubGone", "Learned", "learner_loop", "sampler_loop"]
+__all__ = ["Arrival", "Hub", "HubGone", "Learned", "Limit", "PeerFailed", "Status"]
 
 HUBS: weakref.WeakValueDictionary[str, Hub] = weakref.WeakValueDictionary()
 """The hubs living in this process, by id (the learner loop finds its hub here)."""
@@ -59,6 +69,40 @@ HUBS: weakref.WeakValueDictionary[str, Hub] = weakref.WeakValueDictionary()
 
 class HubGone(RuntimeError):
     """A sampler loop lost its hub (the learner's worker died): not the sampler's failure."""
+
+
+class PeerFailed(RuntimeError):
+    """A fragment of another role, called from a loop, failed: ``role[index]`` on ``address``, ``kind``
+    ``lost`` (its worker did not answer) or ``raised``."""
+
+    def __init__(self, role: str, index: int, address: str, kind: str, message: str):
+        super().__init__(f"{role}[{index}] on {address}: {message}")
+        self.role, self.index, self.address, self.kind = role, index, address, kind
+
+    def __reduce__(self) -> tuple:
+        return PeerFailed, (self.role, self.index, self.address, self.kind, str(self).split(": ", 1)[-1])
+
+
+Inserted = tuple[int, int, Report]
+"""With replay: one insert as the hub counts it: (sampler, weights version, report)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How a hub with replay (``apex``) ties learner rounds to the samplers' inserts."""
+
+    ratio: float
+    """Learner rounds per insert."""
+    max_lead: int
+    """Inserts the samplers may run past the ratio."""
+    limited: bool
+    """``False``: both sides run free."""
+    warmup: int
+    """Env steps to store before the first learner round (``learning_starts``)."""
+    round_collects: int
+    """Inserts one iteration counts during the warm-up."""
+    publish_every: int = 1
+    """Learner rounds per weights version."""
 
 
 @dataclass
@@ -89,6 +133,10 @@ class Learned:
     """Seconds since the previous round ended (or the loop started)."""
     version: int
     """The weights version the round started from."""
+    collects: int = 0
+    """Rollouts the samplers had delivered when the round started (inserts, with replay)."""
+    learnt: bool = True
+    """``False``: a warm-up iteration (replay not yet full enough), counted without learning."""
 
 
 @dataclass
@@ -139,7 +187,7 @@ class Hub:
 
     def __init__(
         self, hub_id: str, generation: int, version: int, *, samplers: int, budget: int, capacity: int,
-        max_staleness: int | None, least: int = 1,
+        max_staleness: int | None, least: int = 1, limit: Limit | None = None, shards: dict[int, int] | None = None,
     ) -> None:  # fmt: skip
         self.hub_id, self.generation = hub_id, generation
         self.budget, self.capacity, self.max_staleness = budget, max(capacity, budget, 1), max_staleness
@@ -163,6 +211,16 @@ class Hub:
         self.aloop: asyncio.AbstractEventLoop | None = None
         self.waiters: list[asyncio.Future] = []
         self.last_drain = 0.0
+        self.limit = limit
+        """With replay: how rounds follow inserts (``None``: rounds take the rollouts themselves)."""
+        self.stored: dict[int, list[Any]] = {n: [None] * k for n, k in (shards or {}).items()}
+        """With replay: each insert fragment's newest output per shard (what ``sample`` follows)."""
+        self.reports: list[Inserted] = []
+        """With replay: (sampler, version, report) of the inserts since the last round."""
+        self.warm: list[Inserted] = []
+        """With replay: the inserts of the warm-up not yet counted in an iteration."""
+        self.warmup = limit.warmup if limit is not None else 0
+        self.started = self.done = self.learnt = self.offset = 0
         HUBS[hub_id] = self
 
     # -- waking the event loop's waiters from any thread ----------------------------------------------
@@ -226,6 +284,59 @@ class Hub:
             self.last_put[source] = time.monotonic()
             return ("stop",) if self.stopped and self.retired is None else ("ok", self.version)
 
+    def _may_start(self) -> bool:
+        """With replay: whether a sampler may start its next collect now (the limiter's lead)."""
+        lim = self.limit
+        if lim is None or not lim.limited or self.warmup > 0:
+            return True
+        return self.started - self.offset < math.ceil((self.learnt + 1) / lim.ratio - 1e-9) + lim.max_lead
+
+    async def begin(self, source: int) -> tuple:
+        """With replay: wait until sampler ``source`` may start a collect, and count it started.
+        Answers as :meth:`put`."""
+        with self.cond:
+            self.blocked[source] = True
+        while not await self._until(lambda: self._may_start() or self._ended(self.generation), 60.0):
+            pass
+        with self.cond:
+            self.blocked[source] = False
+            self.last_put[source] = time.monotonic()
+            if self.retired is not None:
+                return ("moved", *self.retired)
+            if self.stopped:
+                return ("stop",)
+            self.started += 1
+            return ("ok", self.version)
+
+    async def inserted(
+        self, source: int, generation: int, version: int, rep: Report, stored: dict[int, tuple[int, Any]]
+    ) -> tuple:
+        """With replay: sampler ``source`` stored a rollout (``stored``: insert node id -> (shard, its
+        answer)); then as :meth:`begin` for its next collect."""
+        with self.cond:
+            self.last_put[source] = time.monotonic()
+            if self.retired is not None:
+                self.refused += 1
+                return ("moved", *self.retired)
+            if self.stopped:
+                return ("stop",)
+            if generation != self.generation:
+                self.refused += 1
+                return ("refused", self.generation)
+            for node_id, (shard, value) in stored.items():
+                self.stored[node_id][shard] = value
+            self.done += 1
+            self.arrived += 1
+            if self.warmup > 0:
+                self.warm.append((source, version, rep))
+                self.warmup -= rep.env_steps
+                if self.warmup <= 0:
+                    self.offset = self.done  # the warm-up's inserts owe no rounds
+            else:
+                self.reports.append((source, version, rep))
+            self.cond.notify_all()
+        return await self.begin(source)
+
     async def weights(self, have: int) -> tuple[int, int, dict[int, list[Any]]] | None:
         """``(generation, version, values)`` of the newest weights if newer than ``have`` (waiting for the
         first publish), else ``None``. ``values``: the output of each node before the stream, by id."""
@@ -279,6 +390,12 @@ class Hub:
     async def ping(self) -> int:
         return self.generation
 
+    async def clear(self) -> None:
+        """Forget a learner loop's failure (the driver replaced the peer it failed on and starts another)."""
+        with self.cond:
+            self.error = None
+            self.round_started = None
+
     # -- the learner loop (its thread) ---------------------------------------------------------------
 
     def _ended(self, generation: int) -> bool:
@@ -321,6 +438,34 @@ class Hub:
         self._wake()  # room for waiting samplers
         return taken, stale, time.perf_counter() - t0
 
+    def take_stored(self, generation: int) -> tuple[bool, list[Inserted], dict[int, list[Any]], int] | None:
+        """With replay: the next iteration once the driver allows it: ``(learn, reports, stored,
+        collects)``. During the warm-up (and for its last inserts after it) ``learn`` is ``False`` and
+        ``reports`` a round's worth of inserts; then each learner round, once the ratio allows it, takes
+        the reports since the last one and each shard's newest answer. ``None`` once stopped."""
+        lim = self.limit
+        assert lim is not None
+        with self.cond:
+            while True:
+                if self._ended(generation):
+                    return None
+                if self.rounds < self.allowed:
+                    if len(self.warm) >= lim.round_collects or (self.warm and self.warmup <= 0):
+                        taken, self.warm = self.warm[: lim.round_collects], self.warm[lim.round_collects :]
+                        return False, taken, {}, self.done
+                    due = not lim.limited or lim.ratio * (self.done - self.offset) >= self.learnt + 1 - 1e-9
+                    if self.warmup <= 0 and due:
+                        taken, self.reports = self.reports, []
+                        self.round_started = time.monotonic()
+                        return True, taken, {k: list(v) for k, v in self.stored.items()}, self.done
+                self.cond.wait(0.5)
+
+    def untake(self, reports: list[Inserted]) -> None:
+        """With replay: a round that failed on a peer hands its reports back (the next one counts them)."""
+        with self.cond:
+            self.reports[:0] = reports
+            self.round_started = None
+
     def learned(self, generation: int, item: Learned, published: dict[int, list[Any]] | None) -> bool:
         """File a finished round and publish its weights; ``False`` if this hub no longer serves ``generation``.
 
@@ -330,6 +475,7 @@ class Hub:
             if self.retired is not None or generation != self.generation:
                 return False
             self.rounds += 1
+            self.learnt += item.learnt and self.limit is not None
             item.index = self.rounds
             self.out.append(item)
             self.round_started = None
@@ -344,154 +490,3 @@ class Hub:
             self.error = f"{type(error).__name__}: {error}"
             self.round_started = None
         self._wake()
-
-
-# -- the loops --------------------------------------------------------------------------------------
-
-
-class _Caller:
-    """Calls fragments of the learn side: on a host of this process directly, else by its actor."""
-
-    def __init__(self, hosts: dict[str, list[tuple[str, str]]]):
-        self.hosts = hosts
-        self.actors: dict[str, Any] = {}
-
-    def call(self, role: str, replica: int, fragment: str, *args: Any) -> Any:
-        host_id, address = self.hosts[role][replica]
-        host = HOSTS.get(host_id)
-        if host is not None:
-            return host.call(fragment, *args)
-        actor = self.actors.get(host_id)
-        if actor is None:
-            from distributed import Actor
-
-            from dagrl.runtime.host import RoleHost
-
-            actor = self.actors[host_id] = Actor(RoleHost, address, host_id)
-        return unwrap(actor.call(fragment, *args).result())
-
-    def run(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
-        """Each node on every replica of its role, inputs routed as the executor routes them."""
-        for node in nodes:
-            n = len(self.hosts[node.role])
-            row = []
-            for r in range(n):
-                args = [
-                    route(values[a.id], a.role, node.role, roles, r, n) if isinstance(a, Node) else a
-                    for a in node.inputs
-                ]
-                row.append(self.call(node.role, r, node.name, *args))
-            values[node.id] = row
-        return values
-
-
-def learner_loop(hub_id: str, algorithm: str, hosts: dict[str, list[tuple[str, str]]], generation: int) -> int:
-    """The learner side of a stream, as one long-running task on the hub's worker (see the module
-    docstring): publish, then take, learn, publish, until the hub stops. Returns the rounds it ran."""
-    from distributed import secede
-
-    secede()  # a loop, not a task: the worker's thread goes back to its pool (evaluation's publish)
-    hub = HUBS[hub_id]
-    algo = load_algorithm(algorithm)
-    shape, roles = stream_shape(algo), algo.roles
-    output = algo.graph.output
-    caller = _Caller(hosts)
-    rounds = 0
-    try:
-        published = caller.run(shape.before, {}, roles)
-        hub.publish(hub.version, published)
-        last = time.perf_counter()
-        while True:
-            got = hub.take(generation)
-            if got is None:
-                return rounds
-            taken, stale, _ = got
-            version = hub.version
-            t0 = time.perf_counter()
-            values = dict(published)
-            values[shape.stream.id] = [a.value for a in taken]
-            values = caller.run(shape.learn, values, roles)
-            update_s = time.perf_counter() - t0
-            published = caller.run(shape.before, {}, roles)
-            out = values[output.id][0] if output is not None and output.id in values else None
-            now = time.perf_counter()
-            item = Learned(
-                0, dict(out) if isinstance(out, dict) else {},
-                [(a.source, a.report) for a in (*taken, *stale)],
-                [version - a.version for a in taken], min(a.version for a in taken), update_s, now - last, version,
-            )  # fmt: skip
-            last = now
-            if not hub.learned(generation, item, published):
-                return rounds
-            rounds += 1
-    except BaseException as err:
-        hub.failed(err)
-        raise
-
-
-class _Remote:
-    """A hub's methods called from a task on another worker, by Dask's actor RPC (worker to worker).
-
-    Not through :class:`distributed.Actor`: its proxy holds every call to an actor whose worker died
-    until the actor comes back, which a pinned one never does; here such a call fails at once
-    (:class:`HubGone`), and the sampler's loop ends so that the driver starts it on the next hub."""
-
-    def __init__(self, address: str, key: str):
-        from distributed import get_worker
-
-        self.worker, self.address, self.key = get_worker(), address, key
-
-    def __call__(self, method: str, *args: Any) -> Any:
-        from distributed.protocol import to_serialize
-        from distributed.utils import sync
-
-        async def call() -> Any:
-            return await self.worker.rpc(self.address).actor_execute(
-                function=method, actor=self.key, args=[to_serialize(a) for a in args], kwargs={}
-            )
-
-        try:
-            result = sync(self.worker.loop, call)
-        except Exception as err:  # noqa: BLE001 (any failure to reach the hub is the hub's)
-            raise HubGone(f"stream hub at {self.address}: {type(err).__name__}: {err}") from None
-        if result["status"] != "OK":
-            raise HubGone(f"stream hub at {self.address}: {result['exception']!r}")
-        return result["result"]
-
-
-def sampler_loop(
-    hub: tuple[str, str], host_id: str, source: int, fragment: str, inputs: list[tuple[str, Any]], generation: int
-) -> int:
-    """One sampler's stream, as one long-running task on its worker (see the module docstring): collect,
-    put, take newer weights when there are some, until the hub says stop. Returns its collects.
-
-    ``inputs``: the stream fragment's arguments, ``("node", id)`` for a published value (broadcast from
-    its single-instance role), ``("value", v)`` for a constant. Raises :class:`HubGone` when the hub
-    cannot be reached (its worker died: the driver restarts the loop with the next hub)."""
-    from distributed import secede
-
-    secede()
-    host = _host(host_id)
-    ask = _Remote(*hub)
-    have, newest, args, collects = -1, 0, None, 0
-
-    while True:
-        if args is None or newest > have:
-            got = ask("weights", have)
-            if got is not None:
-                generation, have, values = got
-                args = [values[v][source % len(values[v])] if kind == "node" else v for kind, v in inputs]
-            elif args is None:
-                return collects  # stopped before the first weights
-        out = host.call(fragment, *args)
-        collects += 1
-        sent = wrap(out) if host.shared_memory else out
-        reply = ask("put", source, generation, have, sent, report(out))
-        if reply[0] == "ok":
-            newest = reply[1]
-        elif reply[0] == "stop":
-            return collects
-        elif reply[0] == "moved":  # a rollback: the restored learner's hub, and its weights
-            ask, generation, have, args = _Remote(reply[1], reply[2]), reply[3], -1, None
-        else:  # refused: weights of another generation
-            generation, have, args = reply[1], -1, None

@@ -1,0 +1,252 @@
+"""The loops of a stream (:mod:`dagrl.runtime.stream`): one long-running task per sampler, one for the learner.
+
+Each loop secedes from its worker's thread pool (it is a loop, not a task: the worker's thread goes
+back to the pool, for an evaluation's ``publish`` or a report) and calls fragments on role hosts: on
+its own worker directly (:data:`~dagrl.runtime.host.HOSTS`), elsewhere by Dask's actor RPC, worker to
+worker (:class:`Remote`). Nothing here goes through the scheduler or the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dagrl.distribution import stream_shape
+from dagrl.fragment import Node, load_algorithm
+from dagrl.runtime.executor import report, route
+from dagrl.runtime.host import HOSTS, _host
+from dagrl.runtime.shm import unwrap, wrap
+from dagrl.runtime.stream import HUBS, HubGone, Learned, PeerFailed
+
+__all__ = ["Remote", "learner_loop", "sampler_loop"]
+
+
+class Remote:
+    """The methods of an actor on another worker (a hub, a role host), called from a task by Dask's
+    actor RPC.
+
+    Not through :class:`distributed.Actor`: its proxy holds every call to an actor whose worker died
+    until the actor comes back, which a pinned one never does; here such a call fails at once with
+    ``fail(kind, message)`` (``lost``: no answer; ``raised``: the method raised)."""
+
+    def __init__(self, address: str, key: str, fail: Callable[[str, str], Exception]):
+        from distributed import get_worker
+
+        self.worker, self.address, self.key, self.fail = get_worker(), address, key, fail
+
+    def __call__(self, method: str, *args: Any) -> Any:
+        from distributed.protocol import to_serialize
+        from distributed.utils import sync
+
+        async def call() -> Any:
+            return await self.worker.rpc(self.address).actor_execute(
+                function=method, actor=self.key, args=[to_serialize(a) for a in args], kwargs={}
+            )
+
+        try:
+            result = sync(self.worker.loop, call)
+        except Exception as err:  # noqa: BLE001 (any failure to reach it is its worker's)
+            raise self.fail("lost", f"{type(err).__name__}: {err}") from None
+        if result["status"] != "OK":
+            err = result["exception"]
+            raise self.fail("raised", f"{type(err).__name__}: {err}") from None
+        return result["result"]
+
+
+def hub_of(address: str, key: str) -> Remote:
+    return Remote(address, key, lambda kind, msg: HubGone(f"stream hub at {address}: {msg}"))
+
+
+def host_of(role: str, index: int, host_id: str, address: str) -> Remote:
+    return Remote(address, host_id, lambda kind, msg: PeerFailed(role, index, address, kind, msg))
+
+
+class Caller:
+    """Calls fragments of the learn side: on a host of this process directly, else by its actor."""
+
+    def __init__(self, hosts: dict[str, list[tuple[str, str]]]):
+        self.hosts = hosts
+        self.remotes: dict[str, Remote] = {}
+
+    def call(self, role: str, replica: int, fragment: str, *args: Any) -> Any:
+        host_id, address = self.hosts[role][replica]
+        host = HOSTS.get(host_id)
+        if host is not None:
+            return host.call(fragment, *args)
+        remote = self.remotes.get(host_id)
+        if remote is None:
+            remote = self.remotes[host_id] = host_of(role, replica, host_id, address)
+        return unwrap(remote("call", fragment, *args))
+
+    def run(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
+        """Each node on every replica of its role, inputs routed as the executor routes them."""
+        for node in nodes:
+            n = len(self.hosts[node.role])
+            row = []
+            for r in range(n):
+                args = [
+                    route(values[a.id], a.role, node.role, roles, r, n) if isinstance(a, Node) else a
+                    for a in node.inputs
+                ]
+                row.append(self.call(node.role, r, node.name, *args))
+            values[node.id] = row
+        return values
+
+
+def learner_loop(hub_id: str, algorithm: str, hosts: dict[str, list[tuple[str, str]]], generation: int) -> int:
+    """The learner side of a stream, as one long-running task on the hub's worker (see
+    :mod:`dagrl.runtime.stream`): publish, then take, learn, publish, until the hub stops. Returns the
+    rounds it ran."""
+    from distributed import secede
+
+    secede()
+    hub = HUBS[hub_id]
+    algo = load_algorithm(algorithm)
+    shape, roles = stream_shape(algo), algo.roles
+    caller = Caller(hosts)
+    step = _replay_round if hub.limit is not None else _round
+    rounds = 0
+    try:
+        published = caller.run(shape.before, {}, roles)
+        hub.publish(hub.version, published)
+        last = time.perf_counter()
+        while True:
+            got = step(hub, generation, caller, shape, algo, published)
+            if got is None:
+                return rounds
+            item, new = got
+            published = new or published
+            now = time.perf_counter()
+            item.wall_s, last = now - last, now
+            if not hub.learned(generation, item, new):
+                return rounds
+            rounds += 1
+    except BaseException as err:
+        hub.failed(err)
+        raise
+
+
+def _output(algo: Any, values: dict[int, list[Any]]) -> dict[str, float]:
+    output = algo.graph.output
+    out = values[output.id][0] if output is not None and output.id in values else None
+    return dict(out) if isinstance(out, dict) else {}
+
+
+def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, published: dict) -> tuple | None:
+    """One round on the rollouts that arrived; the next weights version."""
+    got = hub.take(generation)
+    if got is None:
+        return None
+    taken, stale, _ = got
+    version, collects = hub.version, hub.arrived
+    t0 = time.perf_counter()
+    values = dict(published)
+    values[shape.stream.id] = [a.value for a in taken]
+    values = caller.run(shape.learn, values, algo.roles)
+    update_s = time.perf_counter() - t0
+    new = caller.run(shape.before, {}, algo.roles)
+    item = Learned(
+        0, _output(algo, values), [(a.source, a.report) for a in (*taken, *stale)],
+        [version - a.version for a in taken], min(a.version for a in taken), update_s, 0.0, version, collects,
+    )  # fmt: skip
+    return item, new
+
+
+def _replay_round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, published: dict) -> tuple | None:
+    """With replay: a warm-up iteration (counted inserts, no learning) or a learner round over what the
+    shards hold; the next weights version every ``publish_every`` learner rounds."""
+    got = hub.take_stored(generation)
+    if got is None:
+        return None
+    learn, reports, stored, collects = got
+    version = hub.version
+    lags = [version - v for _, v, _ in reports]
+    oldest = min((v for _, v, _ in reports), default=version)
+    pairs = [(source, rep) for source, _, rep in reports]
+    if not learn:
+        return Learned(0, {}, pairs, lags, oldest, 0.0, 0.0, version, collects, learnt=False), None
+    t0 = time.perf_counter()
+    values = {**published, **stored}
+    try:
+        values = caller.run(shape.learn, values, algo.roles)
+    except PeerFailed:
+        hub.untake(reports)  # counted by the next round, once the driver replaced the peer
+        raise
+    update_s = time.perf_counter() - t0
+    new = None
+    if (hub.learnt + 1) % hub.limit.publish_every == 0:
+        new = caller.run(shape.before, {}, algo.roles)
+    return Learned(0, _output(algo, values), pairs, lags, oldest, update_s, 0.0, version, collects), new
+
+
+def sampler_loop(
+    hub: tuple[str, str],
+    host_id: str,
+    source: int,
+    fragment: str,
+    inputs: list[tuple[str, Any]],
+    generation: int,
+    inserts: list[tuple[int, str, str, int, str, str, list[tuple[str, Any]]]] = (),  # type: ignore[assignment]
+) -> int:
+    """One sampler's stream, as one long-running task on its worker (see :mod:`dagrl.runtime.stream`):
+    collect, hand the rollout on, take newer weights when there are some, until the hub says stop.
+    Returns its collects.
+
+    ``inputs``: the stream fragment's arguments, ``("node", id)`` for a published value (broadcast from
+    its single-instance role), ``("value", v)`` for a constant. ``inserts`` (with replay): for each
+    insert fragment, ``(node id, fragment, role, shard, host id, address, inputs)``, its inputs as
+    ``inputs`` plus ``("stream", None)`` for this sampler's rollout; the rollout is stored there and
+    the hub gets its report only. Raises :class:`~dagrl.runtime.stream.HubGone` when the hub cannot be
+    reached (the driver restarts the loop on the next hub) and
+    :class:`~dagrl.runtime.stream.PeerFailed` when a shard fails."""
+    from distributed import secede
+
+    secede()
+    host = _host(host_id)
+    ask = hub_of(*hub)
+    shards = [(node_id, name, shard, host_of(role, shard, key, address), spec)
+              for node_id, name, role, shard, key, address, spec in inserts]  # fmt: skip
+    have, newest, args, values, collects = -1, 0, None, {}, 0
+
+    def begin() -> tuple:
+        return ask("begin", source) if shards else ("ok", newest)
+
+    reply = begin()
+    while True:
+        if reply[0] == "stop":
+            return collects
+        if reply[0] == "moved":  # a rollback: the restored learner's hub, and its weights
+            ask, generation, have, args = hub_of(reply[1], reply[2]), reply[3], -1, None
+            reply = begin()
+            continue
+        if reply[0] == "refused":  # weights of another generation
+            generation, have, args = reply[1], -1, None
+            reply = begin()
+            continue
+        newest = reply[1]
+        if args is None or newest > have:
+            got = ask("weights", have)
+            if got is not None:
+                generation, have, values = got
+                args = [values[v][source % len(values[v])] if kind == "node" else v for kind, v in inputs]
+            elif args is None:
+                return collects  # stopped before the first weights
+        out = host.call(fragment, *args)
+        collects += 1
+        if not shards:
+            sent = wrap(out) if host.shared_memory else out
+            reply = ask("put", source, generation, have, sent, report(out))
+            continue
+        stored = {}
+        for node_id, name, shard, remote, spec in shards:
+            node_args = [
+                [out] if kind == "stream" else values[v][shard % len(values[v])] if kind == "node" else v
+                for kind, v in spec
+            ]
+            local = HOSTS.get(remote.key)  # the shard on this very worker: no round trip through a socket
+            stored[node_id] = (
+                shard,
+                local.call(name, *node_args) if local is not None else remote("call", name, *node_args),
+            )
+        reply = ask("inserted", source, generation, have, report(out), stored)
