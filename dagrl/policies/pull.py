@@ -208,10 +208,15 @@ class Stream(Policy):
         self.queue.extend(status.rounds)
 
     def _check(self, status: Status) -> None:
+        from distributed import wait
+
         learner = self.hosts[self.learner_role][0]
         sup = self.supervisor
         if self.learner.status == "error" or status.error is not None:
-            err = self.learner.exception() if self.learner.status == "error" else RuntimeError(status.error)
+            if self.learner.status == "pending":  # the hub heard first: Dask's own error keeps the traceback
+                with contextlib.suppress(Exception):
+                    wait([self.learner], timeout=5.0)
+            err = self.learner.exception() if self.learner.status == "error" else status.error
             if isinstance(err, PeerFailed) and self._peer_replaced(err, self.learner_peers):
                 self.hub.clear().result(timeout=CALL_TIMEOUT_S)
                 self._start_learner()  # the same hub: the learner's own state is untouched

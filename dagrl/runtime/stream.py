@@ -52,6 +52,7 @@ import asyncio
 import collections
 import contextlib
 import math
+import pickle
 import threading
 import time
 import weakref
@@ -154,7 +155,8 @@ class Status:
     """Whether each sampler is waiting for room (a learner that does not consume, not a hung sampler)."""
     round_s: float | None
     """How long the round in progress has run (``None``: none running)."""
-    error: str | None = None
+    error: BaseException | None = None
+    """What the learner loop failed with (a :class:`PeerFailed` names another role's host)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -207,7 +209,7 @@ class Hub:
         self.last_put = [float("inf")] * samplers
         self.blocked = [False] * samplers
         self.round_started: float | None = None
-        self.error: str | None = None
+        self.error: BaseException | None = None
         self.aloop: asyncio.AbstractEventLoop | None = None
         self.waiters: list[asyncio.Future] = []
         self.last_drain = 0.0
@@ -487,6 +489,10 @@ class Hub:
 
     def failed(self, error: BaseException) -> None:
         with self.cond:
-            self.error = f"{type(error).__name__}: {error}"
+            try:  # handed to the driver as it is where it can be (its type says whose failure it is)
+                pickle.dumps(error)
+                self.error = error
+            except Exception:  # noqa: BLE001 (an exception that does not pickle: its text)
+                self.error = RuntimeError(f"{type(error).__name__}: {error}")
             self.round_started = None
         self._wake()
