@@ -23,7 +23,10 @@ def test_ppo_reaches_475(policy, client, graphs_dir, tmp_path):
     assert at["mean_return"] >= 475
     assert summary["env_steps"] <= BUDGET
     rows = rundir.read_metrics()
-    assert rows[-1]["iteration"] == summary["iterations"] and summary["iterations"] - at["iteration"] in (0, 1)
+    # sync submits one iteration ahead of the stop; async's learner may end a few rounds past it before
+    # the driver, polling, sees the stop: each is counted, none lost
+    past = summary["iterations"] - at["iteration"]
+    assert rows[-1]["iteration"] == summary["iterations"] and (past in (0, 1) if policy != "async" else past >= 0)
     held = rows[at["iteration"] - 1]
     assert (held["iteration"], held["env_steps"]) == (at["iteration"], at["env_steps"])
     assert held["charts/episode_return_mean"] == at["mean_return"]

@@ -43,6 +43,7 @@ from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.loops import learner_loop, sampler_loop
+from dagrl.runtime.spans import SpanPlugin
 from dagrl.runtime.stream import Hub, HubGone, Learned, Limit, PeerFailed, Status
 from dagrl.runtime.supervisor import RoleFailure
 
@@ -113,6 +114,8 @@ class Stream(Policy):
         return self.executor.client
 
     def start(self) -> None:
+        with contextlib.suppress(Exception):  # a picture only (Dask's Task Stream): the run goes on without it
+            self.client.register_plugin(SpanPlugin())
         self._open_hub()
         for i in range(self.samplers):
             self._start_sampler(i)
@@ -360,6 +363,9 @@ class Apex(Stream):
 
     name = "apex"
     staleness_key = "perf/weights_lag"
+    runs_ahead = True
+    """Its learner's rounds follow each other without the driver (what :mod:`dagrl.tune.model` calls
+    running ahead; ``async``'s do too, and the model has a form of its own for them)."""
 
     def hub_options(self) -> dict[str, Any]:
         o = self.options

@@ -218,6 +218,8 @@ class RoleHost:
         """The state and its envs are closed."""
         self.close_after = False
         """The fragment in progress closes the state when it returns (:meth:`close` did not wait for it)."""
+        self.spans: Any = None
+        """The spans of :meth:`traced` calls not yet sent (made on first use, on a worker)."""
         HOSTS[self.host_id] = self
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
@@ -289,6 +291,19 @@ class RoleHost:
                     close_now = self.close_after
                 if close_now:
                     self._end_late(fragment)
+
+    def traced(self, fragment: str, *args: Any) -> Any:
+        """:meth:`call`, its span added to Dask's Task Stream (:mod:`dagrl.runtime.spans`): how the
+        streams' loops call fragments, which are no Dask tasks of their own."""
+        start = time.time()
+        try:
+            return self.call(fragment, *args)
+        finally:
+            if self.spans is None:
+                from dagrl.runtime.spans import Spans
+
+                self.spans = Spans(self.role, self.index)
+            self.spans.add(fragment, start, time.time())
 
     def _end_late(self, fragment: str) -> None:
         """The close a hung ``fragment`` held up, once it returned; an error is logged (nobody waits)."""

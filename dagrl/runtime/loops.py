@@ -73,11 +73,11 @@ class Caller:
         host_id, address = self.hosts[role][replica]
         host = HOSTS.get(host_id)
         if host is not None:
-            return host.call(fragment, *args)
+            return host.traced(fragment, *args)
         remote = self.remotes.get(host_id)
         if remote is None:
             remote = self.remotes[host_id] = host_of(role, replica, host_id, address)
-        return unwrap(remote("call", fragment, *args))
+        return unwrap(remote("traced", fragment, *args))
 
     def run(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
         """Each node on every replica of its role, inputs routed as the executor routes them."""
@@ -232,7 +232,7 @@ def sampler_loop(
                 args = [values[v][source % len(values[v])] if kind == "node" else v for kind, v in inputs]
             elif args is None:
                 return collects  # stopped before the first weights
-        out = host.call(fragment, *args)
+        out = host.traced(fragment, *args)
         collects += 1
         if not shards:
             sent = wrap(out) if host.shared_memory else out
@@ -247,6 +247,6 @@ def sampler_loop(
             local = HOSTS.get(remote.key)  # the shard on this very worker: no round trip through a socket
             stored[node_id] = (
                 shard,
-                local.call(name, *node_args) if local is not None else remote("call", name, *node_args),
+                local.traced(name, *node_args) if local is not None else remote("traced", name, *node_args),
             )
         reply = ask("inserted", source, generation, have, report(out), stored)

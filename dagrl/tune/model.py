@@ -56,7 +56,9 @@ from dataclasses import dataclass, field, replace
 __all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
 
 RUNS_AHEAD = ("apex", "split-learner")
-"""Streaming policies that submit the next learner round behind the one in flight (their ``runs_ahead``)."""
+"""Off-policy streaming policies whose learner rounds follow each other without the driver between them
+(their ``runs_ahead``: ``split-learner`` submits the next round behind the one in flight, ``apex``'s
+learner loops on its own worker)."""
 ONPOLICY = ("single", "sync", "async")
 OFFPOLICY = ("single", "sync", "apex", "split-learner")
 SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
