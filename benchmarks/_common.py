@@ -107,25 +107,33 @@ def sampler_in_env(run_dir: str) -> float | None:
 
 
 def engine_before(policy: str):
-    """A context manager under which ``async`` runs on the engine before the streams (the driver issues
-    every collect and every learner round: :class:`dagrl.policies.streaming.Rounds`), for ``policy``
-    ``async-before``; for any other policy it changes nothing. For side-by-side runs in one process."""
+    """A context manager under which ``async`` (policy ``async-before``) or ``apex`` (``apex-before``) runs
+    on the engine before the streams (the driver issues every collect and every learner round:
+    :class:`dagrl.policies.streaming.Rounds`, :class:`dagrl.policies.streaming.RoundsApex`); for any other
+    policy it changes nothing. For side-by-side runs in one process."""
     import contextlib
 
     from dagrl.policies import POLICIES
-    from dagrl.policies.streaming import Rounds
+    from dagrl.policies.streaming import Rounds, RoundsApex
 
-    class Before(Rounds):
+    class AsyncBefore(Rounds):
         name = "async"
+
+    class ApexBefore(RoundsApex):
+        name = "apex"
+
+    swaps = {"async-before": ("async", AsyncBefore), "apex-before": ("apex", ApexBefore)}
 
     @contextlib.contextmanager
     def swapped():
-        saved = POLICIES["async"]
-        if policy == "async-before":
-            POLICIES["async"] = Before
+        name, cls = swaps.get(policy, (None, None))
+        saved = POLICIES.get(name) if name else None
+        if name:
+            POLICIES[name] = cls
         try:
             yield
         finally:
-            POLICIES["async"] = saved
+            if name:
+                POLICIES[name] = saved
 
     return swapped()
