@@ -41,9 +41,9 @@ import numpy as np
 from dagrl.distribution import stream_shape, warmup_steps
 from dagrl.fragment import Node
 from dagrl.policies.base import Policy, StepResult
+from dagrl.runtime import spans
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.loops import learner_loop, sampler_loop
-from dagrl.runtime.spans import SpanPlugin
 from dagrl.runtime.stream import Hub, HubGone, Learned, Limit, PeerFailed, Status
 from dagrl.runtime.supervisor import RoleFailure
 
@@ -115,7 +115,7 @@ class Stream(Policy):
 
     def start(self) -> None:
         with contextlib.suppress(Exception):  # a picture only (Dask's Task Stream): the run goes on without it
-            self.client.register_plugin(SpanPlugin())
+            spans.install(self.client)
         self._open_hub()
         for i in range(self.samplers):
             self._start_sampler(i)

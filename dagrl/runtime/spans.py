@@ -19,7 +19,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-__all__ = ["EVERY_S", "TOPIC", "SpanPlugin", "Spans"]
+__all__ = ["EVERY_S", "TOPIC", "SpanPlugin", "Spans", "install"]
 
 TOPIC = "dagrl-spans"
 EVERY_S = 1.0
@@ -73,6 +73,17 @@ class SpanPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == TOPIC:
             add_spans(self.scheduler, msg)
+
+
+def install(client: Any) -> None:
+    """Register :class:`SpanPlugin` on ``client``'s scheduler unless it has one (a kept cluster's later
+    runs, a sweep's trials: Dask would warn that it overwrites it)."""
+    if not client.run_on_scheduler(_installed):
+        client.register_plugin(SpanPlugin())
+
+
+def _installed(dask_scheduler: Any) -> bool:
+    return SpanPlugin.name in dask_scheduler.plugins
 
 
 def add_spans(scheduler: Any, msg: dict[str, Any]) -> None:
