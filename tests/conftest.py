@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -77,3 +78,27 @@ def slurm(tmp_path_factory):
     node = SlurmNode(tmp_path_factory.mktemp("slurm")).start()
     yield node
     node.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Four worker processes under nannies (a killed worker comes back empty, as on a real cluster), with
+    a folder for one-shot faults (``DAGRL_FAULT_DIR``, ``tests/faulty.py``) that their processes see."""
+    from distributed import Client, LocalCluster
+
+    os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
+        Client(lc, direct_to_workers=True) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def faults():
+    """The fault folder, emptied (each one-shot fault fires again); a hang left behind is released after."""
+    path = os.environ["DAGRL_FAULT_DIR"]
+    shutil.rmtree(path)
+    os.makedirs(path)
+    yield path
+    open(os.path.join(path, "release-hung"), "w").close()

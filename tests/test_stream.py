@@ -8,9 +8,7 @@ is rolled back without any rollout made with its old weights reaching the restor
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
-import shutil
 
 import numpy as np
 import pytest
@@ -129,19 +127,6 @@ def test_async_runs_no_task_per_rollout_and_sends_the_driver_reports_only(client
     assert sum(seen) < rollout_bytes / 20, (sum(seen), rollout_bytes)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Four worker processes under nannies, with a fault folder their processes see."""
-    from distributed import Client, LocalCluster
-
-    os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
-    with (
-        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
-        Client(lc, direct_to_workers=True) as client,
-    ):
-        yield client
-
-
 def _after_rollback(run, iterations: int):
     summary = run.finish()
     assert summary["stop_reason"] == "iterations" and summary["iterations"] == iterations
@@ -181,15 +166,6 @@ def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_r
     rows, after = _after_rollback(run, 24)
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("learner", "raised")]
     assert after[-1]["stream/refused"] >= 1, [r["stream/refused"] for r in after]
-
-
-@pytest.fixture
-def faults():
-    path = os.environ["DAGRL_FAULT_DIR"]
-    shutil.rmtree(path)
-    os.makedirs(path)
-    yield path
-    open(os.path.join(path, "release-hung"), "w").close()  # a hang left behind ends
 
 
 def test_an_env_error_under_async_restarts_that_sampler_and_names_the_env(cluster, tmp_path, faults):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import signal
 import threading
 import time
@@ -37,27 +36,6 @@ FAULTY = {
     "env": {"id": "CartPole-v1"},
     "roles": {"sampler": {"replicas": 2}, "replay": {"replicas": 1}, "learner": {}},
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Four worker processes under nannies (a killed worker comes back empty, as on a real cluster)."""
-    from distributed import Client, LocalCluster
-
-    os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
-    with (
-        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
-        Client(lc, direct_to_workers=True) as client,
-    ):
-        yield client
-
-
-@pytest.fixture
-def faults():
-    path = os.environ["DAGRL_FAULT_DIR"]
-    shutil.rmtree(path)
-    os.makedirs(path)
-    return path
 
 
 def four_workers(client) -> None:

@@ -257,6 +257,19 @@ class Hub:
 
     # -- samplers (event loop) ---------------------------------------------------------------------------
 
+    def _refusal(self, source: int, generation: int) -> tuple | None:
+        """Why a rollout from ``source`` is not taken (the answer to give), or ``None``; the condition held."""
+        self.last_put[source] = time.monotonic()
+        if self.retired is not None:
+            self.refused += 1
+            return ("moved", *self.retired)
+        if self.stopped:
+            return ("stop",)
+        if generation != self.generation:
+            self.refused += 1
+            return ("refused", self.generation)
+        return None
+
     async def put(self, source: int, generation: int, version: int, value: Any, rep: Report) -> tuple:
         """A rollout from sampler ``source``, made with weights ``version`` of ``generation``.
 
@@ -266,15 +279,9 @@ class Hub:
         generation)`` from a retired hub, ``("refused", generation)`` for weights of another
         generation, and ``("stop",)`` once stopped."""
         with self.cond:
-            self.last_put[source] = time.monotonic()
-            if self.retired is not None:
-                self.refused += 1
-                return ("moved", *self.retired)
-            if self.stopped:
-                return ("stop",)
-            if generation != self.generation:
-                self.refused += 1
-                return ("refused", self.generation)
+            refusal = self._refusal(source, generation)
+            if refusal is not None:
+                return refusal
             self.queue.append(Arrival(source, version, value, rep))
             self.arrived += 1
             self.blocked[source] = True
@@ -316,15 +323,9 @@ class Hub:
         """With replay: sampler ``source`` stored a rollout (``stored``: insert node id -> (shard, its
         answer)); then as :meth:`begin` for its next collect."""
         with self.cond:
-            self.last_put[source] = time.monotonic()
-            if self.retired is not None:
-                self.refused += 1
-                return ("moved", *self.retired)
-            if self.stopped:
-                return ("stop",)
-            if generation != self.generation:
-                self.refused += 1
-                return ("refused", self.generation)
+            refusal = self._refusal(source, generation)
+            if refusal is not None:
+                return refusal
             for node_id, (shard, value) in stored.items():
                 self.stored[node_id][shard] = value
             self.done += 1
