@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import time
 import uuid
 from typing import Any
@@ -46,8 +45,6 @@ from dagrl.runtime.hosts import Handle
 from dagrl.runtime.loops import learner_loop, sampler_loop
 from dagrl.runtime.stream import Hub, HubGone, Learned, Limit, PeerFailed, Status
 from dagrl.runtime.supervisor import RoleFailure
-
-log = logging.getLogger("dagrl")
 
 POLL_S = 0.5
 """The longest the driver's call to the hub waits for a round (it returns as soon as one is there)."""
@@ -101,7 +98,6 @@ class Stream(Policy):
         """Rollouts refused by the hubs of earlier generations."""
         self.dropped_before = 0
         self.started = self.stopped = False
-        self.last_step_end = 0.0
 
     def hub_options(self) -> dict[str, Any]:
         """How this policy's hub takes what the samplers make (:class:`~dagrl.runtime.stream.Hub`)."""
@@ -120,7 +116,6 @@ class Stream(Policy):
         for i in range(self.samplers):
             self._start_sampler(i)
         self.started = True
-        self.last_step_end = time.perf_counter()
 
     def _open_hub(self) -> None:
         """A hub (generation ``self.generation``) and its learner loop on the learner's worker."""

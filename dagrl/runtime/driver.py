@@ -72,7 +72,7 @@ class Trainer:
         self.stop = graph.spec.stop
         self.counters = Counters()
         self._most_env_steps = 0
-        """The most env steps one iteration has counted (what :meth:`may_run_ahead` expects of the next at
+        """The most env steps one iteration has counted (what :meth:`horizon` expects of the next at
         most: a streaming policy's iterations count what arrived, which varies)."""
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
@@ -178,7 +178,7 @@ class Trainer:
                 while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
                     try:
                         self.policy.horizon = self.horizon()
-                        res = self.policy.step(ahead=reason is None and self.may_run_ahead())
+                        res = self.policy.step(ahead=reason is None and self.policy.horizon > 1)
                         self._record(res, start)
                     except RoleFailure as failure:
                         self.restore(failure)
@@ -256,7 +256,9 @@ class Trainer:
         """How many iterations, the next one included, may end before the driver must act between two:
         a checkpoint, a blocking evaluation, or a stop it can foresee (``iterations``; ``env_steps``, at
         the largest iteration's count so far). A policy whose learner runs without the driver (``async``)
-        runs no further, so a checkpoint holds exactly the iterations its counters say."""
+        runs no further, so a checkpoint holds exactly the iterations its counters say; above 1, a lockstep
+        policy may submit the next iteration with this one. A stop it cannot foresee (``mean_return``,
+        ``eval_return``, ``wall_time_s``, Ctrl-C) lets the iterations already under way finish, and counts them."""
         c, s = self.counters, self.stop
         ends = []
         every = self.graph.spec.checkpoint.every
@@ -270,22 +272,6 @@ class Trainer:
             most = self._most_env_steps
             ends.append(math.ceil((s.env_steps - c.env_steps) / most) if most > 0 else 1)
         return max(1, min(ends, default=1 << 30))
-
-    def may_run_ahead(self) -> bool:
-        """Whether the iteration after the one about to run may be submitted with it: nothing is due
-        between the two (a checkpoint, a blocking evaluation) and no stop the driver can foresee
-        (``iterations``, ``env_steps`` at the largest iteration's count) falls after this one. A stop it
-        cannot foresee (``mean_return``, ``eval_return``, ``wall_time_s``, Ctrl-C) lets the iteration already
-        submitted finish, and counts it."""
-        c, s = self.counters, self.stop
-        now = c.iteration + 1
-        every = self.graph.spec.checkpoint.every
-        if (every and now % every == 0) or self.evaluation.blocks(now):
-            return False
-        if s.iterations is not None and now >= s.iterations:
-            return False
-        most = self._most_env_steps
-        return s.env_steps is None or (most > 0 and c.env_steps + most < s.env_steps)
 
     def _count(self, res: Any, start: float) -> None:
         c = self.counters

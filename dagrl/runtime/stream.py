@@ -390,9 +390,6 @@ class Hub:
         self._release()
         return self.refused
 
-    async def ping(self) -> int:
-        return self.generation
-
     async def clear(self) -> None:
         """Forget a learner loop's failure (the driver replaced the peer it failed on and starts another)."""
         with self.cond:
