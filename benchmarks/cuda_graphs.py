@@ -21,7 +21,7 @@ import torch
 from _common import emit, table
 
 from dagrl.algos import dqn
-from dagrl.context import RoleContext
+from dagrl.core.context import RoleContext
 from dagrl.replay.store import Sample
 
 STEPS = 32

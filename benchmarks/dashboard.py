@@ -20,11 +20,11 @@ import tempfile
 
 from _common import emit, table
 
-from dagrl.clusters import LocalClusterSpec, local_cluster
+from dagrl.app.driver import Trainer
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.graph import load_graph
 from dagrl.dashboard.feed import Feed
-from dagrl.graph import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 from tests.debian import HEADLESS_CHROMIUM_FLAGS  # dagrl bench puts the repository root on sys.path

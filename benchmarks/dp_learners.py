@@ -25,8 +25,8 @@ import time
 
 from _common import emit, table
 
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.graph import load_graph
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 
 GRAPH = "graphs/ppo-cartpole-dp.yaml"

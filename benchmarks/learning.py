@@ -35,7 +35,7 @@ from typing import Any
 from _common import emit, table
 
 import dagrl
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir
 
@@ -93,7 +93,7 @@ def reference(algorithm: str, env_id: str, budget: int) -> dict[str, Any] | None
 
 def final_eval(path: Path, episodes: int) -> list[float] | None:
     """The returns of ``episodes`` greedy episodes with the run's final checkpoint (read back if done)."""
-    from dagrl.checkpoint_eval import evaluate_checkpoint, write_result
+    from dagrl.app.evaluate import evaluate_checkpoint, write_result
 
     if episodes < 1:
         return None

@@ -23,10 +23,10 @@ import time
 
 from _common import emit, engine_before, sb3_to_target, table
 
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.graph import load_graph
+from dagrl.app.driver import Trainer
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 

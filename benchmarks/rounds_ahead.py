@@ -22,12 +22,12 @@ import time
 from _common import emit, table
 from distributed import Client, get_task_stream
 
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.distribution import stream_shape
-from dagrl.graph import load_graph
+from dagrl.app.driver import Trainer
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.distribution import stream_shape
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.policies.streaming import Streaming
-from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 

@@ -23,12 +23,12 @@ import torch
 from _common import emit, engine_before, sb3_to_target, table
 
 from dagrl.algos import sac
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.context import RoleContext
-from dagrl.graph import load_graph
+from dagrl.app.driver import Trainer
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.context import RoleContext
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.replay.store import Sample
-from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 

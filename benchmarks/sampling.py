@@ -18,9 +18,9 @@ import time
 from _common import emit, table
 
 from dagrl.algos import ppo
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.context import RoleContext
-from dagrl.graph import load_graph
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.context import RoleContext
+from dagrl.core.graph import load_graph
 from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import start_actors
 

@@ -47,11 +47,11 @@ from typing import Any
 from _common import emit, engine_before, sampler_in_env, table
 
 from dagrl.algos import ppo
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.context import RoleContext
-from dagrl.graph import load_graph
+from dagrl.app.training import train
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.context import RoleContext
+from dagrl.core.graph import load_graph
 from dagrl.runtime.executor import Executor
-from dagrl.training import train
 
 GRAPH = "graphs/ppo-costly-cartpole.yaml"
 ENV = "dagrl.envs:CostlyCartPole-v0"

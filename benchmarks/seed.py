@@ -39,9 +39,9 @@ import time
 from _common import emit, sampler_in_env, table
 from scaling import Window
 
-from dagrl.clusters import LocalClusterSpec, cuda_count, local_cluster
-from dagrl.graph import load_graph
-from dagrl.training import train
+from dagrl.app.training import train
+from dagrl.clusters.spec import LocalClusterSpec, cuda_count, local_cluster
+from dagrl.core.graph import load_graph
 
 GRAPH = "graphs/ppo-atari.yaml"
 POLICIES = {

@@ -26,9 +26,9 @@ import time
 
 from _common import emit, table
 
-from dagrl.graph import load_graph
+from dagrl.app.driver import Trainer
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.driver import Trainer
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from _common import emit, table
 
-from dagrl.catalog import resolve
-from dagrl.clusters import LocalClusterSpec
-from dagrl.graph import load_graph
+from dagrl.app.catalog import resolve
+from dagrl.app.sweep import plan, run_sweep, sweep_client
+from dagrl.app.training import train
+from dagrl.clusters.spec import LocalClusterSpec
+from dagrl.core.graph import load_graph
 from dagrl.runtime.rundir import RunDir
-from dagrl.sweep import plan, run_sweep, sweep_client
-from dagrl.training import train
 
 
 def sequential(graph_path: str, trials: list, out: Path) -> float:

@@ -31,8 +31,8 @@ import numpy as np
 import transport_algo
 from _common import emit, table
 
-from dagrl.clusters import LocalClusterSpec, local_cluster
-from dagrl.graph import resolve_graph
+from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.core.graph import resolve_graph
 from dagrl.policies import build_policy
 
 

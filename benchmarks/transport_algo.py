@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dagrl.context import Episodes, RoleContext
-from dagrl.fragment import fragment, iteration, role
+from dagrl.core.context import Episodes, RoleContext
+from dagrl.core.fragment import fragment, iteration, role
 
 SHAPE = (128, 8, 4, 84, 84)
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from _common import emit, table
 
-from dagrl.catalog import resolve
-from dagrl.graph import load_graph, resolve_graph
-from dagrl.schema import apply_overrides, read_yaml
-from dagrl.training import train
-from dagrl.tune import shape_of, tune, write_tuned
-from dagrl.tune.model import Candidate
-from dagrl.tune.tuner import candidate_data
+from dagrl.app.catalog import resolve
+from dagrl.app.training import train
+from dagrl.app.tune import shape_of, tune, write_tuned
+from dagrl.app.tune.model import Candidate
+from dagrl.app.tune.tuner import candidate_data
+from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.core.schema import apply_overrides, read_yaml
 
 
 def to_target(data: dict, where: str, seed: int, runs: str, name: str) -> dict:

@@ -11,8 +11,8 @@ For each task and backend, in one process with torch on one thread, two rates ov
 
 Backends alternate within each round; the table gives medians over rounds, and each ``backend / sync``
 is taken within each round before the median. ``envpool`` steps its envs in EnvPool's C++ threads
-(its default thread count) behind :class:`dagrl.vector.EnvPoolVector`; ``threads`` steps each env in
-a thread of its own (:class:`dagrl.vector.ThreadVectorEnv`), for envs that wait: ``costly-sleep`` is
+(its default thread count) behind :class:`dagrl.envs.vector.EnvPoolVector`; ``threads`` steps each env in
+a thread of its own (:class:`dagrl.envs.vector.ThreadVectorEnv`), for envs that wait: ``costly-sleep`` is
 CartPole sleeping 1 ms a step (``dagrl.envs:CostlyCartPole-v0``), a remote simulator's stand-in.
 """
 
@@ -25,7 +25,7 @@ import time
 from _common import emit, table
 
 from dagrl.algos import ppo
-from dagrl.context import RoleContext
+from dagrl.core.context import RoleContext
 
 TASKS = {
     "cartpole": ("CartPole-v1", {}, 32),

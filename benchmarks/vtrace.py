@@ -10,7 +10,7 @@ ratio taken as 1 (``vtrace: false``: the same update, uncorrected). Two scores a
 updates: the mean return of the sampler's last 30 episodes (acting ``lag`` updates behind), and the
 learner's own, acting greedily over 10 episodes. A lag of at least ``iterations`` keeps the first
 weights throughout. ``--env dagrl.envs:LaterPayoff-v0`` is a task built so that an uncorrected learner
-goes wrong on stale data (:class:`dagrl.envs.LaterPayoff`). Runs in parallel on the machine's cores.
+goes wrong on stale data (:class:`dagrl.envs.registry.LaterPayoff`). Runs in parallel on the machine's cores.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def score(vtrace: bool, lag: int, seed: int, args: argparse.Namespace) -> tuple[
     import torch
 
     from dagrl.algos import impala, ppo
-    from dagrl.context import RoleContext
+    from dagrl.core.context import RoleContext
 
     torch.set_num_threads(1)
     cfg = impala.Config(vtrace=vtrace, lr=args.lr, update_epochs=args.epochs, eval_episodes=10)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dagrl.context import RoleContext
-from dagrl.episodes import Episodes, EpisodeTracker
-from dagrl.fragment import evaluation, fragment, iteration, load_algorithm, role, trace
-from dagrl.training import train
+from dagrl.app.training import train
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, load_algorithm, role, trace
+from dagrl.envs.episodes import Episodes, EpisodeTracker
 
 __version__ = "0.1.0"
 

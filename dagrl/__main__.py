@@ -2,6 +2,6 @@
 
 import sys
 
-from dagrl.cli import main
+from dagrl.app.cli import main
 
 sys.exit(main())

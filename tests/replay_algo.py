@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dagrl import fragment, iteration, role
+from dagrl import iteration, role
+from dagrl.core import fragment
 from dagrl.replay import ReplayStore, Sample, Schema
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from dagrl.cli import main
+from dagrl.app.cli import main
 from tests.helpers import descendants
 
 SYNC = "graphs/ppo-cartpole-sync.yaml"

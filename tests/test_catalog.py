@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dagrl import catalog
-from dagrl.cli import main
-from dagrl.schema import ConfigError
+from dagrl.app import catalog
+from dagrl.app.cli import main
+from dagrl.core.schema import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from dagrl.policies.inference import StreamingCentralInference
 from dagrl.runtime.inference import (
@@ -20,7 +21,6 @@ from dagrl.runtime.inference import (
     decode,
     encode,
 )
-from dagrl.schema import ConfigError
 from tests.helpers import train
 
 SEED = "graphs/ppo-cartpole-seed.yaml"

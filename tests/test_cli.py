@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from dagrl.cli import main
-from dagrl.clusters import workers as live_workers
+from dagrl.app.cli import main
+from dagrl.clusters.spec import workers as live_workers
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir
 
@@ -110,7 +110,7 @@ def test_ctrl_c_checkpoints_and_stops_every_process(tmp_path, graphs_dir):
     cmd = [
         sys.executable,
         "-m",
-        "dagrl.cli",
+        "dagrl.app.cli",
         "run",
         f"{graphs_dir}/ppo-cartpole-sync.yaml",
         "--set",
@@ -184,7 +184,7 @@ def test_gpu_learner_falls_back_to_cpu_with_one_log_line(tmp_path, graphs_dir, c
 
 
 def test_graph_tasks_draws_one_iteration_as_dask_tasks(tmp_path, capsys):
-    from dagrl.cli import main
+    from dagrl.app.cli import main
 
     out = tmp_path / "tasks.dot"
     assert main(["graph", "graphs/ppo-cartpole-sync.yaml", "--tasks", str(out)]) == 0
@@ -248,7 +248,7 @@ def test_dagrl_logs_to_stderr_as_it_is_now_not_as_it_was(monkeypatch):
     import io
     import logging
 
-    from dagrl.cli import _setup_logging
+    from dagrl.app.cli import _setup_logging
 
     first, second = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", first)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dagrl.clusters import LocalClusterSpec, connect, load_cluster
-from dagrl.clusters import workers as live_workers
-from dagrl.graph import load_graph
-from dagrl.schema import ConfigError
+from dagrl.clusters.spec import LocalClusterSpec, connect, load_cluster
+from dagrl.clusters.spec import workers as live_workers
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
 
 
 def write(tmp_path, text: str, name: str = "c.yaml") -> str:
@@ -46,7 +46,7 @@ def test_bad_cluster_files_name_file_and_key(tmp_path, text, key):
 
 
 def test_roles_go_to_the_pool_their_resources_fit(tmp_path):
-    from dagrl.slurm import assign_pools
+    from dagrl.clusters.slurm import assign_pools
 
     spec = load_cluster("clusters/slurm.yaml")
     graph = load_graph("graphs/sac-pendulum-split.yaml")
@@ -174,7 +174,7 @@ def scheduler_extensions(dask_scheduler) -> list[str]:
 def test_quiet_false_keeps_dasks_own_housekeeping():
     from distributed import Client
 
-    from dagrl.clusters import local_cluster
+    from dagrl.clusters.spec import local_cluster
 
     with local_cluster(LocalClusterSpec(quiet=False, dashboard_address=":0"), 1) as cluster, Client(cluster) as client:
         assert set(client.run(housekeeping).values()) == {("20ms", "100ms", "500ms")}
@@ -189,7 +189,7 @@ def test_a_run_on_a_cluster_with_dasks_trim_threshold_says_how_to_start_it(tmp_p
     from distributed import Client, LocalCluster
 
     import dagrl
-    from dagrl.clusters import trim_warning, untrimmed
+    from dagrl.clusters.spec import trim_warning, untrimmed
 
     graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=1", f"runs_dir={tmp_path}"])
     import dask

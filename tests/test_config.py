@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from dagrl.cli import main
-from dagrl.graph import load_graph
+from dagrl.app.cli import main
+from dagrl.core.graph import load_graph
 from tests.helpers import user_module
 
 GOOD = """\

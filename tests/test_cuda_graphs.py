@@ -1,4 +1,4 @@
-"""Gradient steps replayed from CUDA graphs (``dagrl/cuda_graphs.py``, SAC's ``cuda_graphs``).
+"""Gradient steps replayed from CUDA graphs (``dagrl/nn/cuda_graphs.py``, SAC's ``cuda_graphs``).
 
 The CUDA cases need a GPU and are skipped without one; the CPU cases check what a CPU learner sees of
 the option: steps run as written, and a checkpoint saved by a learner that captured resumes here.
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dagrl.algos import dqn, sac, td3
-from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable
+from dagrl.core.context import RoleContext
+from dagrl.nn.cuda_graphs import CapturedStep, set_capturable
 from dagrl.replay.store import Sample
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -165,7 +165,7 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
 def test_a_scheduler_started_by_hand_has_the_page_only_with_the_preload(preload):
     import socket
 
-    from dagrl.training import rl_page
+    from dagrl.app.training import rl_page
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

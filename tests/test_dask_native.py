@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 
 BIG = ["roles.sampler.envs=32", "hyperparameters.num_steps=128", "hyperparameters.update_epochs=1"]
@@ -139,7 +139,7 @@ class _Client:
 
 
 def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_error():
-    from dagrl.context import Episodes
+    from dagrl.core.context import Episodes
     from dagrl.runtime.executor import Announced, Announcements, Report, report_message
 
     class Rollout:

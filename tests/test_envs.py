@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
 from tests.helpers import descendants, train
 from tests.test_policies import LOSSES, first_iterations
 
@@ -64,7 +64,7 @@ def test_the_atari_preset_steps_as_gymnasiums_preprocessing_over_rgb_screens():
     """The preset's emulator renders grayscale screens only; gymnasium's wrappers over ALE's default RGB
     screens must give the same observations, rewards and episode ends, resets included."""
     pytest.importorskip("ale_py")
-    from dagrl.envs import make_atari
+    from dagrl.envs.registry import make_atari
 
     runs = []
     for obs_type in ("grayscale", "rgb"):

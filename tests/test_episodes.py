@@ -1,5 +1,5 @@
 """The stop window after a reset of all envs: a sampler's episodes count only once each of its envs
-has ended one (``dagrl/episodes.py``), through a resume and through Dask."""
+has ended one (``dagrl/envs/episodes.py``), through a resume and through Dask."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import dagrl
-from dagrl.episodes import EpisodeTracker
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
+from dagrl.envs.episodes import EpisodeTracker
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir
 

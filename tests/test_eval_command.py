@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from dagrl.cli import main
-from dagrl.graph import load_graph
+from dagrl.app.cli import main
+from dagrl.app.training import train
+from dagrl.core.graph import load_graph
 from dagrl.runtime.rundir import RunDir
-from dagrl.training import train
 
 
 def one_run(tmp_path):
@@ -70,7 +70,7 @@ def test_a_data_parallel_run_is_evaluated_with_one_learner(tmp_path, graphs_dir,
 
 def test_eval_of_a_checkpoint_written_on_a_cluster(client, tmp_path, graphs_dir):
     """SAC with the critic and actor on their own roles, trained on the LocalCluster; evaluated here."""
-    from dagrl.checkpoint_eval import evaluate_checkpoint
+    from dagrl.app.evaluate import evaluate_checkpoint
 
     g = load_graph(
         f"{graphs_dir}/sac-pendulum-split.yaml",

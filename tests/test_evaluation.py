@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph, resolve_graph
+from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from dagrl.runtime.checkpoint import load_checkpoint
-from dagrl.schema import ConfigError
 from tests.helpers import train
 
 

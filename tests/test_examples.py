@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from tests.helpers import train
 
@@ -44,7 +44,7 @@ def test_the_examples_learner_replicas_stay_identical_under_dp_learners(client):
 @pytest.mark.slow
 def test_the_example_a2c_learns_cartpole_and_dagrl_eval_and_export_take_its_run(tmp_path, capsys):
     """Seed 1 reached 475 after 71,040 env steps (555 one-step updates), 9 s in one process."""
-    from dagrl.cli import main
+    from dagrl.app.cli import main
 
     summary, rundir = train(GRAPH, tmp_path, ["policy=single", "evaluate.every=100"])
     assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 475, summary

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from dagrl.checkpoint_eval import eval_graph, evaluate_checkpoint
-from dagrl.cli import main
+from dagrl.app.cli import main
+from dagrl.app.evaluate import eval_graph, evaluate_checkpoint
 from dagrl.runtime.hosts import role_seed
 from tests.helpers import train
 
@@ -88,9 +88,9 @@ def test_an_image_policy_takes_uint8_frames_and_a_missing_run_is_one_line(tmp_pa
 
 
 def test_a_policy_over_a_dict_holding_an_image_takes_the_packed_vector(tmp_path):
-    """What ``dagrl.vector.make_env`` gives for the Dict (``dagrl.mixed_obs``) is what the export takes."""
+    """What ``dagrl.envs.vector.make_env`` gives for the Dict (``dagrl.envs.mixed``) is what the export takes."""
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
-    from dagrl.vector import make_env
+    from dagrl.envs.vector import make_env
 
     overrides = [
         "stop.iterations=2",
@@ -111,8 +111,8 @@ def test_a_recurrent_policy_is_exported_with_its_state_and_plays_what_dagrl_eval
     """``ppo_lstm``: the file takes the observations and the LSTM state, and returns the actions and the
     state after them; played with the state zeroed at each episode's start, it earns what ``dagrl eval``
     does, episode for episode."""
-    from dagrl.vector import make_env
-    from dagrl.wrappers import parse
+    from dagrl.envs.vector import make_env
+    from dagrl.envs.wrappers import parse
 
     graph_file = "graphs/ppo-lstm-cartpole-novel.yaml"
     _, rundir = train(graph_file, tmp_path, ["policy=single", "stop.iterations=12", "stop.mean_return=null"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dagrl.fragment import fragment, iteration, load_algorithm, trace
+from dagrl.core.fragment import fragment, iteration, load_algorithm, trace
 from tests.helpers import user_module
 
 
@@ -88,7 +88,7 @@ def test_iteration_must_return_a_fragment_output():
 
 def test_recovery_is_declared_apart_from_replication():
     from dagrl.algos import ppo
-    from dagrl.fragment import role
+    from dagrl.core.fragment import role
 
     algo = load_algorithm("ppo")
     assert {r: (d.many, d.recover) for r, d in algo.roles.items()} == {

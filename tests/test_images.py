@@ -11,8 +11,8 @@ import torch
 
 import dagrl.envs  # noqa: F401  (registers BrightHalf-v0)
 from dagrl.algos.ppo import ActorCritic
-from dagrl.graph import load_graph
-from dagrl.networks import NatureCNN, is_image
+from dagrl.core.graph import load_graph
+from dagrl.nn.networks import NatureCNN, is_image
 from dagrl.policies import build_policy
 from tests.helpers import train
 
@@ -37,8 +37,8 @@ def test_every_algorithm_takes_impalas_cnn_for_images():
     """``cnn: impala`` gives each algorithm's networks IMPALA's residual encoder (actor, critics, Q,
     recurrent trunks, a Dict's images), and they run forward; the default stays the Nature CNN."""
     from dagrl.algos import dqn, impala, ppo, ppo_lstm, r2d2, sac, td3
-    from dagrl.mixed_obs import MixedEncoder, mixed_space
-    from dagrl.networks import ImpalaCNN, TwinQ
+    from dagrl.envs.mixed import MixedEncoder, mixed_space
+    from dagrl.nn.networks import ImpalaCNN, TwinQ
 
     image = gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)
     discrete, box = gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -66,7 +66,7 @@ def test_every_algorithm_takes_impalas_cnn_for_images():
 
 
 def test_an_unknown_cnn_is_refused_before_any_cluster_starts():
-    from dagrl.schema import ConfigError
+    from dagrl.core.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"hyperparameters\.cnn.*'nature' or 'impala'.*'resnet'"):
         load_graph("graphs/ppo-brighthalf.yaml", ["hyperparameters.cnn=resnet"])
@@ -134,7 +134,7 @@ def test_ppo_learns_from_a_stack_of_frames_what_one_frame_does_not_show(client, 
     """BrightHalf with ``blink``: every other image is noise only, its step asking for the half shown
     before. One frame earns 12 of 16 on average (this graph unstacked: 12.15 after 10k env steps, 12.85 at
     best); gymnasium's ``FrameStackObservation`` of 2 gives ``(2, 1, 36, 36)``, folded into 2 channels of
-    one image for the CNN (``dagrl/image_layout.py``), and 15 is reached (in 12 iterations, seed 1)."""
+    one image for the CNN (``dagrl/envs/images.py``), and 15 is reached (in 12 iterations, seed 1)."""
     overrides = ["env.kwargs.size=36", "env.kwargs.blink=true", STACK_2, "stop.env_steps=15000"]
     space = load_graph("graphs/ppo-brighthalf.yaml", overrides).observation_space
     assert space.shape == (2, 36, 36) and is_image(space)  # before: a float32 (2, 1, 36, 36) for an MLP
@@ -164,7 +164,7 @@ def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
 def test_a_dict_holding_an_image_is_stored_in_replay_a_byte_a_pixel(tmp_path):
     """DQN on BrightHalfFlip: the replay's rows are the packed ``uint8`` vector, and the learner's Q reads
     the state back from them bit for bit."""
-    from dagrl.mixed_obs import MixedEncoder, unpack
+    from dagrl.envs.mixed import MixedEncoder, unpack
 
     overrides = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36}", "hyperparameters.learning_starts=64"]
     graph = load_graph("graphs/dqn-brighthalf.yaml", [*overrides, f"runs_dir={tmp_path}"])
@@ -193,7 +193,7 @@ def test_sac_and_td3_networks_take_a_cnn_trunk_for_images(algo):
     import importlib
 
     module = importlib.import_module(f"dagrl.algos.{algo}")
-    from dagrl.networks import TwinQ
+    from dagrl.nn.networks import TwinQ
 
     image = gym.make("dagrl.envs:BrightHalf-v0", size=36, continuous=True)
     act = image.action_space
@@ -224,7 +224,7 @@ def test_sac_and_td3_learn_from_pixels_through_a_uint8_replay(tmp_path, algo):
 
 
 def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
-    from dagrl.networks import random_shift
+    from dagrl.nn.networks import random_shift
 
     images = torch.randint(0, 256, (64, 2, 36, 36), dtype=torch.uint8)
     shifted = random_shift(images, 4, torch.Generator().manual_seed(0))
@@ -278,8 +278,8 @@ def test_sac_with_share_encoder_learns_from_pixels_under_split_learner(client, t
 
 
 def test_a_dicts_images_are_shifted_and_its_other_entries_kept():
-    from dagrl.mixed_obs import mixed_space, unpack
-    from dagrl.networks import Shift, image_shift
+    from dagrl.envs.mixed import mixed_space, unpack
+    from dagrl.nn.networks import Shift, image_shift
 
     space = mixed_space(gym.make("dagrl.envs:BrightHalfFlip-v0", size=36).observation_space)
     shift = image_shift(space, 4)

@@ -90,7 +90,7 @@ def _learn_from_the_first_weights(vtrace: bool, updates: int = 100, seed: int = 
     """IMPALA's update on rollouts all collected with the learner's initial (near-uniform) weights: staleness
     as high as it goes. The learner's policy at LaterPayoff's first step, and its greedy return."""
     from dagrl.algos import impala, ppo
-    from dagrl.context import RoleContext
+    from dagrl.core.context import RoleContext
 
     env_id = "dagrl.envs:LaterPayoff-v0"
     cfg = impala.Config(vtrace=vtrace, num_steps=8, eval_episodes=8)

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dagrl.distribution import mail_edges
-from dagrl.fragment import load_algorithm
-from dagrl.graph import load_graph
+from dagrl.core.distribution import mail_edges
+from dagrl.core.fragment import load_algorithm
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.runtime import mailbox
 from dagrl.runtime.executor import mail_readers
@@ -259,7 +259,7 @@ def _on_and_off(tmp_path, path: str, over: list[str], workers: int) -> tuple[dic
     (``{on: {role: [per replica]}}``), and the mailbox time metered by the run with it."""
     from distributed import Client, LocalCluster
 
-    from dagrl.runtime.driver import Trainer
+    from dagrl.app.driver import Trainer
     from dagrl.runtime.progress import Progress
     from dagrl.runtime.rundir import RunDir
 

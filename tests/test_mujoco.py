@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dagrl.algos import ppo
-from dagrl.context import RoleContext
-from dagrl.networks import RunningNorm
+from dagrl.core.context import RoleContext
+from dagrl.nn.networks import RunningNorm
 from tests.helpers import train
 
 
@@ -102,8 +102,8 @@ def test_mujoco_graphs_run_on_a_local_cluster(client, tmp_path, graph_file, over
 
 
 def test_norm_obs_on_an_image_env_is_refused_before_a_cluster_starts():
-    from dagrl.graph import load_graph
-    from dagrl.schema import ConfigError
+    from dagrl.core.graph import load_graph
+    from dagrl.core.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"ppo-brighthalf.yaml: hyperparameters: norm_obs.*BrightHalf"):
         load_graph("graphs/ppo-brighthalf.yaml", ["hyperparameters.norm_obs=true"])
@@ -117,7 +117,7 @@ def test_mujoco_warnings_go_to_the_log_once_not_to_stdout_or_the_working_directo
 
     code = (
         "import logging\n"
-        "from dagrl.context import RoleContext\n"
+        "from dagrl.core.context import RoleContext\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "for _ in range(3):\n"
         "    envs = RoleContext('sampler', 0, 1, seed=0, env_id='HalfCheetah-v5', num_envs=2).make_envs()\n"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dagrl.algos import ppo
-from dagrl.context import RoleContext
+from dagrl.core.context import RoleContext
 
 
 def test_gae_matches_hand_computation():
@@ -126,7 +126,7 @@ def test_the_samplers_lean_draw_is_the_distributions_own(space):
 def test_anneal_lr_falls_linearly_over_stop_env_steps_and_resumes_where_it_was(tmp_path):
     """8 batches of 256 env steps in a budget of 2,048: the k-th batch trains at lr x (1 - k / 8). A
     resumed run goes on from the checkpoint's clock, not from the full rate."""
-    from dagrl.cli import main
+    from dagrl.app.cli import main
     from dagrl.runtime.rundir import RunDir
 
     args = ["--set", f"runs_dir={tmp_path}", "--set", "hyperparameters.anneal_lr=true", "--quiet"]
@@ -140,8 +140,8 @@ def test_anneal_lr_falls_linearly_over_stop_env_steps_and_resumes_where_it_was(t
 
 
 def test_anneal_lr_needs_stop_env_steps():
-    from dagrl.graph import load_graph
-    from dagrl.schema import ConfigError
+    from dagrl.core.graph import load_graph
+    from dagrl.core.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"hyperparameters: anneal_lr: .*stop\.env_steps"):
         load_graph("graphs/ppo-cartpole-single.yaml", ["hyperparameters.anneal_lr=true", "stop.env_steps=null"])

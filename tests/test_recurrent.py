@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dagrl.algos import ppo_lstm
-from dagrl.context import RoleContext
-from dagrl.graph import load_graph
+from dagrl.core.context import RoleContext
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
-from dagrl.schema import ConfigError
 from tests.helpers import train
 
 GRAPH = "graphs/ppo-lstm-blink.yaml"
@@ -153,7 +153,7 @@ def test_ppo_lstm_learns_from_one_frame_what_feed_forward_ppo_needs_two_for(clie
     """One frame earns 12 of 16 on average (``test_images``: feed-forward PPO stays at 12-12.9); the LSTM
     reaches 15 (seeds 1-4: 15-18 iterations, ~2k env steps). ``dagrl eval`` plays it greedily with its
     state carried; ``dagrl export`` writes it as a function of the observations and the state."""
-    from dagrl.cli import main
+    from dagrl.app.cli import main
 
     summary, rundir = train(GRAPH, tmp_path, client=client)
     assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 15, summary

@@ -385,7 +385,7 @@ def test_nstep_matches_a_hand_computation():
 def test_recorder_folds_n_steps_per_env_across_calls():
     """CartPole pays 1 a step, so a row that folds m steps has reward (1 - g^m) / (1 - g) and
     discount g^m; rows still open at the end of a call come out in the next."""
-    from dagrl.context import RoleContext
+    from dagrl.core.context import RoleContext
     from dagrl.replay.record import Recorder
 
     envs = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2).make_envs()

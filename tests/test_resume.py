@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from dagrl.cli import main
+from dagrl.app.cli import main
 from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from dagrl.runtime.rundir import RunDir
 from tests.helpers import tmpfs

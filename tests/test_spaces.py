@@ -1,6 +1,6 @@
 """Observation spaces beyond a float ``Box``: states, tuples, dicts and integer vectors.
 
-Every algorithm's networks take a float vector or a ``uint8`` image; :func:`dagrl.vector.vector_observations`
+Every algorithm's networks take a float vector or a ``uint8`` image; :func:`dagrl.envs.vector.vector_observations`
 makes one of what the env gives, for the graph's spaces and every sampler's envs alike. Action spaces an
 algorithm cannot act in are refused before anything starts (``tests/test_bad_input.py``).
 """
@@ -13,9 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
-from dagrl.networks import is_image
-from dagrl.vector import make_vector, vector_observations
+from dagrl.core.graph import load_graph
+from dagrl.envs.vector import make_vector, vector_observations
+from dagrl.nn.networks import is_image
 from tests.helpers import train
 
 
@@ -99,7 +99,7 @@ def test_a_dict_of_stacked_frames_packs_them_as_one_image():
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.ppo import ActorCritic
-    from dagrl.mixed_obs import MixedBox, unpack
+    from dagrl.envs.mixed import MixedBox, unpack
 
     def stacked():
         return gym.wrappers.FrameStackObservation(gym.make("BrightHalfFlip-v0", size=36), 3)
@@ -208,8 +208,8 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.dqn import q_network
     from dagrl.algos.ppo import ActorCritic
-    from dagrl.mixed_obs import MixedBox, MixedEncoder
-    from dagrl.networks import NatureCNN
+    from dagrl.envs.mixed import MixedBox, MixedEncoder
+    from dagrl.nn.networks import NatureCNN
 
     raw = gym.make("BrightHalfFlip-v0", size=36)
     env = vector_observations(gym.make("BrightHalfFlip-v0", size=36))
@@ -240,7 +240,7 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
 def test_a_tuple_holding_an_image_is_packed_as_a_dict_is():
     import torch
 
-    from dagrl.mixed_obs import MixedBox, MixedEncoder, unpack
+    from dagrl.envs.mixed import MixedBox, MixedEncoder, unpack
 
     space = gym.spaces.Tuple((gym.spaces.Box(0, 255, (40, 40, 3), np.uint8), gym.spaces.Discrete(3)))
     env = vector_observations(Fixed(space))
@@ -262,7 +262,7 @@ def test_norm_obs_standardises_a_dicts_other_entries_and_leaves_its_images_to_th
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.ppo import ActorCritic, Config
-    from dagrl.mixed_obs import mixed_space
+    from dagrl.envs.mixed import mixed_space
 
     space = vector_observations(gym.make("BrightHalfFlip-v0", size=36)).observation_space
     agent = ActorCritic(space, gym.spaces.Discrete(2), 64, norm_obs=True)
@@ -319,7 +319,7 @@ def test_an_env_registered_by_an_import_here_is_made_in_fresh_workers(graphs_dir
 
 def test_an_env_registered_in_main_is_refused_for_workers_and_runs_in_one_process(graphs_dir, tmp_path, monkeypatch):
     """A notebook cell's own env: the driver can make it, Dask's workers (other processes) cannot."""
-    from dagrl.schema import ConfigError
+    from dagrl.core.schema import ConfigError
 
     class Corridor(Fixed):
         def __init__(self):
@@ -338,7 +338,7 @@ def test_an_env_registered_in_main_is_refused_for_workers_and_runs_in_one_proces
 
 
 def test_dagrl_graph_says_what_the_networks_take_and_what_the_env_gave(graphs_dir):
-    from dagrl.inspect import describe
+    from dagrl.app.inspect import describe
 
     stacked = ["env.wrappers=[{gymnasium.wrappers.FrameStackObservation: {stack_size: 2}}]"]
     lines = describe(load_graph(f"{graphs_dir}/ppo-brighthalf-flip.yaml", stacked)).splitlines()

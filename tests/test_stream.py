@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.runtime.executor import Report
 from dagrl.runtime.stream import Hub, Learned

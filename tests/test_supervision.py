@@ -11,18 +11,18 @@ import time
 import numpy as np
 import pytest
 
-from dagrl.clusters import workers as live_workers
-from dagrl.graph import load_graph, resolve_graph
+from dagrl.app.driver import Trainer, TrainingError
+from dagrl.clusters.spec import workers as live_workers
+from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.core.schema import apply_overrides
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore
 from dagrl.runtime import shm
 from dagrl.runtime.checkpoint import load_checkpoint
-from dagrl.runtime.driver import Trainer, TrainingError
 from dagrl.runtime.host import run_fragment
 from dagrl.runtime.hosts import Start, close_all, start_actors, start_one
 from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
-from dagrl.schema import apply_overrides
 from tests.faulty import SCHEMA, value_of
 
 

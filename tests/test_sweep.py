@@ -10,12 +10,12 @@ import pytest
 import yaml
 from distributed import get_task_stream
 
-from dagrl.aggregate import bootstrap_interval, iqm
-from dagrl.cli import main
-from dagrl.clusters import workers as live_workers
+from dagrl.app.aggregate import bootstrap_interval, iqm
+from dagrl.app.cli import main
+from dagrl.app.sweep import markdown, parse_grid, plan, run_sweep, table
+from dagrl.clusters.spec import workers as live_workers
+from dagrl.core.schema import ConfigError
 from dagrl.dashboard import METRICS
-from dagrl.schema import ConfigError
-from dagrl.sweep import markdown, parse_grid, plan, run_sweep, table
 
 
 @pytest.mark.parametrize(

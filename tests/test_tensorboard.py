@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from dagrl.cli import main
-from dagrl.graph import load_graph
+from dagrl.app.cli import main
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
 from dagrl.runtime.tensorboard import TensorBoardLog
-from dagrl.schema import ConfigError
 
 pytest.importorskip("tensorboard")
 
@@ -53,9 +53,9 @@ def test_steps_redone_after_a_rollback_or_a_resume_are_shown_once(tmp_path):
 
 
 def test_tensorboard_without_the_package_is_refused_before_anything_starts(graphs_dir, monkeypatch):
-    import dagrl.graph
+    import dagrl.core.graph
 
-    monkeypatch.setattr(dagrl.graph, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(dagrl.core.graph, "tensorboard_available", lambda: False)
     wanted = r"ppo-cartpole-single.yaml: tensorboard: .*pip install 'dagrl\[tensorboard\]'"
     with pytest.raises(ConfigError, match=wanted):
         load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", ["tensorboard=true"])

@@ -8,11 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from dagrl.cli import main
-from dagrl.graph import load_graph, resolve_graph
-from dagrl.schema import read_yaml
-from dagrl.tune.measure import Measurements
-from dagrl.tune.model import (
+from dagrl.app.cli import main
+from dagrl.app.tune.measure import Measurements
+from dagrl.app.tune.model import (
     Candidate,
     Costs,
     LearnStep,
@@ -23,7 +21,7 @@ from dagrl.tune.model import (
     round_period,
     staleness,
 )
-from dagrl.tune.tuner import (
+from dagrl.app.tune.tuner import (
     Result,
     Tuning,
     candidate_data,
@@ -33,6 +31,8 @@ from dagrl.tune.tuner import (
     vector_backends,
     with_vector,
 )
+from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.core.schema import read_yaml
 
 PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,
             policies=("single", "sync", "async"), step_bytes=40, round_hops=3)  # fmt: skip
@@ -193,9 +193,9 @@ def test_a_rounds_time_is_its_critical_path(graphs_dir):
 
 
 def test_the_models_policies_that_run_ahead_are_the_engines():
+    from dagrl.app.tune.model import RUNS_AHEAD
     from dagrl.policies import POLICIES
     from dagrl.policies.lockstep import Lockstep
-    from dagrl.tune.model import RUNS_AHEAD
 
     streams = {name for name, cls in POLICIES.items() if not issubclass(cls, Lockstep)}  # not sync's iterations
     assert {name for name in streams if getattr(POLICIES[name], "runs_ahead", False)} == set(RUNS_AHEAD)
@@ -341,7 +341,7 @@ def test_a_candidate_on_another_backend_has_its_env_time_swapped_in(tmp_path, gr
 def test_a_probe_keeps_the_env_step_budget_an_annealed_learning_rate_ends_at():
     """A graph with ``anneal_lr: true`` needs ``stop.env_steps``; the fragment probe's graph once dropped
     it, and ``dagrl tune`` stopped at its first fragment probe."""
-    from dagrl.tune.measure import probe_data
+    from dagrl.app.tune.measure import probe_data
 
     path = "graphs/ppo-lstm-cartpole-novel.yaml"
     data = read_yaml(path)

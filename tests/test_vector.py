@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
+from dagrl.envs.vector import EnvPoolVector
 from dagrl.runtime.hosts import role_context
-from dagrl.schema import ConfigError
-from dagrl.vector import EnvPoolVector
 from tests.helpers import train
 
 
@@ -78,7 +78,7 @@ def test_off_policy_rows_keep_the_graphs_dtypes_on_envpool(tmp_path):
 
 
 def test_dagrl_graph_shows_the_backend():
-    from dagrl.inspect import describe
+    from dagrl.app.inspect import describe
 
     shown = describe(load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=envpool"]))
     assert "collect  [vector envpool]" in shown

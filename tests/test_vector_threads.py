@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from dagrl.vector import ThreadVectorEnv, make_vector
+from dagrl.envs.vector import ThreadVectorEnv, make_vector
 from tests.helpers import train
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dagrl.cli import main
-from dagrl.graph import load_graph
+from dagrl.app.cli import main
+from dagrl.core.graph import load_graph
+from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
-from dagrl.schema import ConfigError
 
 pytest.importorskip("wandb")
 
@@ -124,9 +124,9 @@ def test_bad_wandb_settings_are_refused_naming_the_key(override, says):
 
 
 def test_wandb_without_the_package_is_refused_before_anything_starts(monkeypatch):
-    import dagrl.graph
+    import dagrl.core.graph
 
-    monkeypatch.setattr(dagrl.graph, "wandb_available", lambda: False)
+    monkeypatch.setattr(dagrl.core.graph, "wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"wandb\.project: set, but .*pip install 'dagrl\[wandb\]'"):
         load_graph(GRAPH, ["wandb.project=x"])
 
@@ -149,7 +149,7 @@ def test_wandb_online_without_an_api_key_stops_the_run_in_one_line_before_a_clus
 
 
 def test_a_sweeps_trials_go_to_one_wandb_group_per_setting_unless_the_graph_names_one():
-    from dagrl.sweep import plan
+    from dagrl.app.sweep import plan
 
     _, trials = plan(GRAPH, ["wandb.project=x"], ["hyperparameters.lr=1e-3,3e-3"], [1, 2])
     groups = [load_graph(GRAPH, list(t.overrides)).spec.wandb.group for t in trials]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from distributed.protocol.serialize import dask_serialize, deserialize, serialize
 
-from dagrl.context import RoleContext
+from dagrl.core.context import RoleContext
 from dagrl.runtime.host import RoleHost
 from dagrl.runtime.wire import to_cpu
 

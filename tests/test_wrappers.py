@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dagrl.graph import load_graph
-from dagrl.vector import make_vector
+from dagrl.core.graph import load_graph
+from dagrl.envs.vector import make_vector
 from tests.helpers import train, user_module
 
 REWARDS = """
@@ -58,7 +58,7 @@ def test_the_graph_sees_the_wrapped_spaces():
 
 
 def test_wrappers_reach_samplers_evaluators_and_dagrl_eval_on_a_cluster(client, tmp_path, capsys):
-    from dagrl.cli import main
+    from dagrl.app.cli import main
 
     wrappers = (  # CartPole pays 1 a step and lasts 8 steps at least: unwrapped, every return is >= 8
         "env.wrappers=[{gymnasium.wrappers.TimeLimit: {max_episode_steps: 12}},"

@@ -20,16 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
-from dagrl.evaluator import EpisodeRunner
-from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.mixed_obs import MixedBox
-from dagrl.networks import CNN, encoder, is_image
+from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.envs.mixed import MixedBox
+from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
+from dagrl.nn.networks import CNN, encoder, is_image
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, pooled_weights, reprioritize, sample, shard_draws
-from dagrl.schema import at_least, positive, unit_interval
 
 ACTION_SPACES = (gym.spaces.Discrete,)  # one Q-value per action
 
@@ -71,7 +71,7 @@ class Config:
     hidden: int = 128
     """Width of the two hidden layers."""
     cnn: CNN = "nature"
-    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.networks.CNNS`)."""
     dueling: bool = False
     """Dueling head: a state value and action advantages, ``Q = V + A - mean(A)`` (Wang et al., 2016;
     Ape-X's network)."""

@@ -40,9 +40,9 @@ from dagrl.algos.ppo import (
     publish,
     sampler,
 )
-from dagrl.fragment import fragment, iteration
-from dagrl.networks import CNN
-from dagrl.schema import at_least, positive, unit_interval
+from dagrl.core.fragment import fragment, iteration
+from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.nn.networks import CNN
 
 __all__ = [  # PPO's roles, publish, evaluator and action spaces are this algorithm's too
     "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",

@@ -29,7 +29,7 @@ from dagrl.algos.ppo_lstm import (
     publish,
     sampler,
 )
-from dagrl.fragment import fragment, iteration
+from dagrl.core.fragment import fragment, iteration
 
 __all__ = [  # ppo_lstm's roles, publish, collect, evaluator and action spaces are this algorithm's too
     "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import RoleContext
-from dagrl.cuda_graphs import step_means
-from dagrl.episodes import Episodes, EpisodeTracker
-from dagrl.evaluator import EpisodeRunner
-from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.mixed_obs import MixedBox
-from dagrl.networks import CNN, RunningNorm, encoder, is_image, obs_array, obs_tensor
-from dagrl.schema import at_least, positive, unit_interval
+from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.envs.episodes import Episodes, EpisodeTracker
+from dagrl.envs.mixed import MixedBox
+from dagrl.nn.cuda_graphs import step_means
+from dagrl.nn.networks import CNN, RunningNorm, encoder, is_image, obs_array, obs_tensor
 
 ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Box)
 """One categorical head, one per entry (``MultiDiscrete``, ``MultiBinary``), or a diagonal Gaussian."""
@@ -69,7 +69,7 @@ class Config:
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
     cnn: CNN = "nature"
-    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.networks.CNNS`)."""
     norm_obs: bool = False
     """Standardise vector observations by a running mean/std (MuJoCo), clipped to +-10; for a ``Dict``
     holding images, its other entries (the CNN scales the images). The statistics are buffers of the
@@ -609,7 +609,7 @@ def train_epochs(
     the number of gradient steps.
 
     The loss parts stay on the device until the end and are read back in one transfer
-    (:func:`~dagrl.cuda_graphs.step_means`): a read-back per step would make a GPU learner wait for
+    (:func:`~dagrl.nn.cuda_graphs.step_means`): a read-back per step would make a GPU learner wait for
     each step's kernels before it queues the next step's (without ``target_kl`` nothing else syncs)."""
     cfg, agent = state.cfg, state.agent
     outs: list[dict[str, torch.Tensor]] = []

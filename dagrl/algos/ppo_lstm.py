@@ -25,14 +25,14 @@ import torch
 from torch import nn
 
 from dagrl.algos import ppo
+from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.ppo import ACTION_SPACES, ActorCritic, Metrics, Rollout, Weights, gae, publish
-from dagrl.context import RoleContext
-from dagrl.episodes import EpisodeTracker
-from dagrl.evaluator import EpisodeRunner
-from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.mixed_obs import MixedBox
-from dagrl.networks import CNN, RunningNorm, encoder, obs_array, obs_tensor
-from dagrl.schema import at_least
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least
+from dagrl.envs.episodes import EpisodeTracker
+from dagrl.envs.mixed import MixedBox
+from dagrl.nn.networks import CNN, RunningNorm, encoder, obs_array, obs_tensor
 
 __all__ = [
     "ACTION_SPACES", "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
@@ -85,7 +85,7 @@ State = tuple[torch.Tensor, torch.Tensor]
 
 
 class LSTMCore(nn.Module):
-    """An observation encoder (:func:`~dagrl.networks.encoder`: ``cnn`` for images) and an LSTM over
+    """An observation encoder (:func:`~dagrl.nn.networks.encoder`: ``cnn`` for images) and an LSTM over
     its features, unrolled over env sequences whose state is zeroed where an episode starts; the
     recurrent trunk of :class:`RecurrentActorCritic` and of R2D2's Q-network (``dagrl.algos.r2d2``).
     ``obs_norm``: running observation statistics applied before the encoder, or ``None``."""

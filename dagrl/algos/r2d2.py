@@ -22,17 +22,17 @@ import torch
 from torch import nn
 
 from dagrl.algos import dqn
+from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.dqn import ACTION_SPACES, DuelingHead, Weights, publish
 from dagrl.algos.ppo_lstm import LSTMCore, State, evaluate
-from dagrl.context import RoleContext
-from dagrl.cuda_graphs import step_means
-from dagrl.evaluator import EpisodeRunner
-from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import obs_tensor
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least, unit_interval
+from dagrl.nn.cuda_graphs import step_means
+from dagrl.nn.networks import obs_tensor
 from dagrl.replay import ReplayState, Sample
 from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, sample, shard_draws
 from dagrl.replay.sequences import SequenceRecorder, sequence_schema
-from dagrl.schema import at_least, unit_interval
 
 __all__ = [
     "ACTION_SPACES", "Config", "RecurrentQ", "collect", "evaluate", "evaluator", "learner", "publish",

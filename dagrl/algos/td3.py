@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.context import RoleContext
-from dagrl.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
-from dagrl.evaluator import EpisodeRunner
-from dagrl.fragment import evaluation, fragment, iteration, role
-from dagrl.networks import (
+from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
+from dagrl.nn.networks import (
     CNN,
     Shift,
     TwinQ,
@@ -37,7 +38,6 @@ from dagrl.networks import (
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
-from dagrl.schema import at_least, positive, unit_interval
 
 ACTION_SPACES = (gym.spaces.Box,)  # a deterministic action scaled to the bounds
 
@@ -77,14 +77,14 @@ class Config:
     hidden: int = 128
     """Width of the two hidden layers of every network."""
     cnn: CNN = "nature"
-    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.networks.CNNS`)."""
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.networks.CNNS`)."""
     cuda_graphs: bool = False
     """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
     augment_shift: int = 0
     """Image observations only: in every gradient step, each batch image moved by up to this many
-    pixels (DrQ's random shift, :func:`dagrl.networks.random_shift`, which DrQ-v2 pairs with a
+    pixels (DrQ's random shift, :func:`dagrl.nn.networks.random_shift`, which DrQ-v2 pairs with a
     deterministic actor as here; 4 for 84x84); 0: none."""
     share_encoder: bool = False
     """Image observations only: the actor reads the critic's encoder, its features detached (DrQ-v2's

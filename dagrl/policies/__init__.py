@@ -8,7 +8,7 @@ data-parallel learner replicas (:mod:`.dataparallel`), and ``central-inference``
 and ``apex`` stream the samplers to the learner, which pulls what has arrived (through replay under
 ``apex``), without the driver (:mod:`.pull`); ``split-learner`` streams the samplers and submits
 rate-limited learner rounds from the driver (:mod:`.streaming`).
-Their names and options are data in :mod:`dagrl.distribution`.
+Their names and options are data in :mod:`dagrl.core.distribution`.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.context import Episodes
-from dagrl.fragment import FragmentGraph, Node
+from dagrl.core.context import Episodes
+from dagrl.core.fragment import FragmentGraph, Node
 from dagrl.runtime import mailbox, shm
 from dagrl.runtime.executor import Call, Executor, Report
 from dagrl.runtime.hosts import Handle, close_all
@@ -116,7 +116,7 @@ class Policy:
         for the last call of ``previous`` on its role, so a role state sees the iterations in order
         (the next ``publish`` after this ``update``), however Dask orders ready tasks.
         ``mail``: edges whose value may go through a same-host mailbox (:meth:`Executor.run_nodes`), each
-        with the nodes its consumer then also waits for (:func:`~dagrl.distribution.mail_edges`).
+        with the nodes its consumer then also waits for (:func:`~dagrl.core.distribution.mail_edges`).
         """
         t0 = time.perf_counter()
         roles = self.graph.algorithm.roles

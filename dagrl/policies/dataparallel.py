@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagrl.distribution import data_parallel_roles, mail_edges
+from dagrl.app.driver import TrainingError
+from dagrl.core.distribution import data_parallel_roles, mail_edges
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.runtime.collective import form_group
-from dagrl.runtime.driver import TrainingError
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.supervisor import RoleFailure
 

@@ -6,7 +6,7 @@ worker). Two things change:
 * before the samplers' fragment runs, a ``load-inference`` task gives the inference role the
   weights that fragment receives (fetched from the learner's worker peer to peer); the samplers'
   tasks wait for it, so every action of the iteration comes from that version;
-* each sampler acts through :meth:`dagrl.context.RoleContext.acting`, which here is a client of the
+* each sampler acts through :meth:`dagrl.core.context.RoleContext.acting`, which here is a client of the
   inference role: one request per env step on a socket of the inference worker's host, answered
   from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`); TLS with
   the cluster's own certificates where Dask's comms are TLS.
@@ -33,8 +33,8 @@ import logging
 import threading
 from typing import Any
 
-from dagrl.distribution import INFERENCE_ROLE
-from dagrl.fragment import Node
+from dagrl.core.distribution import INFERENCE_ROLE
+from dagrl.core.fragment import Node
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.policies.streaming import Rounds

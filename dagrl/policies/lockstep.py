@@ -27,7 +27,7 @@ class Lockstep(Policy):
         """The next iteration, submitted while this one ran (``step(ahead=True)``)."""
         self.mail: dict[tuple[int, int], tuple[int, ...]] = {}
         """Edges of the iteration whose value may go through a same-host mailbox (``sync``), with the
-        nodes each consumer then also waits for (:func:`~dagrl.distribution.mail_edges`)."""
+        nodes each consumer then also waits for (:func:`~dagrl.core.distribution.mail_edges`)."""
 
     def step(self, ahead: bool = False) -> StepResult:
         """Run one iteration. ``ahead``: the driver will ask for the next one right after, with

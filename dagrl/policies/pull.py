@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.distribution import stream_shape, warmup_steps
-from dagrl.fragment import Node
+from dagrl.core.distribution import stream_shape, warmup_steps
+from dagrl.core.fragment import Node
 from dagrl.policies.base import Policy, StepResult
 from dagrl.runtime import spans
 from dagrl.runtime.hosts import Handle
@@ -338,7 +338,7 @@ class Async(Stream):
 
     @property
     def stream_options(self) -> Any:
-        """The :class:`~dagrl.distribution.AsyncOptions` this stream runs with."""
+        """The :class:`~dagrl.core.distribution.AsyncOptions` this stream runs with."""
         return self.options
 
     def hub_options(self) -> dict[str, Any]:
@@ -359,7 +359,7 @@ class Apex(Stream):
     name = "apex"
     staleness_key = "perf/weights_lag"
     runs_ahead = True
-    """Its learner's rounds follow each other without the driver (what :mod:`dagrl.tune.model` calls
+    """Its learner's rounds follow each other without the driver (what :mod:`dagrl.app.tune.model` calls
     running ahead; ``async``'s do too, and the model has a form of its own for them)."""
 
     def hub_options(self) -> dict[str, Any]:

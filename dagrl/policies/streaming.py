@@ -1,6 +1,6 @@
 """The round engine behind ``split-learner`` and ``central-inference``'s asynchronous form.
 
-The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
+The iteration is split at its stream (:func:`dagrl.core.distribution.stream_shape`):
 
 * **before** fragments (``publish``) run once per weights version, as tasks on the learner's
   worker; their outputs stay there as futures that the stream's calls name as inputs, so each
@@ -20,7 +20,7 @@ The iteration is split at its stream (:func:`dagrl.distribution.stream_shape`):
 ``max_staleness`` versions; ``apex``/``split-learner`` consume what the inserts stored.
 
 An off-policy algorithm learns nothing until its replay holds ``learning_starts`` env steps
-(:func:`~dagrl.distribution.warmup_steps`). Until then the samplers run free and an iteration only
+(:func:`~dagrl.core.distribution.warmup_steps`). Until then the samplers run free and an iteration only
 counts a round's worth of arrivals: a learner round would be a chain of tasks doing nothing, and
 with the rate limiter tying samplers to it, the samplers' random steps would run at the rate of
 those task chains rather than at their own.
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.distribution import delayed_edges, stream_shape, warmup_steps
-from dagrl.fragment import Node
+from dagrl.core.distribution import delayed_edges, stream_shape, warmup_steps
+from dagrl.core.fragment import Node
 from dagrl.policies.base import Policy, StepResult, learn_time
 from dagrl.runtime.executor import Call, Executor, Report, route, when_done
 from dagrl.runtime.hosts import Handle
@@ -506,7 +506,7 @@ class Rounds(Streaming):
 
     @property
     def stream_options(self) -> Any:
-        """The :class:`~dagrl.distribution.AsyncOptions` this stream runs with."""
+        """The :class:`~dagrl.core.distribution.AsyncOptions` this stream runs with."""
         return self.options
 
     def configure(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagrl.distribution import mail_edges
+from dagrl.core.distribution import mail_edges
 from dagrl.policies.lockstep import Lockstep
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.episodes import EpisodeTracker
+from dagrl.envs.episodes import EpisodeTracker
 from dagrl.replay.nstep import NStep
 from dagrl.replay.role import Transitions
 
@@ -28,7 +28,7 @@ class Recorder:
 
     Examples
     --------
-    >>> from dagrl.context import RoleContext
+    >>> from dagrl.core.context import RoleContext
     >>> envs = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2).make_envs()
     >>> rec, (obs, _) = Recorder(2), envs.reset(seed=0)
     >>> for _ in range(3):

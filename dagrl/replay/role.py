@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.context import Episodes, RoleContext
-from dagrl.fragment import fragment
+from dagrl.core.context import Episodes, RoleContext
+from dagrl.core.fragment import fragment
 from dagrl.replay.schema import Schema
 from dagrl.replay.store import ReplayStore, Sample
 

@@ -18,7 +18,7 @@ are zeros. Row fields, slot ``j`` being the episode's step ``start - burn_in + j
 
 Examples
 --------
->>> from dagrl.context import RoleContext
+>>> from dagrl.core.context import RoleContext
 >>> envs = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=1).make_envs()
 >>> rec, (obs, _) = SequenceRecorder(1, length=4, burn_in=2, overlap=2, width=3), envs.reset(seed=0)
 >>> for _ in range(8):
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.episodes import EpisodeTracker
+from dagrl.envs.episodes import EpisodeTracker
 from dagrl.replay.role import Transitions
 from dagrl.replay.schema import Schema
 

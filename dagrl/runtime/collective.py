@@ -4,7 +4,7 @@ Each replica of a data-parallel role lives in its own worker process, so the pro
 ``torch.distributed`` group is that role's group. The driver picks the rendezvous (replica 0's host
 and a port free there, asked of that worker), every replica joins with its rank at once, and
 replica 0's state is copied to the others. Gradients are then averaged by the algorithm's own call
-to :meth:`dagrl.context.RoleContext.average_gradients`; :func:`digest` lets the policy check that
+to :meth:`dagrl.core.context.RoleContext.average_gradients`; :func:`digest` lets the policy check that
 the replicas really stayed identical.
 """
 

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.context import Episodes
-from dagrl.fragment import Node
+from dagrl.core.context import Episodes
+from dagrl.core.fragment import Node
 from dagrl.runtime import mailbox
 from dagrl.runtime.host import HostGone, run_fragment
 from dagrl.runtime.shm import unwrap
@@ -352,7 +352,7 @@ class Executor:
 
     Examples
     --------
-    >>> from dagrl.graph import load_graph
+    >>> from dagrl.core.graph import load_graph
     >>> from dagrl.runtime.hosts import start_local
     >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.replicas=2"])
     >>> ex = Executor()
@@ -504,7 +504,7 @@ class Executor:
         ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`);
         ``announce``, the nodes whose tasks log their output's report (:meth:`submit`);
         ``mail``, edges (producer id, consumer id) whose value may go through a same-host mailbox
-        (:mod:`dagrl.runtime.mailbox`; :func:`~dagrl.distribution.mail_edges` says which are safe): a
+        (:mod:`dagrl.runtime.mailbox`; :func:`~dagrl.core.distribution.mail_edges` says which are safe): a
         consumer replica on the producer's host, on a worker hosting nothing else
         (:func:`mail_readers`), then gets a ticket instead of the future, so its task does not wait
         for the scheduler to learn that the producer ended.

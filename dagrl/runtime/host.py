@@ -21,8 +21,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from dagrl.context import RoleContext, close_each
-from dagrl.fragment import load_algorithm
+from dagrl.core.context import RoleContext, close_each
+from dagrl.core.fragment import load_algorithm
 from dagrl.runtime import mailbox, shm
 from dagrl.runtime.wire import to_cpu
 
@@ -166,7 +166,7 @@ class RoleHost:
 
     Examples
     --------
-    >>> from dagrl.context import RoleContext, close_each
+    >>> from dagrl.core.context import RoleContext, close_each
     >>> from dagrl.algos.ppo import Config
     >>> ctx = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=2)
     >>> host = RoleHost("ppo", "sampler", ctx, Config(num_steps=4))

@@ -8,7 +8,7 @@ Three parts:
 * :class:`BatchServer`, in the ``inference`` role's host: a TCP socket on the worker's address and
   one thread that reads requests from every sampler's connection (``selectors``), runs the batcher
   and writes the answers. Neither the worker's event loop nor the scheduler sees a step.
-* :class:`InferenceClient`, what a sampler's :meth:`dagrl.context.RoleContext.acting` returns: one
+* :class:`InferenceClient`, what a sampler's :meth:`dagrl.core.context.RoleContext.acting` returns: one
   request per env step on a connection of its own to that socket (never the driver).
 
 Why not an actor call per step: through Dask (the sampler's thread handing the call to its worker's

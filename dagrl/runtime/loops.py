@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dagrl.distribution import stream_shape
-from dagrl.fragment import Node, load_algorithm
+from dagrl.core.distribution import stream_shape
+from dagrl.core.fragment import Node, load_algorithm
 from dagrl.runtime.executor import report, route
 from dagrl.runtime.host import HOSTS, _host
 from dagrl.runtime.shm import unwrap, wrap

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dagrl.graph import RoleSpec
+from dagrl.core.graph import RoleSpec
 
 
 class PlacementError(RuntimeError):
@@ -17,7 +17,7 @@ def place(
 ) -> dict[tuple[str, int], str]:
     """Map each ``(role, replica)`` to a worker address, one role actor per worker where possible.
 
-    ``workers`` is :func:`dagrl.clusters.workers`: address -> info with ``resources``.
+    ``workers`` is :func:`dagrl.clusters.spec.workers`: address -> info with ``resources``.
     Roles asking for a GPU go first, onto workers advertising ``GPU``; the rest spread over the
     least-loaded workers; a worker *named* ``<role>-<i>`` (SLURM's per-role jobs) takes replica i of
     that role. ``CPU`` is checked against a worker's threads; any other resource must be advertised by
@@ -25,7 +25,7 @@ def place(
 
     Examples
     --------
-    >>> from dagrl.graph import RoleSpec
+    >>> from dagrl.core.graph import RoleSpec
     >>> w = {"tcp://a": {"resources": {"GPU": 1}}, "tcp://b": {"resources": {}}}
     >>> place({"sampler": RoleSpec(replicas=1), "learner": RoleSpec(resources={"GPU": 1})}, w)
     {('learner', 0): 'tcp://a', ('sampler', 0): 'tcp://b'}

@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagrl.clusters import workers as live_workers
+from dagrl.clusters.spec import workers as live_workers
 
 log = logging.getLogger("dagrl")
 
@@ -268,7 +268,7 @@ class Supervisor:
         back (seen on a loaded 2-core machine), on a LocalCluster of this process: its spec entry is
         replaced by a copy under a new name (same resources, same environment, e.g. its GPU), so the
         cluster keeps its size. Whether one was started. SLURM worker jobs are resubmitted by the
-        job watcher instead (:mod:`dagrl.slurm`); a cluster reached by address is not this process's."""
+        job watcher instead (:mod:`dagrl.clusters.slurm`); a cluster reached by address is not this process's."""
         from distributed import LocalCluster
 
         cluster = getattr(self.client, "cluster", None)

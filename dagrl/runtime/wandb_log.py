@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dagrl.schema import ConfigError
+from dagrl.core.schema import ConfigError
 
 log = logging.getLogger("dagrl")
 

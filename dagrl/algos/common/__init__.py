@@ -1,0 +1,1 @@
+"""What the algorithms share: rollouts, epochs, losses, distributions, evaluation."""

@@ -1,0 +1,486 @@
+"""The ``dagrl`` command: ``run``, ``sweep``, ``graph``, ``bench`` and the rest.
+
+Every user mistake (a bad graph or cluster file, an unknown env, a missing run directory) ends in
+one line naming the file, the key and the value, with exit code 2, before any cluster starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import runpy
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from dagrl.app.catalog import resolve
+from dagrl.app.driver import TrainingError
+from dagrl.clusters.spec import SlurmError
+from dagrl.core.schema import ConfigError, changed_keys, read_yaml
+from dagrl.runtime.placement import PlacementError
+
+log = logging.getLogger("dagrl")
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when the handler was made
+    (``main`` called again in one process, under a test's or a notebook's replaced stderr, would
+    otherwise log to a stream closed since)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _setup_logging(quiet: bool) -> None:
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("dagrl: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+
+
+def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, Any, bool]:
+    """Everything validated before a cluster starts: graph, cluster, checkpoint, run dir (and whether
+    this command created it)."""
+    import torch
+
+    from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
+    from dagrl.core.graph import load_graph, validate_device_request
+    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
+    from dagrl.runtime.hosts import check_fits
+    from dagrl.runtime.rundir import RunDir
+
+    resume = rundir = None
+    graph_path = resolve("graphs", args.graph, "GRAPH")
+    if args.resume is not None:
+        rundir = RunDir(args.resume)
+        if not rundir.config_path.exists():
+            raise ConfigError("--resume", "", f"{args.resume} is not a dagrl run directory (no config.yaml)")
+        graph_path = graph_path or rundir.config_path
+        try:
+            resume = load_checkpoint(rundir.path)
+        except (FileNotFoundError, CheckpointError) as err:
+            raise ConfigError("--resume", "", str(err)) from None
+    if graph_path is None:
+        raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
+    graph = load_graph(graph_path, args.set)
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
+        validate_device_request(graph, torch.cuda.is_available())
+    if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
+        check_local(cluster, graph)
+    changes = {}
+    if resume is not None:
+        changes = changed_keys(read_yaml(rundir.config_path), graph.to_dict())
+        try:
+            check_fits(graph, resume["roles"], str(rundir.path))
+        except ValueError as err:
+            used = Path(resume["path"]).name
+            raise ConfigError(
+                "--resume", "", f"checkpoint {used} does not fit graph {graph_path}: {err} (changed: {_said(changes)})"
+            ) from None
+    if rundir is None and args.run_dir is not None:
+        rundir = RunDir(args.run_dir)
+        if not rundir.path.is_dir():
+            raise ConfigError("--run-dir", "", f"{args.run_dir} does not exist")
+    created = rundir is None
+    if rundir is None:
+        rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+    if changes:  # a resume that changes the run: say what, and keep it in events.jsonl
+        log.info("resuming with changes: %s", _said(changes))
+        at = resume["counters"]["iteration"]
+        rundir.append_event({"event": "config_change", "iteration": at, "changes": changes})
+    rundir.write_config(graph.to_dict())
+    return graph, cluster, resume, rundir, created
+
+
+def _said(changes: dict[str, tuple[Any, Any]]) -> str:
+    return "; ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()) or "nothing"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dagrl.app.training import train
+
+    graph, cluster, resume, rundir, created = _load_for_run(args)
+    try:
+        summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet)
+    except BaseException:
+        if created and not rundir.list_checkpoints():  # never started (no cluster, no placement): leave nothing
+            shutil.rmtree(rundir.path, ignore_errors=True)
+        raise
+    if summary["stop_reason"] == "interrupted":
+        log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
+        return 130
+    evaluated = "" if summary.get("eval_return") is None else f", evaluation return {summary['eval_return']:.1f}"
+    at = summary.get("stopped_at") or {}
+    if at and at["iteration"] != summary["iterations"]:  # the iteration submitted ahead finished after the stop
+        held = "-" if at["mean_return"] is None else f"{at['mean_return']:.1f}"
+        evaluated += f" (the stop held at iteration {at['iteration']}, mean return {held})"
+    log.info(
+        "done (%s): %d iterations, %d env steps, mean return %s%s, %.1f s; see %s",
+        summary["stop_reason"],
+        summary["iterations"],
+        summary["env_steps"],
+        "-" if summary["mean_return"] is None else f"{summary['mean_return']:.1f}",
+        evaluated,
+        summary["elapsed_s"],
+        rundir.path,
+    )
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dagrl.app.sweep import markdown, plan, run_sweep, sweep_client
+    from dagrl.clusters.spec import SlurmSpec, load_cluster
+    from dagrl.runtime.rundir import RunDir
+
+    graph_path = resolve("graphs", args.graph, "GRAPH")
+    if graph_path is None:
+        raise ConfigError("dagrl sweep", "GRAPH", "give a graph file or name")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", "", f"must be >= 1, got {args.workers}")
+    base, trials = plan(graph_path, args.set, args.grid, args.seeds)
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if args.pool is not None and (not isinstance(cluster, SlurmSpec) or args.pool not in cluster.pools):
+        known = ", ".join(cluster.pools) if isinstance(cluster, SlurmSpec) else "none: not a SLURM cluster file"
+        raise ConfigError("--pool", "", f"{args.pool!r} is not a pool of the cluster file ({known})")
+    pool = None
+    if isinstance(cluster, SlurmSpec):
+        need_jobqueue("dagrl sweep --cluster")
+        pool = args.pool or next(iter(cluster.pools))
+    out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
+    out = out.resolve()  # job scripts and workers elsewhere read it
+    if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
+        raise ConfigError("--out", "", f"{out} exists and holds no sweep (no trials.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
+    if base.spec.policy != "single":
+        log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
+    settings = len({t.setting for t in trials})
+    log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
+    one_per_job = None
+    if pool is not None:  # every job advertises its pool once: one trial per job at a time
+        from dagrl.clusters.slurm import pool_resource
+
+        one_per_job = {pool_resource(pool): 1.0}
+    with sweep_client(cluster, len(trials), args.workers, out, pool) as client:
+        log.info("dashboard: %s", client.dashboard_link)
+        rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet, resources=one_per_job)
+    print(markdown(rows), end="")
+    failed = sum(r["failed"] for r in rows)
+    if failed:
+        log.warning("%d of %d trials failed; see %s", failed, len(trials), out / "trials.jsonl")
+    return 1 if failed else 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from dagrl.app.evaluate import evaluate_checkpoint, write_result
+
+    result = evaluate_checkpoint(args.run, args.episodes, args.seed, args.set, args.video)
+    run = Path(result.checkpoint).parent.parent
+    out = write_result(run, result)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print(result.line())
+    for video in result.videos:
+        print(f"  video: {video}")
+    print(f"  wrote {out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from dagrl.app.export import export_policy
+
+    print(export_policy(args.run, args.out, args.set).line())
+    return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from dagrl.app.inspect import describe, to_dot, to_task_dot
+    from dagrl.core.graph import load_graph
+
+    graph = load_graph(resolve("graphs", args.graph, "GRAPH"), args.set)
+    print(describe(graph))
+    if args.dot:
+        Path(args.dot).write_text(to_dot(graph))
+        print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o graph.png)")
+    if args.tasks:
+        Path(args.tasks).write_text(to_task_dot(graph))
+        print(f"wrote {args.tasks}: one iteration's Dask tasks (render with: dot -Tsvg {args.tasks} -o tasks.svg)")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Measure, predict, verify; write the tuned graph and print predicted vs achieved."""
+    import json
+    import shlex
+
+    from dagrl.app.tune import Measurements, shape_of, tune, write_tuned
+    from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
+    from dagrl.core.graph import load_graph
+    from dagrl.core.schema import apply_overrides
+
+    path = resolve("graphs", args.graph, "GRAPH")
+    graph = load_graph(path, args.set)
+    shape_of(graph)  # refuses a graph with nothing to tune, before anything starts
+    cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
+    if isinstance(cluster, LocalClusterSpec):
+        check_local(cluster, graph)
+    if args.budget_s <= 0:
+        raise ConfigError("dagrl tune", "--budget-s", f"must be > 0, got {args.budget_s}")
+    measured = None
+    if args.from_measurements:
+        try:
+            measured = Measurements.from_dict(json.loads(Path(args.from_measurements).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(args.from_measurements, "", f"not a measurements file of dagrl tune ({err})") from None
+    data = apply_overrides(read_yaml(path), list(args.set))
+    out = Path(args.out or f"{Path(path).stem}-tuned.yaml")
+    tuning = tune(
+        graph, data, cluster, budget_s=args.budget_s, n_verify=args.verify, max_samplers=args.max_samplers,
+        measurements=measured, progress=not args.quiet,
+    )  # fmt: skip
+    if args.measurements:
+        Path(args.measurements).write_text(json.dumps(tuning.measurements.to_dict(), indent=1) + "\n")
+    command = shlex.join(["dagrl", "tune", *(args.argv or [])])
+    write_tuned(tuning, data, command, out, str(path))
+    print(_tune_report(tuning))
+    print(f"wrote {out}")
+    return 0
+
+
+def _tune_report(tuning: Any) -> str:
+    lines = ["predicted  achieved  env steps/s"]
+    for c, p in tuning.ranked[:5]:
+        lines.append(f"{p.steps_s:9.0f}  {'':>8}  {c.describe()}")
+    if tuning.verified:
+        lines = ["predicted  achieved  env steps/s (short real runs)"]
+        for r in tuning.verified:
+            pred = "-" if r.predicted is None else f"{r.predicted.steps_s:.0f}"
+            got = "-" if r.achieved is None else f"{r.achieved:.0f}"
+            lines.append(f"{pred:>9}  {got:>8}  {r.label(tuning)}")
+    return "\n".join(lines)
+
+
+def cmd_list(kind: str) -> int:
+    """``dagrl graphs`` / ``dagrl clusters``: every file usable by name, with its first comment line."""
+    from dagrl.app import catalog
+
+    found = catalog.entries(kind)
+    width = max((len(n) for n in found), default=0)
+    for name, path in found.items():
+        print(f"{name:<{width}}  {catalog.describe(path)}")
+    where = ", ".join(str(d) for d in catalog.search_dirs(kind))
+    print(f"({len(found)} {kind}, by name from: {where})", file=sys.stderr)
+    return 0
+
+
+def benchmarks_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    return here if here.is_dir() else Path.cwd() / "benchmarks"
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    script = benchmarks_dir() / f"{args.name.replace('-', '_')}.py"
+    if not script.exists():
+        known = sorted(p.stem.replace("_", "-") for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
+        raise ConfigError(
+            "dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})"
+        )
+    sys.argv = [str(script), *rest]
+    sys.path[:0] = [str(script.parent), str(script.parent.parent)]  # _common, and tests/ helpers
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dagrl", description="Distributed reinforcement learning on Dask.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train the algorithm of a graph file")
+    run.add_argument("graph", nargs="?", help="a graph file or name (`dagrl graphs`; optional with --resume)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a graph field, e.g. hyperparameters.lr=3e-4",
+    )
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (`dagrl clusters`; default: an embedded LocalCluster)")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    run.add_argument("--quiet", action="store_true", help="no progress line, warnings only")
+    run.add_argument("--run-dir", help="write into this existing run directory (used by dagrl submit)")
+
+    submit = sub.add_parser("submit", help="train on SLURM in the background: returns a job id and run directory")
+    submit.add_argument("graph", help="a graph file or name")
+    submit.add_argument("--cluster", required=True, help="a cluster file or name of kind slurm (e.g. slurm)")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    submit.add_argument("--dry-run", action="store_true", help="print every sbatch script; submit nothing")
+
+    status = sub.add_parser("status", help="state, progress and dashboard tunnel of a submitted run")
+    status.add_argument("run", metavar="RUN_DIR")
+    logs = sub.add_parser("logs", help="follow the driver log of a submitted run")
+    logs.add_argument("run", metavar="RUN_DIR")
+    logs.add_argument("--no-follow", dest="follow", action="store_false", help="print what is there and exit")
+    logs.add_argument("--workers", action="store_true", help="print the worker jobs' logs instead")
+    cancel = sub.add_parser("cancel", help="cancel every SLURM job of a submitted run")
+    cancel.add_argument("run", metavar="RUN_DIR")
+
+    sweep = sub.add_parser("sweep", help="run hyperparameter settings x seeds side by side, a whole run per task")
+    sweep.add_argument("graph", help="a graph file or name")
+    sweep.add_argument(
+        "--grid", action="append", default=[], metavar="KEY=V1,V2",
+        help="values to try, e.g. hyperparameters.lr=1e-3,3e-4",
+    )  # fmt: skip
+    sweep.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every setting (default 1 2 3)")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    where = sweep.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
+    sweep.add_argument(
+        "--workers", type=int, help="local worker processes (default: one per core) or SLURM jobs (one per trial)"
+    )
+    sweep.add_argument("--pool", help="the SLURM cluster file's pool for the trials' jobs (default: its first)")
+    sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+
+    ev = sub.add_parser("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
+    ev.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
+    ev.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
+    ev.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's)")
+    ev.add_argument("--video", metavar="DIR", help="also record every episode as an MP4 here (needs dagrl[video])")
+    ev.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
+    )
+    ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
+
+    ex = sub.add_parser("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
+    ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
+    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2)")
+    ex.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
+    )
+
+    graph = sub.add_parser("graph", help="print a graph's spaces and encoder, roles, replicas, fragments and edges")
+    graph.add_argument("graph", help="a graph file or name (`dagrl graphs`)")
+    graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
+    graph.add_argument(
+        "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
+    )
+
+    tune = sub.add_parser("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
+    tune.add_argument("graph", help="a graph file or name")
+    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    where = tune.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (default: an embedded LocalCluster)")
+    where.add_argument("--scheduler", help="tune on a running Dask scheduler")
+    tune.add_argument("--budget-s", type=float, default=120.0, help="seconds to spend measuring and verifying")
+    tune.add_argument("--out", help="the tuned graph to write (default: GRAPH-tuned.yaml here)")
+    tune.add_argument("--verify", type=int, default=3, help="best predictions to check by short real runs (0: none)")
+    tune.add_argument(
+        "--max-samplers", type=int, help="most samplers a candidate may have (default: 4 per core, <= 16)"
+    )
+    tune.add_argument("--measurements", metavar="FILE", help="also save what was measured (JSON)")
+    tune.add_argument(
+        "--from", dest="from_measurements", metavar="FILE", help="use saved measurements; measure nothing"
+    )
+    tune.add_argument("--quiet", action="store_true")
+
+    sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
+    sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
+
+    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (sampling, ppo-cartpole, ...)")
+    bench.add_argument("name")
+    return p
+
+
+SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")
+
+
+def need_jobqueue(where: str) -> None:
+    """Refuse a SLURM command or cluster without dask-jobqueue installed, naming the extra to install."""
+    try:
+        import dask_jobqueue  # noqa: F401
+    except ImportError:
+        raise ConfigError(where, "", "needs the slurm extra: pip install 'dagrl[slurm]'") from None
+
+
+def os_error(err: OSError) -> str:
+    """One line for an error of the machine: what failed and where."""
+    text = " ".join(str(err).split())
+    if err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    return text
+
+
+def _import_from_working_directory() -> None:
+    """Let a graph name modules beside it, as ``python -m dagrl`` does (``algorithm: my_algo``,
+    ``env.id: my_envs:Corridor-v0``); last on the path, so a file there cannot shadow a package. The
+    embedded cluster's workers start with this path too (multiprocessing's spawn passes it on)."""
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    _import_from_working_directory()
+    if rest and args.command != "bench":
+        overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+        hint = f" (a graph field is set with --set, e.g. --set {overrides[0]})" if overrides else ""
+        parser().error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+    _setup_logging(getattr(args, "quiet", False))
+    try:
+        if args.command in SUBMIT_COMMANDS:
+            need_jobqueue(f"dagrl {args.command}")
+            from dagrl.clusters import submit
+
+            return getattr(submit, f"cmd_{args.command}")(args)
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "graph":
+            return cmd_graph(args)
+        if args.command == "eval":
+            return cmd_eval(args)
+        if args.command == "export":
+            return cmd_export(args)
+        if args.command == "sweep":
+            return cmd_sweep(args)
+        if args.command == "tune":
+            args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
+            return cmd_tune(args)
+        if args.command in ("graphs", "clusters"):
+            return cmd_list(args.command)
+        return cmd_bench(args, rest)
+    except ConfigError as err:
+        print(f"dagrl: error: {err}", file=sys.stderr)
+        return 2
+    except PlacementError as err:
+        print(f"dagrl: error: placement: {err}", file=sys.stderr)
+        return 2
+    except SlurmError as err:
+        print(f"dagrl: error: SLURM: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the machine: a full disk, permissions, a refused connection
+        print(f"dagrl: error: {os_error(err)}", file=sys.stderr)
+        return 2
+    except TrainingError as err:
+        print(f"dagrl: training stopped: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dagrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""The driver loop: iterations, counters, stop conditions, metrics, checkpoints and progress."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dagrl.core.graph import Graph
+from dagrl.runtime.checkpoint import load_checkpoint, non_finite, save_checkpoint
+from dagrl.runtime.progress import Progress
+from dagrl.runtime.rundir import RunDir
+from dagrl.runtime.supervisor import CrashLoop, RoleFailure
+
+if TYPE_CHECKING:  # the runtime never imports the policies; they hand themselves in
+    from dagrl.policies.base import Policy
+
+log = logging.getLogger("dagrl")
+
+
+@dataclass
+class Counters:
+    iteration: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    frames: int = 0
+    """Samples consumed by gradient updates."""
+    elapsed_s: float = 0.0
+    """Training seconds, summed over resumed sessions."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a loss became NaN); the last good checkpoint is kept."""
+
+
+class Trainer:
+    """Runs a policy's iterations until a stop condition holds, recording everything in a run dir.
+
+    Examples
+    --------
+    >>> from dagrl.core.graph import load_graph
+    >>> from dagrl.policies import build_policy
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2"])
+    >>> rd = RunDir.create("/tmp/dagrl-doctest", g.name)
+    >>> Trainer(g, build_policy(g), rd, progress=Progress(enabled=False)).run()["iterations"]
+    2
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        policy: Policy,
+        rundir: RunDir,
+        *,
+        resume: dict[str, Any] | None = None,
+        progress: Progress | None = None,
+    ):
+        self.graph, self.policy, self.rundir = graph, policy, rundir
+        self.progress = progress or Progress()
+        self.stop = graph.spec.stop
+        self.counters = Counters()
+        self._most_env_steps = 0
+        """The most env steps one iteration has counted (what :meth:`horizon` expects of the next at
+        most: a streaming policy's iterations count what arrived, which varies)."""
+        self.listeners: list[Any] = []
+        """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
+        self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
+        self.last_eval: float | None = None
+        """``eval/return_mean`` of the newest evaluation that finished (``stop.eval_return``)."""
+        self.evaluation = Evaluation(policy, graph.spec.evaluate)
+        if resume is not None:
+            self.counters = Counters(**resume["counters"])
+            self.recent.extend(resume.get("recent", []))
+            self.last_eval = resume.get("last_eval")
+            policy.load_state_dict(resume["roles"])
+            policy.resumed(self.counters.env_steps)
+            rundir.truncate_metrics(self.counters.iteration)
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent)) if self.recent else None
+
+    def stop_reason(self) -> str | None:
+        c, s = self.counters, self.stop
+        ret = self.mean_return()
+        if s.mean_return is not None and len(self.recent) >= s.window and ret is not None and ret >= s.mean_return:
+            return "mean_return"
+        if s.eval_return is not None and self.last_eval is not None and self.last_eval >= s.eval_return:
+            return "eval_return"
+        if s.env_steps is not None and c.env_steps >= s.env_steps:
+            return "env_steps"
+        if s.iterations is not None and c.iteration >= s.iterations:
+            return "iterations"
+        if s.wall_time_s is not None and c.elapsed_s >= s.wall_time_s:
+            return "wall_time"
+        return None
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint, unless some weight is NaN or inf: then stop, keeping the last good one."""
+        roles = self.policy.state_dict()
+        bad = [f"{role}.{key}" for role, states in roles.items() for key in non_finite(states)]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise TrainingError(
+                f"iteration {self.counters.iteration}: non-finite weights in {shown}; last good checkpoint kept"
+            )
+        payload = {
+            "counters": dataclasses.asdict(self.counters),
+            "recent": list(self.recent),
+            "last_eval": self.last_eval,
+            "roles": roles,
+        }
+        save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
+
+    def restore(self, failure: RoleFailure) -> None:
+        """A learner (single-instance role) failed: replace it and roll the run back to the last checkpoint.
+
+        Every learner-side role is restored together (so a critic and an actor stay consistent);
+        replay shards reopen their stores; counters go back to the checkpoint's, never further.
+        """
+        supervisor = self.policy.supervisor
+        if supervisor is None:
+            raise TrainingError(str(failure)) from failure.cause
+        supervisor.replace(failure)
+        ckpt = load_checkpoint(self.rundir.path)
+        before = dataclasses.replace(self.counters)
+        elapsed = self.counters.elapsed_s
+        self.counters = Counters(**{**ckpt["counters"], "elapsed_s": elapsed})
+        self.recent.clear()
+        self.recent.extend(ckpt.get("recent", []))
+        self.last_eval = ckpt.get("last_eval")
+        roles = self.graph.algorithm.roles
+        self.policy.restore({r: s for r, s in ckpt["roles"].items() if not roles[r].many})
+        self.rundir.truncate_metrics(self.counters.iteration)
+        log.warning(
+            "%s[%d] restored from the checkpoint of iteration %d (%d iterations, %d env steps redone)",
+            failure.handle.role,
+            failure.handle.index,
+            self.counters.iteration,
+            before.iteration - self.counters.iteration,
+            before.env_steps - self.counters.env_steps,
+        )
+        self.rundir.append_event(
+            {
+                "event": "rollback",
+                "role": failure.handle.role,
+                "to_iteration": self.counters.iteration,
+                "iterations_lost": before.iteration - self.counters.iteration,
+                "env_steps_lost": before.env_steps - self.counters.env_steps,
+            }
+        )
+
+    def _on_restart(self, event: Any) -> None:
+        self.rundir.append_event({"event": "restart", "iteration": self.counters.iteration, **vars(event)})
+
+    def run(self) -> dict[str, Any]:
+        """Train until a stop condition; returns (and writes) the run summary."""
+        reason = self.stop_reason()
+        start = time.perf_counter() - self.counters.elapsed_s
+        if self.policy.supervisor is not None:
+            self.policy.supervisor.listeners.append(self._on_restart)
+        if not self.rundir.list_checkpoints():
+            self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
+        stopped_at = self._stop_row() if reason is not None else None
+        with _stop_on_sigint() as stop_requested:
+            try:
+                while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
+                    try:
+                        self.policy.horizon = self.horizon()
+                        res = self.policy.step(ahead=reason is None and self.policy.horizon > 1)
+                        self._record(res, start)
+                    except RoleFailure as failure:
+                        self.restore(failure)
+                        reason = None  # rolled back: the stop is decided again
+                    if reason is None:
+                        reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+                        stopped_at = self._stop_row() if reason is not None else None
+            except CrashLoop as err:  # from a policy replacing a sampler, or from restore()
+                raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
+            except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
+                log.warning("aborted; the last periodic checkpoint is kept")
+                raise
+            finally:
+                self.progress.close()
+        final_eval = self.evaluation.close()
+        try:
+            self.checkpoint()
+        except (RoleFailure, CrashLoop) as err:
+            raise TrainingError(f"final checkpoint: {err}; the last periodic checkpoint is kept") from None
+        summary = {
+            "stop_reason": reason,
+            "iterations": self.counters.iteration,
+            "env_steps": self.counters.env_steps,
+            "episodes": self.counters.episodes,
+            "mean_return": self.mean_return(),
+            "eval_return": self.last_eval,
+            "elapsed_s": self.counters.elapsed_s,
+            "stopped_at": stopped_at,
+            "run_dir": str(self.rundir.path),
+        }
+        if final_eval:
+            summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
+        try:
+            self.rundir.write_summary(summary)
+            self.rundir.plot()
+        except OSError as err:  # the run itself is done and checkpointed: say what is missing, do not fail
+            log.warning("could not write %s (%s); the checkpoints are complete", err.filename or "run files", err)
+        return summary
+
+    def _stop_row(self) -> dict[str, Any]:
+        """The counters when the stop condition held. An iteration submitted ahead of that moment still
+        finishes and is counted, so the summary's totals (and its ``mean_return`` window) can move past
+        these: a ``mean_return`` stop at 475 may end with a window of 470."""
+        c = self.counters
+        return {
+            "iteration": c.iteration,
+            "env_steps": c.env_steps,
+            "mean_return": self.mean_return(),
+            "eval_return": self.last_eval,
+            "elapsed_s": c.elapsed_s,
+        }
+
+    def _record(self, res: Any, start: float) -> None:
+        """Count, log and show one finished iteration; checkpoint when one is due."""
+        evaluated = self.evaluation.after(self.counters.iteration + 1)
+        res.metrics.update(evaluated)
+        self._count(res, start)
+        if "eval/return_mean" in evaluated:
+            self.last_eval = evaluated["eval/return_mean"]
+        elif self.stop.eval_return is not None and any(k != "eval/skipped" for k in evaluated):
+            raise TrainingError(
+                f"stop.eval_return: the evaluation of {self.graph.spec.algorithm} returned no eval/return_mean "
+                f"(it returned {', '.join(sorted(evaluated))})"
+            )
+        row = self._row(res)
+        self.rundir.log(row)
+        self.progress.update(row)
+        for listener in self.listeners:
+            listener(row, res)
+        every = self.graph.spec.checkpoint.every
+        if every and self.counters.iteration % every == 0:
+            self.checkpoint()
+
+    def horizon(self) -> int:
+        """How many iterations, the next one included, may end before the driver must act between two:
+        a checkpoint, a blocking evaluation, or a stop it can foresee (``iterations``; ``env_steps``, at
+        the largest iteration's count so far). A policy whose learner runs without the driver (``async``)
+        runs no further, so a checkpoint holds exactly the iterations its counters say; above 1, a lockstep
+        policy may submit the next iteration with this one. A stop it cannot foresee (``mean_return``,
+        ``eval_return``, ``wall_time_s``, Ctrl-C) lets the iterations already under way finish, and counts them."""
+        c, s = self.counters, self.stop
+        ends = []
+        every = self.graph.spec.checkpoint.every
+        if every:
+            ends.append(every - c.iteration % every)
+        if self.evaluation.pool is None and self.evaluation.every:
+            ends.append(self.evaluation.every - c.iteration % self.evaluation.every)
+        if s.iterations is not None:
+            ends.append(s.iterations - c.iteration)
+        if s.env_steps is not None:
+            most = self._most_env_steps
+            ends.append(math.ceil((s.env_steps - c.env_steps) / most) if most > 0 else 1)
+        return max(1, min(ends, default=1 << 30))
+
+    def _count(self, res: Any, start: float) -> None:
+        c = self.counters
+        c.iteration += 1
+        c.env_steps += res.env_steps
+        self._most_env_steps = max(self._most_env_steps, res.env_steps)
+        c.episodes += len(res.episodes)
+        c.frames += int(res.metrics.get("perf/frames", 0))
+        if self.policy.supervisor is not None:
+            self.policy.supervisor.env_steps = c.env_steps  # where a replacement's schedules start
+        c.elapsed_s = time.perf_counter() - start
+        self.recent.extend(res.episodes.window_returns().tolist())
+        bad = [k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise TrainingError(f"iteration {c.iteration}: non-finite {', '.join(bad)}; last good checkpoint kept")
+
+    def _row(self, res: Any) -> dict[str, Any]:
+        c = self.counters
+        row: dict[str, Any] = {
+            "iteration": c.iteration,
+            "env_steps": c.env_steps,
+            "episodes": c.episodes,
+            "time_s": round(c.elapsed_s, 4),
+            "charts/episode_return_mean": self.mean_return(),
+        }
+        if len(res.episodes):
+            row["charts/episode_return"] = float(np.mean(res.episodes.returns))
+            row["charts/episode_length"] = float(np.mean(res.episodes.lengths))
+        row["perf/sample_hz"] = res.env_steps / res.sample_time if res.sample_time > 0 else 0.0
+        frames = res.metrics.get("perf/frames", 0.0)
+        row["perf/update_hz"] = frames / res.update_time if res.update_time > 0 else 0.0
+        row["perf/sample_time_s"] = res.sample_time
+        row["perf/update_time_s"] = res.update_time
+        row.update(res.metrics)
+        if self.policy.supervisor is not None:
+            restarts = self.policy.supervisor.restarts()
+            row["sup/restarts"] = float(sum(restarts.values()))
+            for role, n in sorted(restarts.items()):
+                row[f"sup/restarts/{role}"] = float(n)
+        return row
+
+
+class Evaluation:
+    """When the algorithm's ``@evaluation`` runs: between iterations (blocking), or beside training
+    in a thread of the driver (``evaluate.concurrent``), its fragments on their own roles' hosts.
+
+    A concurrent evaluation's ``publish`` takes the learner's lock like any fragment, so it sees the
+    weights of one whole update; the evaluator is its own role, so training never waits for it.
+    """
+
+    def __init__(self, policy: Policy, spec: Any):
+        self.policy, self.every, self.concurrent = policy, spec.every, spec.concurrent
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="dagrl-eval") if self.every and self.concurrent else None
+        self.running: tuple[int, Future] | None = None
+        self.skipped = 0
+
+    def due(self, iteration: int) -> bool:
+        """Whether an evaluation is due after ``iteration``."""
+        return bool(self.every) and iteration % self.every == 0
+
+    def blocks(self, iteration: int) -> bool:
+        """Whether an evaluation runs between ``iteration`` and the next, training waiting for it."""
+        return self.pool is None and self.due(iteration)
+
+    def after(self, iteration: int) -> dict[str, float]:
+        """Metrics for the row of ``iteration``, which just finished: an evaluation run now (blocking)
+        or a concurrent one that finished meanwhile; starts a concurrent one when it is due."""
+        due = self.due(iteration)
+        if self.pool is None:
+            return self.policy.evaluate() if due else {}
+        out = self._finished()
+        if due:
+            if self.running is None:
+                self.running = (iteration, self.pool.submit(self.policy.evaluate))
+            else:
+                self.skipped += 1
+                log.debug("evaluation due at iteration %d skipped: the previous one still runs", iteration)
+        out["eval/skipped"] = float(self.skipped)
+        return out
+
+    def _finished(self, wait_s: float = 0.0) -> dict[str, float]:
+        if self.running is None:
+            return {}
+        iteration, future = self.running
+        try:
+            metrics = future.result(timeout=wait_s)
+        except FutureTimeout:
+            return {}
+        except Exception as err:  # a learner lost under it: the training loop handles that learner itself
+            log.warning("evaluation of iteration %d failed: %s", iteration, err)
+            metrics = {}
+        self.running = None
+        return {**metrics, "eval/iteration": float(iteration)} if metrics else {}
+
+    def close(self, wait_s: float = 300.0) -> dict[str, float]:
+        """At the end of training: wait for a running evaluation and return its metrics."""
+        if self.pool is None:
+            return {}
+        out = self._finished(wait_s)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        return out
+
+
+@contextlib.contextmanager
+def _stop_on_sigint() -> Iterator[threading.Event]:
+    """First Ctrl-C: finish the iteration, checkpoint, stop. Second: ``KeyboardInterrupt`` at once."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        log.warning("Ctrl-C: stopping after this iteration (again to abort)")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)

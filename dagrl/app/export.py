@@ -1,0 +1,179 @@
+"""``dagrl export``: a run's greedy policy as one ``torch.export`` file that needs only torch to act.
+
+The policy is the one ``dagrl eval`` plays: the algorithm's ``evaluate`` fragment is run once on the
+checkpoint's weights, in this process, with an :class:`~dagrl.algos.common.evaluation.EpisodeRunner` that keeps the
+action function it is handed instead of playing episodes (argmax of Q, the most likely action, the
+squashed mean). That function and the network it calls are exported with ``torch.export`` (a batch
+dimension of any size; TorchScript, the older route, is deprecated in torch 2.13) and saved with what
+it was made from in an extra file ``dagrl.json`` (env id, kwargs and ``env.wrappers``, observation and
+action spaces, algorithm, checkpoint).
+
+Using it, in any process with torch::
+
+    policy = torch.export.load("policy.pt2").module()
+    actions = policy(torch.as_tensor(observations))   # a batch: (B, *observation shape)
+
+A recurrent policy (``ppo_lstm``) takes its state besides the observations and returns the state after
+them; ``dagrl.json``'s ``"state"`` lists the state's tensors, zeros at an episode's first step::
+
+    h, c = torch.zeros(n, 128), torch.zeros(n, 128)    # n envs; the shapes in dagrl.json's "state"
+    actions, h, c = policy(torch.as_tensor(observations), h, c)
+    h[done], c[done] = 0.0, 0.0                          # the envs whose episode ended
+
+Observations are what dagrl's envs give, in the observation space's dtype (``float32`` vectors,
+``uint8`` images): the env made with the graph's ``env.kwargs`` and ``env.wrappers``, then
+:func:`dagrl.envs.vector.vector_observations` (``dagrl.envs.vector.make_env`` does both; float ``Box``
+observations and ``(C, H, W)`` ``uint8`` images are the env's own). Actions come back as the env takes
+them (``Box`` actions clipped to the space's bounds); observation statistics a network normalises with
+(PPO's ``norm_obs``) are inside it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.core.schema import ConfigError
+
+__all__ = ["Exported", "GreedyPolicy", "RecurrentGreedyPolicy", "export_policy"]
+
+
+class GreedyPolicy(nn.Module):
+    """``act(obs)`` over ``net``'s parameters (observations cast to ``float32`` as the evaluator's are), ``Box``
+    actions clipped to the space."""
+
+    def __init__(self, net: nn.Module, act: Any, action_space: gym.Space):
+        super().__init__()
+        self.net, self.act = net, act
+        self.clip = isinstance(action_space, gym.spaces.Box)
+        if self.clip:
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.clipped(self.act(obs.to(torch.float32)))
+
+    def clipped(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.max(torch.min(action, self.high), self.low) if self.clip else action
+
+
+class RecurrentGreedyPolicy(GreedyPolicy):
+    """A policy that carries a state between steps (``act.recurrent``, as ``ppo_lstm``'s): ``forward(obs,
+    *state)`` returns the actions and the state after them, by ``act.step``."""
+
+    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        action, *after = self.act.step(obs.to(torch.float32), *state)
+        return (self.clipped(action), *after)
+
+
+@dataclass
+class Exported:
+    path: Path
+    info: dict[str, Any]
+
+    def line(self) -> str:
+        i = self.info
+        state = "".join(f", state {tuple(t['shape'])}" for t in i.get("state", []))
+        return (
+            f"{i['algorithm']} on {i['env']['id']}: greedy policy of {Path(i['checkpoint']).name} (iteration "
+            f"{i['iteration']}, {i['env_steps']:,} env steps) -> {self.path}; observations "
+            f"{tuple(i['observation']['shape'])} {i['observation']['dtype']}{state} in, actions {i['action']['space']}"
+            f"{' and the state' if state else ''} out"
+        )
+
+
+def export_policy(run: str | Path, out: str | Path | None = None, overrides: list[str] | None = None) -> Exported:
+    """Write the greedy policy of the checkpoint ``run`` names (a run directory's newest, or one file) to
+    ``out`` (default ``<run>/export/<checkpoint>.pt2``); check that the file read back acts as the
+    evaluator does on observations from the env."""
+    from dagrl.algos.common.evaluation import EpisodeRunner
+    from dagrl.app.evaluate import _hosts, eval_graph, load_run
+    from dagrl.runtime.executor import Executor
+    from dagrl.runtime.hosts import close_all
+
+    run_dir, ckpt = load_run(run, "dagrl export")
+    graph = eval_graph(run_dir, 1, None, list(overrides or []), False)
+    hosts = _hosts(graph, run_dir, ckpt)
+    runner = hosts[graph.algorithm.eval_graph.output.role][0].target.state
+    if not isinstance(runner, EpisodeRunner):
+        raise ConfigError(
+            "dagrl export", "", f"algorithm {graph.spec.algorithm}: its evaluator state is not a dagrl EpisodeRunner"
+        )
+    runner.capture = True
+    try:
+        nodes = graph.algorithm.eval_graph
+        executor = Executor()
+        executor.wait(executor.run_nodes(nodes.nodes, hosts, graph.algorithm.roles)[nodes.output.id])
+        recurrent = getattr(runner.captured, "recurrent", False)
+        kind = RecurrentGreedyPolicy if recurrent else GreedyPolicy
+        policy = kind(runner.net, runner.captured, runner.envs.single_action_space)
+        policy.eval().requires_grad_(False)
+        obs = _observations(runner.envs, 32)
+    finally:
+        close_all([h for handles in hosts.values() for h in handles])
+    args = (obs, *runner.captured.initial_state(len(obs))) if recurrent else (obs,)
+    batch = {0: torch.export.Dim.DYNAMIC}  # every input's first dimension: the batch
+    shapes = {"obs": batch, **({"state": (batch,) * (len(args) - 1)} if recurrent else {})}
+    with warnings.catch_warnings():  # nn.LSTM re-assigns its flat weight list when traced; harmless (checked below)
+        warnings.filterwarnings("ignore", message=r".*_flat_weights.*assigned during export", category=UserWarning)
+        program = torch.export.export(policy, args, dynamic_shapes=shapes)
+    counters = ckpt.get("counters", {})
+    space = graph.observation_space
+    info = {
+        "format": 1,
+        "algorithm": graph.spec.algorithm,
+        "env": {"id": graph.env_id, "kwargs": graph.spec.env.kwargs, "wrappers": graph.spec.env.wrappers},
+        "observation": {"shape": list(space.shape), "dtype": str(space.dtype)},
+        "action": {"space": str(graph.action_space)},
+        "checkpoint": ckpt["path"],
+        "iteration": int(counters.get("iteration", 0)),
+        "env_steps": int(counters.get("env_steps", 0)),
+    }
+    if recurrent:  # what to pass besides the observations: each entry zeros of [batch, *shape] at first
+        info["state"] = [{"shape": list(s.shape[1:]), "dtype": str(s.dtype).removeprefix("torch.")} for s in args[1:]]
+    path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}.pt2"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    archive = io.BytesIO()  # torch wants a file named *.pt2 or a buffer; the file then replaces the old at once
+    torch.export.save(program, archive, extra_files={"dagrl.json": json.dumps(info)})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(archive.getvalue())
+    tmp.replace(path)
+    _check(path, policy, args)
+    return Exported(path, info)
+
+
+def _observations(envs: Any, steps: int) -> torch.Tensor:
+    """A batch of observations from ``steps`` random-action steps of ``envs``, for tracing and checking."""
+    seen, (obs, _) = [], envs.reset(seed=12_345)
+    envs.action_space.seed(12_345)
+    for _ in range(steps):
+        seen.append(obs)
+        obs = envs.step(envs.action_space.sample())[0]
+    return torch.as_tensor(np.concatenate(seen))
+
+
+def _check(path: Path, policy: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+    """The file read back acts as ``policy`` on ``args`` (the observations, then any state), and on the
+    first row alone; a recurrent policy also from the state its first step left."""
+    loaded = torch.export.load(path).module()
+    inputs = [args, tuple(a[:1] for a in args)]
+    with torch.no_grad():
+        if len(args) > 1:
+            inputs.append((args[0], *_outputs(policy(*args))[1:]))
+        pairs = [(w, g) for x in inputs for w, g in zip(_outputs(policy(*x)), _outputs(loaded(*x)), strict=True)]
+    if any(w.shape != g.shape or not torch.allclose(w.float(), g.float(), atol=1e-5) for w, g in pairs):
+        path.unlink()
+        raise RuntimeError(f"{path}: the exported policy acts unlike the evaluator's; removed")
+
+
+def _outputs(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)

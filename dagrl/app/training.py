@@ -1,0 +1,165 @@
+"""One entry point for a training run: ``dagrl run``, notebooks and tests all come through :func:`train`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dagrl.clusters.spec import trim_warning
+from dagrl.core.graph import Graph
+from dagrl.runtime.rundir import RunDir
+
+log = logging.getLogger("dagrl")
+
+__all__ = ["train"]
+
+
+def train(
+    graph: Graph,
+    client: Any = None,
+    *,
+    cluster: Any = None,
+    rundir: RunDir | None = None,
+    resume: dict[str, Any] | None = None,
+    progress: bool = False,
+    listeners: Iterable[Callable[[dict[str, Any], Any], None]] = (),
+) -> dict[str, Any]:
+    """Train ``graph`` until a stop condition holds; return the run summary (``summary["run_dir"]``).
+
+    ``client`` is a ``distributed.Client`` to run on; without one, a distributed policy starts the
+    cluster of ``cluster`` (a :mod:`dagrl.clusters.spec` spec; default an embedded LocalCluster) and
+    stops it at the end. ``single`` runs in this process whatever is given. ``rundir`` defaults to
+    a new ``<runs_dir>/<name>-<timestamp>``; ``resume`` is a checkpoint to continue from. Each
+    metrics row is passed to ``listeners`` (and to the RL dashboard page when on a cluster).
+
+    Examples
+    --------
+    >>> from dagrl.core.graph import load_graph
+    >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2", "runs_dir=/tmp/dagrl-doctest"])
+    >>> train(g)["iterations"]
+    2
+    """
+    from dagrl.app.driver import Trainer
+    from dagrl.app.inspect import observations
+    from dagrl.policies import POLICIES, build_policy
+    from dagrl.runtime.progress import Progress
+
+    if rundir is None:
+        rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+        rundir.write_config(graph.to_dict())
+    spec = graph.spec
+    log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
+    log.info("observations: %s", observations(graph.observation_space, graph.env_observation_space))
+    if resume is not None:
+        c = resume["counters"]
+        log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
+    distributed = POLICIES[spec.policy].distributed
+    with contextlib.ExitStack() as stack:
+        wandb_log = None
+        if spec.wandb.project is not None:  # first: a W&B run that cannot start stops the run before a cluster does
+            from dagrl.runtime.wandb_log import WandbLog
+
+            wandb_log = WandbLog(spec.wandb, rundir.path, graph.to_dict(), where=graph.path)
+            stack.push(lambda failed, *_: wandb_log.close(failed=failed is not None))
+        if not distributed:
+            client = None
+        elif client is None:
+            from dagrl.clusters.spec import LocalClusterSpec, connect
+
+            local = cluster is None or isinstance(cluster, LocalClusterSpec)
+            if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line
+                stack.enter_context(worker_logs(rundir.path / "logs"))
+            client = stack.enter_context(connect(cluster or LocalClusterSpec(), graph, rundir.path))
+        if client is not None:
+            log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
+        offset = resume["counters"]["iteration"] if resume else 0
+        steps = resume["counters"]["env_steps"] if resume else 0
+        policy = build_policy(graph, client, seed_offset=offset, run_dir=rundir.path, env_steps=steps)
+        stack.callback(policy.close)
+        actors = policy.actors()
+        rundir.write_json("actors.json", actors)
+        for a in actors:
+            log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
+        if warning := trim_warning(actors):
+            log.warning(warning)
+        trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
+        trainer.listeners.extend(listeners)
+        if spec.tensorboard:
+            from dagrl.runtime.tensorboard import TensorBoardLog
+
+            board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
+            stack.callback(board.close)
+            trainer.listeners.append(board.on_row)
+        if wandb_log is not None:
+            trainer.listeners.append(wandb_log.on_row)
+        if client is not None:
+            from dagrl.dashboard.feed import Feed
+
+            feed = Feed(client, policy, rundir.path.name).start()
+            stack.callback(feed.close)
+            trainer.listeners.append(feed.on_row)
+        summary = trainer.run()
+        time_in_envs(policy, rundir)
+        if wandb_log is not None:
+            wandb_log.on_end(summary)
+        return summary
+
+
+def time_in_envs(policy: Any, rundir: RunDir) -> None:
+    """At a run's end: ``actors.json`` again, now with each role instance's seconds in its fragments
+    (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role with envs saying
+    what share of its fragment time the envs took: what bounds the samplers, the simulator or the
+    rest (acting, recording, transfers)."""
+    from dagrl.dashboard.feed import in_env, role_time
+
+    try:
+        actors = policy.actors()
+    except Exception as err:  # an account of a finished run: never fail the run for it
+        log.debug("actors at the end: %s", err)
+        return
+    rundir.write_json("actors.json", actors)
+    for role in dict.fromkeys(a["role"] for a in actors):
+        summed = role_time(actors, role)
+        share = in_env(summed)
+        if share is not None:
+            n, env_s, busy_s = summed["instances"], summed["env_s"], sum(summed["busy_s"].values())
+            where = f"{env_s:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
+            log.info("%s: %.0f %% of its fragment time inside env.step (%s)", role, 100 * share, where)
+
+
+@contextlib.contextmanager
+def worker_logs(directory: Path) -> Iterator[None]:
+    """Local workers started meanwhile write their stderr under ``directory`` (see ``runtime/preload.py``)."""
+    from dagrl.runtime.preload import LOGS_ENV
+
+    log.info("worker logs: %s/worker-<pid>.log", directory)
+    os.environ[LOGS_ENV] = str(directory)
+    try:
+        yield
+    finally:
+        os.environ.pop(LOGS_ENV, None)
+
+
+def rl_page(dashboard_link: str) -> str:
+    """The RL page's address next to the dashboard's ``.../status``, or why there is none.
+
+    dagrl's own clusters register the page; a scheduler started by hand has it only with
+    ``--preload dagrl.dashboard`` (asked of its ``/individual-plots.json``).
+    """
+    import json
+    import urllib.request
+
+    base = dashboard_link.rsplit("/", 1)[0]
+    try:
+        with urllib.request.urlopen(f"{base}/individual-plots.json", timeout=5) as r:
+            pages = json.loads(r.read())
+    except (OSError, ValueError):
+        return f"{base}/individual-dagrl (could not ask the dashboard whether it has it)"
+    if "/individual-dagrl" in pages.values():
+        return f"{base}/individual-dagrl"
+    return "not on this scheduler; start it with `dask scheduler --preload dagrl.dashboard`"

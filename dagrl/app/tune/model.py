@@ -1,0 +1,382 @@
+"""The cost model of ``dagrl tune``: which settings a graph could run with, and how fast each would go.
+
+Everything here is a pure function of a :class:`Shape` (what the graph fixes) and
+:class:`~dagrl.app.tune.measure.Measurements` (what the cluster showed), so the same measurements give
+the same ranking.
+
+What the tuner may change and what it keeps
+-------------------------------------------
+It changes how the work is spread, never what is learnt from: the env steps behind each learner
+update (PPO's batch, an off-policy algorithm's steps between learner rounds, so its update-to-data
+ratio) and every hyperparameter but the off-policy rollout length stay as written, and an ``async``
+candidate's weights lag stays within the graph's own (1 for a graph that is not ``async``). Candidates differ
+in the policy, the number of samplers, envs per sampler and, where the policy decouples them, how
+many collects feed one update (``rollouts_per_update``, ``update_ratio``), and the vector env backend
+among those measured (:attr:`Shape.vectors`): the probes run on one (:attr:`Shape.vector`), and a
+candidate on another has its env's seconds swapped for that backend's
+(:meth:`~dagrl.app.tune.measure.Measurements.costs`).
+
+The model
+---------
+A collect of ``envs`` envs for ``length`` steps takes ``length * (a + b * envs)`` seconds on an idle
+core (``a``, ``b`` fitted to the probes), of which the env's measured CPU share uses a core (a
+sleeping simulator does not). With ``k`` samplers collecting at once beside a learner it takes
+longer, by a factor measured with 2, 4, 8... samplers collecting beside a learner (none for one
+sampler; between and past those, on the line through them). A
+learner round takes the measured ``L``. Moving a collect between workers costs one task hop plus its
+bytes at the measured peer bandwidth; a ``sync`` iteration adds a task round trip per fragment
+after the samplers' and one for ``publish`` after ``update`` (``sync`` runs ahead of the driver).
+What a distributed run loses beyond that (the driver's dispatch, samplers waiting for weights or
+for the rate limiter) is measured once, by a short real run, as achieved over predicted,
+and scales every distributed candidate.
+
+* ``single``: collects then the update, one after another: ``steps / (collects * collect + L)``.
+* ``sync``: every sampler collects at once, then the update: the collects stretched by CPU
+  contention when the samplers want more cores than there are.
+* ``async``, ``apex``, ``split-learner``: samplers and learner run at once; throughput is the slower
+  of the two rates (samplers counted only as many as the rate limiter lets collect at once: ``async``
+  lets ``2 x rollouts_per_update`` collects run ahead of the learner), the learner's slowed by the
+  CPU everything else needs: samplers (as busy as the rate limiter lets them be), and the
+  scheduler's and driver's CPU per task. A round's time is its critical path
+  (:func:`round_period`): each fragment of the round waits for the hop that brings its inputs and
+  for its role's previous fragment, so a hop overlaps with work on another role; the driver submits
+  the next round a hop after the round's output (``apex``, ``split-learner``: while the round
+  runs, so the next round waits only for the weights published after it); ``async``'s update also
+  waits for each rollout it takes (its report reaching the driver, its bytes moving in).
+  ``split-learner`` feeds a learner role the other's previous round, so its roles update at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+__all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
+
+RUNS_AHEAD = ("apex", "split-learner")
+"""Off-policy streaming policies whose learner rounds follow each other without the driver between them
+(their ``runs_ahead``: ``split-learner`` submits the next round behind the one in flight, ``apex``'s
+learner loops on its own worker)."""
+ONPOLICY = ("single", "sync", "async")
+OFFPOLICY = ("single", "sync", "apex", "split-learner")
+SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
+MAX_ENVS = 64
+"""Most envs one sampler gets among the candidates (a vector env steps them in one thread)."""
+
+
+@dataclass(frozen=True)
+class LearnStep:
+    """One fragment call of a learner round, for the round's critical path (:func:`round_period`)."""
+
+    key: str
+    """``role.fragment``: where its seconds per round are in :attr:`Costs.fragment_s`."""
+    role: str
+    inputs: tuple[int, ...] = ()
+    """Earlier steps of the same round whose outputs it takes."""
+    delayed: tuple[int, ...] = ()
+    """Steps on another learner role whose output it takes: the previous round's under
+    ``split-learner`` (its delayed edges), this round's under every other policy."""
+    rollouts: bool = False
+    """It takes the round's arrived rollouts (``async``'s update): their bytes move in first."""
+    weights: bool = False
+    """It takes the weights ``publish`` made (SAC's critic takes the actor's): under a policy that runs
+    rounds ahead, those of the round before, so it waits for that round's step on the publishing role."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a graph fixes for the tuner (see the module docstring)."""
+
+    onpolicy: bool
+    """Samplers feed the learner directly (PPO, IMPALA); else through replay (DQN, SAC, TD3)."""
+    sampler: str
+    """The replicated role that collects (its name in ``roles``)."""
+    length_key: str
+    """The hyperparameter holding a collect's length in vector steps (``num_steps``, ``steps``)."""
+    length: int
+    """Its value in the graph."""
+    round_steps: int
+    """Env steps behind one learner update; kept by every candidate."""
+    policies: tuple[str, ...]
+    """The policies the algorithm can run, among those the tuner considers."""
+    step_bytes: int
+    """Bytes one env step adds to a rollout (observation, action, reward, flags)."""
+    max_staleness: int = 2
+    """``async``'s bound, as in the graph when it is an ``async`` graph."""
+    max_lag: float = 1.0
+    """Most weights lag (:func:`lag`) an ``async`` candidate may have: the graph's own when it is an
+    ``async`` graph, else 1. Staler rollouts change what PPO learns from (and past ``max_staleness``
+    are dropped), so a faster setting with more lag can reach the target later."""
+    round_hops: int = 2
+    """Task round trips on a distributed learner round's critical path: each fragment after the
+    samplers' (``update``; a replay's ``add`` and ``sample``), and one for the driver's round trip (under
+    ``sync``, which runs ahead of the driver, for ``publish`` after ``update`` instead)."""
+    vector: str = "sync"
+    """The samplers' vector env backend (``roles.<sampler>.vector``) the probes ran on: the graph's,
+    until the tuner has measured the backends and chosen one (:func:`dagrl.app.tune.tuner.choose_vector`)."""
+    vectors: tuple[str, ...] = ()
+    """The backends candidates may use (each measured); empty: :attr:`vector` alone."""
+    inserts: int = 0
+    """Fragments each collect feeds on other roles (a replay ``add``): a task each."""
+    learn: tuple[LearnStep, ...] = ()
+    """A streaming policy's learner round, step by step (empty, or a step's seconds unmeasured:
+    priced as :attr:`round_hops` hops in series with the learner roles' work)."""
+    out: int = -1
+    """The step of :attr:`learn` whose end the driver waits for before it submits the next round."""
+    publisher: str = ""
+    """The learner role that ``publish`` reads (its last step of a round is what ``publish`` waits for)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    policy: str
+    samplers: int
+    envs: int
+    """Envs per sampler."""
+    length: int
+    """Vector steps per collect."""
+    collects_per_round: int
+    """Collects behind one learner update (``rollouts_per_update``; ``1 / update_ratio``)."""
+    vector: str = "sync"
+    """The samplers' vector env backend."""
+
+    def describe(self) -> str:
+        per = "" if self.policy in ("single", "sync") else f", {self.collects_per_round} collects/update"
+        backend = "" if self.vector == "sync" else f", {self.vector}"
+        return f"{self.policy}: {self.samplers} x {self.envs} envs x {self.length} steps{per}{backend}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    steps_s: float
+    """Env steps per second the candidate should reach."""
+    collect_s: float
+    """Seconds one collect takes on an idle core."""
+    round_s: float
+    """Seconds one learner round takes (its transfers included)."""
+    contention: float
+    """How much CPU contention slows everything (1: none)."""
+    bound: str
+    """What limits it: ``samplers``, ``learner`` or ``serial`` (one waits for the other)."""
+
+
+def parallel(c: Candidate) -> int:
+    """Collects running at once: the rate limiter lets samplers be ``collects_per_round + max_lead``
+    collects ahead of the last finished round; async's ``max_lead`` is ``rollouts_per_update``,
+    apex's 2 per sampler."""
+    lead = c.collects_per_round if c.policy == "async" else 2 * c.samplers
+    return min(c.samplers, c.collects_per_round + lead)
+
+
+def lag(c: Candidate) -> float:
+    """Updates the learner makes, about, while one ``async`` collect runs: the collects running at
+    once over the collects each update takes."""
+    return parallel(c) / c.collects_per_round if c.policy == "async" else 0.0
+
+
+def staleness(c: Candidate) -> float:
+    """How many learner rounds what a round learns from may trail the newest weights, about: 0 where
+    every collect acts with the newest weights and each learner role takes the others' newest
+    (``single``, ``sync``); under the streaming policies the collects running at once over those a round
+    takes, plus, under ``split-learner``, the round by which the actor's input trails the critic."""
+    if c.policy in ("single", "sync"):
+        return 0.0
+    return parallel(c) / c.collects_per_round + (1.0 if c.policy == "split-learner" else 0.0)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
+    """Every setting the tuner considers for ``shape``, with at most ``max_samplers`` samplers."""
+    counts = [k for k in SAMPLER_COUNTS if k <= max_samplers]
+    out: list[Candidate] = []
+    if shape.onpolicy:  # the rollout length stays; the batch's envs are spread over samplers
+        if shape.round_steps % shape.length:
+            return []
+        total = shape.round_steps // shape.length
+        envs = [n for n in divisors(total) if n <= MAX_ENVS]
+        if "single" in shape.policies and total <= MAX_ENVS:
+            out.append(Candidate("single", 1, total, shape.length, 1))
+        if "sync" in shape.policies:
+            out += [Candidate("sync", k, total // k, shape.length, k) for k in counts if k > 1 and total % k == 0]
+            out = [c for c in out if c.envs <= MAX_ENVS]
+        if "async" in shape.policies:
+            # more samplers than the rate limiter lets collect at once would only wait (see `parallel`)
+            out += [
+                Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts if k <= 2 * total // n
+            ]
+        return on_backends([c for c in out if lag(c) <= shape.max_lag + 1e-9], shape)
+    per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
+    for policy in shape.policies:
+        for e in per_collect:
+            for n in (n for n in divisors(e) if n <= MAX_ENVS):
+                collects = shape.round_steps // e
+                if policy == "single" and collects == 1:
+                    out.append(Candidate("single", 1, n, e // n, 1))
+                elif policy == "sync":
+                    if collects > 1 and collects in counts:
+                        out.append(Candidate("sync", collects, n, e // n, collects))
+                elif policy in ("apex", "split-learner"):
+                    out += [Candidate(policy, k, n, e // n, collects) for k in counts]
+    return on_backends(out, shape)
+
+
+def on_backends(out: list[Candidate], shape: Shape) -> list[Candidate]:
+    """Each candidate once per vector env backend of ``shape``."""
+    return [replace(c, vector=v) for v in (shape.vectors or (shape.vector,)) for c in out]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The measurements the model reads (a view of :class:`~dagrl.app.tune.measure.Measurements`)."""
+
+    step_fixed_s: float
+    """Seconds per vector step of a sampler, whatever its envs (``a``)."""
+    step_per_env_s: float
+    """Seconds per vector step per env (``b``)."""
+    env_cpu: float
+    """Share of an env step's time that takes a core (0: the simulator sleeps; 1: it computes)."""
+    env_share: float
+    """Share of a vector step's time spent inside the envs (the rest is acting: a CPU forward)."""
+    round_s: float
+    """Seconds of one learner round, all learner roles one after another."""
+    round_overlap_s: float
+    """Seconds of one learner round when learner roles run at once (``split-learner``)."""
+    hop_s: float
+    """Seconds a task takes to reach a worker and report back (distributed only)."""
+    peer_bytes_s: float
+    """Worker-to-worker bandwidth."""
+    cores: int
+    task_cpu_s: float = 0.0
+    """CPU seconds the scheduler, the driver and a worker spend on one task (distributed only)."""
+    calibration: float = 1.0
+    """Achieved over predicted env steps/s of one short real distributed run: what orchestration
+    (the driver's dispatch, weights waits, the rate limiter's pauses) costs beyond the model."""
+    fragment_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per round of each learner-side fragment, by ``role.fragment`` (:class:`LearnStep`)."""
+    load: tuple[tuple[int, float], ...] = ()
+    """``(samplers, slowdown)``: how much slower a collect ran with that many samplers collecting at
+    once beside a learner, one pair per load probe window, fewest samplers first."""
+
+    def slowdown(self, samplers: int) -> float:
+        """A collect's slowdown with ``samplers`` collecting at once beside a learner: on the line
+        through the measured windows (none for one sampler), past the last along its last segment."""
+        points = [(1, 1.0), *((k, s) for k, s in self.load if k > 1)]
+        if len(points) == 1:
+            return 1.0
+        segments = list(itertools.pairwise(points))
+        (k0, s0), (k1, s1) = next((seg for seg in segments if samplers <= seg[1][0]), segments[-1])
+        return max(1.0, s0 + (s1 - s0) * (samplers - k0) / (k1 - k0))
+
+
+def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
+    """Env steps/s of ``c`` under ``costs`` (see the module docstring)."""
+    steps = c.envs * c.length
+    collect = c.length * (costs.step_fixed_s + costs.step_per_env_s * c.envs)
+    cpu = 1.0 - costs.env_share * (1.0 - costs.env_cpu)  # the core share of a collect
+    if c.policy == "single":
+        total = c.collects_per_round * collect + costs.round_s
+        return Prediction(shape.round_steps / total, collect, costs.round_s, 1.0, "serial")
+    move = costs.hop_s + steps * shape.step_bytes / costs.peer_bytes_s
+    if c.policy == "sync":
+        stretch = max(1.0, (c.samplers * cpu + costs.task_cpu_s * c.samplers / collect) / costs.cores)
+        collect *= max(stretch, costs.slowdown(c.samplers))
+        total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
+        return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
+    if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # hops overlap other roles' work
+        round_s = round_period(
+            shape, costs, c.policy == "split-learner", c.collects_per_round * move, ahead=c.policy in RUNS_AHEAD
+        )
+        learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
+    else:
+        learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
+        round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
+        learner_cores = 1.0
+    at_once = parallel(c)
+    collect *= costs.slowdown(at_once)
+    sampler_rate = at_once * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
+    learner_rate = shape.round_steps / round_s
+    rate = min(sampler_rate, learner_rate)
+    for _ in range(3):  # the learner shares the cores with what the samplers and tasks need at that rate
+        busy = rate / sampler_rate  # a rate limiter holds samplers that run ahead of the learner
+        # tasks per second: each collect and its inserts, each fragment of a round
+        tasks = busy * sampler_rate / steps * (1 + shape.inserts) + rate / shape.round_steps * max(1, len(shape.learn))
+        demand = at_once * cpu * busy + learner_cores * rate / learner_rate + tasks * costs.task_cpu_s
+        stretch = max(1.0, demand / costs.cores)
+        rate = min(sampler_rate, learner_rate / stretch)
+    bound = "samplers" if sampler_rate <= learner_rate / stretch else "learner"
+    return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
+
+
+def round_period(
+    shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, rounds: int = 24, ahead: bool = False
+) -> float:
+    """Seconds between learner rounds in steady state: rounds simulated one after another, each
+    submitted when the driver learns that the previous one's :attr:`Shape.out` step ended. A step
+    starts once its task has reached its worker, its inputs' outputs have (a task hop each: the
+    scheduler tells the consumer's worker, which fetches them) and its role's previous step is done
+    (one fragment at a time per role); it takes its probed seconds. ``delayed``: a
+    :attr:`LearnStep.delayed` input is the previous round's (``split-learner``). ``rollouts_s``: what
+    the arrived rollouts add before a :attr:`LearnStep.rollouts` step (``async``'s update) may start:
+    each one's report reaching the driver, which takes them, and its bytes moving in.
+
+    ``ahead`` (:data:`RUNS_AHEAD`): round k+1 is submitted once the driver has round k-1's output, so
+    while round k runs. Each step then waits a hop for its own call of the round before (the order
+    edge on each fragment; what else its role ran in between is not counted: a worker runs whichever
+    of its tasks is ready), and a :attr:`LearnStep.weights` step for the ``publish`` after the round before: a
+    hop for ``publish`` to start after the publishing role's last step, one for its output to move.
+    """
+    hop, steps = costs.hop_s, shape.learn
+    seconds = [costs.fragment_s.get(s.key, 0.0) for s in steps]
+    free: dict[str, float] = {}
+    previous: list[float] | None = None
+    submitted, starts = 0.0, []
+    weights_at, out_before = 0.0, None
+    for _ in range(rounds):
+        starts.append(submitted)
+        done: list[float] = []
+        if ahead:
+            free = {}  # across rounds, each fragment waits for its own call of the round before (below)
+        for i, (s, took) in enumerate(zip(steps, seconds, strict=True)):
+            ready = submitted + hop + (rollouts_s if s.rollouts else 0.0)
+            ready = max([ready, *(done[j] + hop for j in s.inputs)])
+            if delayed:
+                ready = max([ready, *(previous[j] + hop for j in s.delayed if previous is not None)])
+            else:
+                ready = max([ready, *(done[j] + hop for j in s.delayed)])
+            if ahead and previous is not None:
+                ready = max(ready, previous[i] + hop, weights_at if s.weights else 0.0)
+            done.append(max(ready, free.get(s.role, 0.0)) + took)
+            free[s.role] = done[-1]
+        if ahead:
+            submitted = submitted if out_before is None else max(submitted, out_before + hop)
+            out_before = done[shape.out]
+            mine = [t for s, t in zip(steps, done, strict=True) if s.role == shape.publisher]
+            weights_at = max(mine or done) + 2 * hop
+        else:
+            submitted = done[shape.out] + hop
+        previous = done
+    half = rounds // 2
+    return (starts[-1] - starts[half]) / (rounds - 1 - half)
+
+
+def rank(shape: Shape, costs: Costs | Mapping[str, Costs], max_samplers: int) -> list[tuple[Candidate, Prediction]]:
+    """Candidates, fastest predicted first; ties go to fewer samplers, then fewer envs (cheaper).
+    ``costs``: one for every candidate, or one per vector env backend."""
+
+    def of(c: Candidate) -> Costs:
+        return costs if isinstance(costs, Costs) else costs[c.vector]
+
+    scored = [(c, predict(c, shape, of(c))) for c in candidates(shape, max_samplers)]
+    scored = [(c, p) for c, p in scored if math.isfinite(p.steps_s) and p.steps_s > 0]
+    order = {p: i for i, p in enumerate(ONPOLICY + OFFPOLICY)}
+    scored.sort(
+        key=lambda cp: (
+            -round(cp[1].steps_s, 6), cp[0].samplers, cp[0].envs, order[cp[0].policy], cp[0].vector != shape.vector
+        )
+    )  # fmt: skip
+    return scored

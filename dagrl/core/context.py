@@ -1,0 +1,253 @@
+"""What a role-state factory is given: its identity, its seed, its device and a way to make envs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from dagrl.envs.episodes import Episodes
+
+__all__ = ["Acting", "Episodes", "RoleContext"]
+
+
+class Acting(Protocol):
+    """What picks actions for a batch of observations: a sampler's own network, or, under
+    ``central-inference``, the batched ``inference`` role reached through :meth:`RoleContext.acting`.
+
+    ``__call__(obs, *extra)`` takes observations stacked on the first axis (and any other arrays along
+    the same axis: a recurrent policy's state) and returns arrays with the same first axis (e.g. actions
+    and their log-probs); ``load(weights)`` takes what the learner publishes.
+    """
+
+    def __call__(self, obs: np.ndarray, *extra: np.ndarray) -> tuple[np.ndarray, ...]: ...
+
+    def load(self, weights: Any) -> None: ...
+
+
+@dataclass
+class RoleContext:
+    """Identity and environment of one role instance, built by the runtime for the state factory.
+
+    Examples
+    --------
+    >>> ctx = RoleContext("sampler", index=0, replicas=1, seed=3, env_id="CartPole-v1", num_envs=2)
+    >>> envs = ctx.make_envs()
+    >>> envs.num_envs
+    2
+    """
+
+    role: str
+    index: int
+    replicas: int
+    seed: int
+    env_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_wrappers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """The graph's ``env.wrappers``, each ``(import path, kwargs)`` (:mod:`dagrl.envs.wrappers`)."""
+    num_envs: int = 1
+    vector: str = "sync"
+    """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess;
+    ``envpool``: EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
+    vector_threads: int = 0
+    """EnvPool's thread count under ``envpool`` (0: EnvPool's default, one per core)."""
+    device: str = "cpu"
+    observation_space: Any = None
+    action_space: Any = None
+    path: str | None = None
+    """Directory for this replica's on-disk data (e.g. a replay store); ``None``: keep it in RAM."""
+    memory_bytes: int | None = None
+    """RAM this replica may use for data (``roles.<role>.memory`` in the graph), if given."""
+    codec: str | None = None
+    """How a replay store compresses spilled chunks (``roles.<role>.codec``); ``None``: the store's default."""
+    env_steps: int = 0
+    """The run's env steps when this instance started: 0 in a fresh run, more in a resumed run or
+    for a replacement of a failed instance. Per-sampler schedules (random steps before learning,
+    an epsilon decay) go on from ``env_steps // replicas`` rather than from the start."""
+    env_steps_budget: int | None = None
+    """The run's ``stop.env_steps``, for schedules that end with the run (PPO's ``anneal_lr``);
+    ``None`` when the graph sets none."""
+    inference: Any = None
+    """Set by the runtime under ``central-inference``: what :meth:`acting` hands samplers instead of
+    their own network."""
+    made: list[NamedEnvErrors] = field(default_factory=list, repr=False, compare=False)
+    """The vector envs :meth:`make_envs` returned (each timing its steps), closed by :meth:`close` when
+    the role ends."""
+
+    def env_seconds(self) -> float:
+        """Seconds this role instance has spent inside its vector envs' ``step`` (0 without envs): with
+        the seconds its fragments took (the host's ``busy_s``), where a sampler's time goes."""
+        return sum(envs.step_s for envs in self.made)
+
+    def per_replica(self, env_steps: int) -> int:
+        """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
+        or :attr:`env_steps` for where its own schedules stand)."""
+        return env_steps // max(self.replicas, 1)
+
+    def acting(self, local: Acting) -> Acting:
+        """What this sampler should act with: ``local`` (its own network), or under
+        ``central-inference`` a client of the batched ``inference`` role, which answers every
+        sampler's observations of one env step with one forward pass.
+
+        The algorithm still loads the weights it receives into its own network (e.g. for the value
+        of a time-limit bootstrap); only the per-step action choice moves.
+        """
+        return local if self.inference is None else self.inference
+
+    def average_gradients(self, parameters: Any) -> None:
+        """Average the ``.grad`` of ``parameters`` over this role's data-parallel replicas, in place.
+
+        Call it between ``loss.backward()`` and clipping/``optimizer.step()``: under ``dp-learners``
+        every replica then steps with the same gradient and stays identical; anywhere else (one
+        learner) it does nothing. One all-reduce of all gradients flattened into a single buffer.
+        """
+        dist = _group()
+        if dist is None:
+            return
+        import torch
+
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        at = 0
+        for g in grads:
+            g.copy_(flat[at : at + g.numel()].view_as(g))
+            at += g.numel()
+
+    def mean_over_replicas(self, value: float) -> float:
+        """``value`` averaged over this role's data-parallel replicas (``value`` itself with one).
+
+        For decisions every replica must take alike, e.g. stopping epochs early on the approximate KL.
+        """
+        dist = _group()
+        if dist is None:
+            return value
+        return float(self.sum_over_replicas(np.array([float(value)]))[0]) / dist.get_world_size()
+
+    def sum_over_replicas(self, values: np.ndarray) -> np.ndarray:
+        """``values`` summed elementwise over this role's data-parallel replicas (a float64 copy with one).
+
+        For statistics every replica must fold in alike, e.g. the moments of a running observation norm.
+        """
+        out = np.array(values, dtype=np.float64)
+        dist = _group()
+        if dist is None:
+            return out
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+        t = torch.from_numpy(out).to(device)
+        dist.all_reduce(t)
+        return t.cpu().numpy()
+
+    def make_envs(self) -> Any:
+        """A gymnasium vector env of ``num_envs`` copies (``vector`` mode), autoreset in the same step.
+
+        When an episode ends, ``step`` returns the first observation of the next one and puts the
+        last observation of the finished one in ``info["final_obs"]``.
+        """
+
+        from dagrl.envs.registry import route_mujoco_warnings
+
+        route_mujoco_warnings(self.env_id)
+        if self.vector == "envpool":
+            from dagrl.envs.vector import EnvPoolVector
+
+            spaces = (self.observation_space, self.action_space) if self.action_space is not None else None
+            envs = EnvPoolVector(
+                self.env_id,
+                self.num_envs,
+                seed=self.seed,
+                num_threads=self.vector_threads,
+                spaces=spaces,
+                **self.env_kwargs,
+            )
+        else:
+            from dagrl.envs.vector import make_vector
+
+            envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
+        self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
+        return self.made[-1]
+
+    def close(self) -> None:
+        """End what this context made for the role: its vector envs (their env processes or threads)
+        and its connection to the inference role. The runtime calls it when the role's instance ends;
+        the first error is raised after everything was tried."""
+        items = [*reversed(self.made), self.inference]
+        self.made.clear()
+        close_each(item.close for item in items if item is not None and not getattr(item, "closed", False))
+
+
+def close_each(closes: Iterable[Callable[[], Any] | None]) -> None:
+    """Call every ``close`` given (``None``: skipped), all of them even if some raise; then raise the
+    first error."""
+    errors = []
+    for close in closes:
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as err:  # noqa: BLE001 (raised below, once all are closed)
+            errors.append(err)
+    if errors:
+        raise errors[0]
+
+
+def _group() -> Any:
+    """``torch.distributed`` when this process is one of several data-parallel replicas, else ``None``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist
+    return None
+
+
+class EnvError(RuntimeError):
+    """An env raised inside ``reset`` or ``step``; the message names the env id and the role replica,
+    and carries the env's own traceback (which does not survive pickling as ``__cause__``)."""
+
+    def __init__(self, message: str, traceback_text: str = ""):
+        super().__init__(message, traceback_text)
+        self.message, self.traceback_text = message, traceback_text
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NamedEnvErrors:
+    """Wraps a vector env so an exception inside it becomes an :class:`EnvError` naming env and role;
+    counts the seconds spent in ``step`` (``step_s``)."""
+
+    def __init__(self, envs: Any, env_id: str, owner: str):
+        self._envs, self._env_id, self._owner = envs, env_id, owner
+        self.step_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._envs, name)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        return self._guard("reset", args, kwargs)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._guard("step", args, kwargs)
+        finally:
+            self.step_s += time.perf_counter() - t0
+
+    def _guard(self, method: str, args: tuple, kwargs: dict) -> Any:
+        import traceback
+
+        try:
+            return getattr(self._envs, method)(*args, **kwargs)
+        except Exception as err:
+            raise EnvError(
+                f"env {self._env_id} raised in {method}() on {self._owner}: {type(err).__name__}: {err}",
+                "".join(traceback.format_exception(err)).rstrip(),
+            ) from err

@@ -1,0 +1,234 @@
+"""Typed loading of YAML-shaped dicts into dataclasses, with errors that name file, key and value."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or override: the message names the file, the key, the value."""
+
+    def __init__(self, where: str | Path | None, key: str, problem: str):
+        self.where, self.key, self.problem = str(where or "<config>"), key, problem
+        super().__init__(f"{self.where}: {key}: {problem}" if key else f"{self.where}: {problem}")
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning missing files and syntax errors into :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(path, "", f"cannot read file ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(path, "", f"malformed YAML: {at}{problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", f"expected a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str, where: str = "--set") -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into a key path and a YAML-typed value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(where, text, "expected KEY=VALUE, e.g. hyperparameters.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each ``dotted.key=value`` in a nested dict (creating mappings on the way)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError("--set", text, f"{'.'.join(path[: i + 1])} is {child!r}, not a mapping")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
+    """Check ``value`` against the type annotation ``tp`` and return it converted."""
+    origin = get_origin(tp)
+    bad = ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise bad
+        return value
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return convert(value, arg, where, key)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is not None:
+            raise bad
+        return None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(where, key, f"expected a mapping, got {value!r}")
+        return from_dict(tp, value, where, prefix=key)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        ktp, vtp = get_args(tp) or (Any, Any)
+        return {convert(k, ktp, where, f"{key}.{k}"): convert(v, vtp, where, f"{key}.{k}") for k, v in value.items()}
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise bad
+        (etp, *_) = get_args(tp) or (Any,)
+        items = [convert(v, etp, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise bad
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str | Path | None, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`.
+
+    Examples
+    --------
+    >>> @dataclasses.dataclass
+    ... class Stop:
+    ...     env_steps: int = 100
+    >>> from_dict(Stop, {"env_steps": 5}, "g.yaml")
+    Stop(env_steps=5)
+    >>> from_dict(Stop, {"env_step": 5}, "g.yaml")
+    Traceback (most recent call last):
+    ...
+    dagrl.core.schema.ConfigError: g.yaml: env_step: unknown key (expected one of: env_steps)
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in fields:
+            raise ConfigError(where, key, f"unknown key (expected one of: {', '.join(fields)})")
+        kwargs[k] = convert(v, hints[k], where, key)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(where, f"{prefix}.{name}" if prefix else name, "required key is missing")
+    try:
+        obj = cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(where, prefix, str(err)) from None
+    return obj
+
+
+def at_least(obj: Any, low: float, *names: str) -> None:
+    """Raise ``ValueError`` naming the first of ``obj``'s fields ``names`` that is set and below ``low``.
+
+    For a dataclass's ``__post_init__``; :func:`from_dict` turns the error into a :class:`ConfigError`.
+    """
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def positive(obj: Any, *names: str) -> None:
+    """Like :func:`at_least`, for fields that must be > 0 (learning rates, coefficients)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def unit_interval(obj: Any, *names: str) -> None:
+    """Like :func:`at_least`, for fields in [0, 1] (discounts, probabilities, Polyak rates)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {value}")
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two nested mappings: key -> (old, new).
+
+    >>> changed_keys({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4})
+    {'a.c': (2, 3), 'd': (None, 4)}
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return {} if old == new else {prefix: (old, new)}
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in [*old, *(k for k in new if k not in old)]:
+        out.update(changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses (nested) to plain YAML-serialisable data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    return obj

@@ -1,0 +1,90 @@
+"""How an env's ``uint8`` image becomes the ``(C, H, W)`` array the CNN takes.
+
+Envs and wrappers give images in four layouts; each becomes channels first, stacked frames folded into
+the channels (what Stable-Baselines3's ``VecFrameStack`` and ``VecTransposeImage`` make of them):
+
+* ``chw``: ``(C, H, W)``, as it is (gymnasium's ``FrameStackObservation`` of grayscale frames);
+* ``hwc``: ``(H, W, C)``, ``C <= 4`` (an RGB screen) turned to ``(C, H, W)``;
+* ``schw``: ``(S, C, H, W)``, ``S`` stacked channels-first frames, as ``(S * C, H, W)``;
+* ``shwc``: ``(S, H, W, C)``, ``C <= 4`` (``FrameStackObservation`` of an RGB screen) as ``(S * C, H, W)``,
+  the channels of the oldest frame first.
+
+Height and width are :data:`dagrl.nn.networks.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
+and is flattened to a vector instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from dagrl.nn.networks import is_image
+
+MAX_CHANNELS = 4
+"""The most channels a frame given channels last may have (RGBA), so that ``(H, W, C)`` is not read as
+``(C, H, W)``."""
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """One of the four layouts of :mod:`dagrl.envs.images`: ``order`` and the ``(C, H, W)`` it becomes.
+
+    >>> layout = image_layout(gym.spaces.Box(0, 255, (4, 96, 96, 3), np.uint8))
+    >>> layout
+    ImageLayout(order='shwc', shape=(12, 96, 96))
+    >>> frames = np.zeros((4, 96, 96, 3), np.uint8)
+    >>> frames[1, :, :, 2] = 9  # the second frame's blue channel
+    >>> image = layout.channels_first(frames)
+    >>> image.shape, int(image[5].max()), int(image.sum() == image[5].sum())
+    ((12, 96, 96), 9, 1)
+    """
+
+    order: str
+    """``"chw"``, ``"hwc"``, ``"schw"`` or ``"shwc"``."""
+    shape: tuple[int, int, int]
+    """``(C, H, W)``, stacked frames folded into ``C``."""
+
+    @property
+    def space(self) -> gym.spaces.Box:
+        """The ``uint8`` box of the turned images."""
+        return gym.spaces.Box(0, 255, self.shape, np.uint8)
+
+    def channels_first(self, obs: np.ndarray) -> np.ndarray:
+        """One observation as a contiguous ``(C, H, W)`` array."""
+        if self.order == "hwc":
+            obs = np.moveaxis(obs, -1, 0)
+        elif self.order == "shwc":
+            obs = obs.transpose(0, 3, 1, 2)
+        return np.ascontiguousarray(obs).reshape(self.shape)
+
+
+def image_layout(space: gym.Space) -> ImageLayout | None:
+    """The layout of ``space``'s images if it is a ``uint8`` ``Box`` of images the CNN takes, else ``None``.
+
+    >>> image_layout(gym.spaces.Box(0, 255, (96, 96, 3), np.uint8))  # CarRacing's screen
+    ImageLayout(order='hwc', shape=(3, 96, 96))
+    >>> image_layout(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)).order  # Atari, preprocessed
+    'chw'
+    >>> image_layout(gym.spaces.Box(0, 255, (4, 3, 64, 64), np.uint8)).shape
+    (12, 64, 64)
+    >>> image_layout(gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)) is None  # too small for the CNN
+    True
+    """
+    if not isinstance(space, gym.spaces.Box) or np.dtype(space.dtype) != np.uint8:
+        return None
+    shape = tuple(int(n) for n in space.shape)
+    candidates = []
+    if len(shape) == 3:
+        a, b, c = shape
+        candidates = [("chw", (a, b, c)), ("hwc", (c, a, b))]
+    elif len(shape) == 4:
+        s, a, b, c = shape
+        candidates = [("schw", (s * a, b, c)), ("shwc", (s * c, a, b))]
+    for order, chw in candidates:
+        if order.endswith("c") and shape[-1] > MAX_CHANNELS:
+            continue
+        if is_image(gym.spaces.Box(0, 255, chw, np.uint8)):
+            return ImageLayout(order, chw)
+    return None

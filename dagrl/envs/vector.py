@@ -1,0 +1,438 @@
+"""Vector env backends beyond gymnasium's own: EnvPool (``roles.sampler.vector: envpool``) and threads
+(``vector: threads``), both with gymnasium's same-step autoreset.
+
+Threads
+-------
+:class:`ThreadVectorEnv` is gymnasium's SyncVectorEnv with each env made, reset, stepped (with its
+autoreset) and closed in a thread of its own, so envs that wait overlap: remote or GPU-bound
+simulators, I/O, C extensions that release the GIL. An env whose step is Python holding the GIL
+gains nothing and pays ~0.04 ms a step for the hand-off. Its steps, observations and infos equal
+SyncVectorEnv's for the same seeds and actions (tested); unlike ``async``, no process per env, no
+pickling.
+
+EnvPool
+-------
+
+`EnvPool <https://envpool.readthedocs.io>`_ steps a batch of envs in C++ threads, so one sampler's
+envs can use several cores without a process per env, and Atari's preprocessing runs there too.
+``pip install envpool`` (an optional dependency; a graph asking for it without it is refused).
+
+What dagrl changes
+------------------
+EnvPool resets an env in the step *after* the one that ended its episode (that step ignores the
+action and returns the first observation, reward 0). Every dagrl ``collect`` fragment expects
+gymnasium's same-step autoreset: the step that ends an episode returns the next episode's first
+observation and puts the last one in ``info["final_obs"]``. :class:`EnvPoolVector` gives that by
+resetting the finished envs itself at once (EnvPool resets a subset of its envs on request), so the
+next step acts in every env.
+
+Which EnvPool task an env id names
+----------------------------------
+``dagrl.envs:Atari-v0`` becomes EnvPool's ``<game>-v5`` with the same preprocessing (no-op starts,
+frame skip, 84x84 grayscale, frame stack, reward clipping, episodic life, no sticky actions, no
+FIRE at reset); any other id is looked up in EnvPool under the same name (``CartPole-v1``,
+``Pendulum-v1``, ``HalfCheetah-v5``...), its ``env.kwargs`` passed through. The graph is checked
+before anything starts: the task must exist, and its spaces must equal those of the gymnasium env
+of the same id (which evaluators and the driver still use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import queue
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from copy import deepcopy
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from dagrl.envs.wrappers import Wrapper, as_functions, wrap
+
+__all__ = [
+    "EnvPoolVector", "ThreadVectorEnv", "envpool_task", "importable_env_id", "make_env", "vector_observations",
+]  # fmt: skip
+
+ATARI_OPTIONS = {  # dagrl.envs.registry.make_atari's keyword -> EnvPool's Atari option
+    "noop_max": "noop_max",
+    "frame_skip": "frame_skip",
+    "frame_stack": "stack_num",
+    "episodic_life": "episodic_life",
+    "clip_rewards": "reward_clip",
+    "repeat_action_probability": "repeat_action_probability",
+}
+
+
+def envpool_task(env_id: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """EnvPool's task id and options for a dagrl env id and its ``env.kwargs`` (module docstring).
+
+    >>> envpool_task("dagrl.envs:Atari-v0", {"game": "Breakout", "episodic_life": True})[0]
+    'Breakout-v5'
+    >>> envpool_task("CartPole-v1", {})
+    ('CartPole-v1', {})
+    """
+    if env_id.rpartition(":")[2] != "Atari-v0":
+        return env_id, dict(kwargs)
+    from dagrl.envs.registry import make_atari
+
+    params = inspect.signature(make_atari).parameters.values()
+    given = {**{p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD}, **kwargs}
+    unknown = set(given) - set(ATARI_OPTIONS) - {"game", "screen_size"}
+    if unknown:
+        raise ValueError(f"Atari-v0 options EnvPool has no counterpart for: {', '.join(sorted(unknown))}")
+    options = {ATARI_OPTIONS[k]: v for k, v in given.items() if k in ATARI_OPTIONS}
+    options.update(img_height=given["screen_size"], img_width=given["screen_size"], use_fire_reset=False)
+    return f"{given['game']}-v5", options
+
+
+class EnvPoolVector(gym.vector.VectorEnv):
+    """``num_envs`` envs of one EnvPool task stepped as a batch, autoreset in the same step.
+
+    Env ``i`` is seeded ``seed + i`` when the pool is made (EnvPool seeds only then: ``reset``
+    ignores ``seed``). Observations are copies, safe to keep across steps. ``spaces`` (observation,
+    action), when given, are shown instead of EnvPool's: the gymnasium env's, which the graph check
+    found of the same shapes (EnvPool's MuJoCo actions are float64 where gymnasium's are float32, and
+    a replay schema follows the graph's).
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int = 0,
+        num_threads: int = 0,
+        spaces: tuple[gym.Space, gym.Space] | None = None,
+        **kwargs: Any,
+    ):
+        import envpool
+
+        task, options = envpool_task(env_id, kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # EnvPool's Box bounds are float64: gymnasium warns on the cast
+            self.pool = envpool.make_gymnasium(task, num_envs=num_envs, seed=seed, num_threads=num_threads, **options)
+            self.single_observation_space, self.single_action_space = spaces or (
+                self.pool.observation_space,
+                self.pool.action_space,
+            )
+            self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+            self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.num_envs = num_envs
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        obs, _ = self.pool.reset()
+        return np.array(obs), {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        obs, reward, terminated, truncated, _ = self.pool.step(np.asarray(actions))
+        obs, done = np.array(obs), np.asarray(terminated) | np.asarray(truncated)
+        info: dict[str, Any] = {}
+        if done.any():
+            ended = np.flatnonzero(done)
+            final = np.empty(self.num_envs, dtype=object)
+            final[ended] = list(obs[ended])
+            first, _ = self.pool.reset(ended.astype(np.int32))
+            obs[ended] = first
+            info = {"final_obs": final, "_final_obs": done}
+        return obs, np.asarray(reward), np.asarray(terminated), np.asarray(truncated), info
+
+    def close(self, **kwargs: Any) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.close()
+
+
+class EnvThreads:
+    """One thread per env, the only one ever to touch it: each env is made, reset, stepped and closed
+    in its own thread; :meth:`each` runs a job on all of them (or some) at once.
+
+    The threads hold their envs and this object, never the vector env, so a vector env nobody closed
+    is still collected, and a finalizer then closes its envs and ends the threads (:meth:`close`).
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
+        n = len(env_fns)
+        self.jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
+        self.results: list[Any] = [None] * n
+        self.left = n  # the first job of every thread: making its env
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.closed = False
+        self.threads = [
+            threading.Thread(target=self._serve, args=(i, make), name=f"dagrl-env-{i}", daemon=True)
+            for i, make in enumerate(env_fns)
+        ]
+        for thread in self.threads:
+            thread.start()
+        made = self._gather(range(n), None)
+        if not all(ok for ok, _ in made):  # close the envs that were made, in their threads, and fail
+            with contextlib.suppress(Exception):
+                self.close(only=np.array([ok for ok, _ in made]))
+            raise next(value for ok, value in made if not ok)
+        self.envs: list[gym.Env] = [env for _, env in made]
+
+    def _serve(self, i: int, make: Callable[[], gym.Env]) -> None:
+        try:
+            env = make()
+        except BaseException as err:  # noqa: BLE001 (raised in the caller)
+            self._finish(i, (False, err))
+            return
+        self._finish(i, (True, env))
+        jobs = self.jobs[i]
+        while (job := jobs.get()) is not None:
+            fn, arg = job
+            try:
+                outcome = (True, fn(env, arg))
+            except BaseException as err:  # noqa: BLE001 (raised in the caller)
+                outcome = (False, err)
+            self._finish(i, outcome)
+
+    def _finish(self, i: int, outcome: tuple[bool, Any]) -> None:
+        self.results[i] = outcome
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.done.set()
+
+    def _gather(self, indices: Sequence[int], timeout_s: float | None) -> list[tuple[bool, Any]]:
+        if not self.done.wait(timeout_s):
+            raise TimeoutError(f"envs {list(indices)} did not finish within {timeout_s:g} s")
+        results, self.results = self.results, [None] * len(self.jobs)
+        return [results[i] for i in indices]
+
+    def each(
+        self,
+        fn: Callable[[gym.Env, Any], Any],
+        args: Sequence[Any],
+        only: np.ndarray | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        """``fn(env, arg)`` for every env (or those where the mask ``only`` is true) and its argument,
+        at once; the results in env order. The first env's exception, if any, is raised here."""
+        indices = list(range(len(self.jobs))) if only is None else np.flatnonzero(only).tolist()
+        if not indices:
+            return []
+        self.done.clear()
+        self.left = len(indices)
+        for i in indices:
+            self.jobs[i].put((fn, args[i]))
+        results = self._gather(indices, timeout_s)
+        for ok, value in results:
+            if not ok:
+                raise value
+        return [value for _, value in results]
+
+    def close(self, timeout_s: float = 30.0, only: np.ndarray | None = None) -> None:
+        """Close every env (or those of the mask ``only``: the ones made) in its own thread, then end
+        the threads. Once; at interpreter shutdown, when threads may no longer run, the threads are only
+        told to end."""
+        if self.closed:
+            return
+        self.closed = True
+        if sys.is_finalizing():
+            self.stop(wait=False)
+            return
+        hung = False
+        try:
+            self.each(_close, [None] * len(self.jobs), only=only, timeout_s=timeout_s)
+        except TimeoutError:  # an env's close hangs: its thread (a daemon) is left behind
+            hung = True
+            raise
+        finally:
+            self.stop(wait=not hung)
+
+    def stop(self, wait: bool = True) -> None:
+        for jobs in self.jobs:
+            jobs.put(None)
+        if wait and threading.current_thread() not in self.threads:
+            for thread in self.threads:
+                thread.join()
+
+
+def _close(env: gym.Env, _: Any) -> None:
+    env.close()
+
+
+class ThreadVectorEnv(gym.vector.SyncVectorEnv):
+    """SyncVectorEnv whose envs step (and reset) at once, each in a thread of its own; same-step autoreset.
+
+    Each env has a thread that lives as long as the vector env and is the only one to touch it: the
+    env is made, reset (all envs, or those of a ``reset_mask``), stepped and closed there, as
+    simulators bound to a thread need (a GL context made current on it, a client with thread-local
+    state); a thread pool hands an env to whichever thread is free. A call gives each thread its job
+    and waits once, for the last to finish (a countdown), rather than for each env's future in turn.
+    Speed against the pool it replaced (BENCHMARKS.md, "`vector: threads` with a thread per env"):
+    1.14-1.26 x for envs that sleep, measured alone; within noise in a sampler's ``collect``; 0.8-0.9 x
+    for envs that hold the GIL, which gain nothing from threads either way. Results are gathered in
+    env order, so everything returned is what SyncVectorEnv returns for the same seeds and actions.
+    An env's exception is raised in the caller, the first env's first.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], copy: bool = True):
+        threads = EnvThreads(env_fns)  # makes each env in its own thread
+        try:
+            made = [lambda env=env: env for env in threads.envs]
+            super().__init__(made, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        except BaseException:
+            threads.close()
+            raise
+        self.env_fns, self.threads = env_fns, threads
+        self._close_threads = weakref.finalize(self, threads.close)  # collected unclosed: envs closed, threads end
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
+        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed
+        seeds = seeds if seeds is not None else [None] * self.num_envs
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        mask = np.ones(self.num_envs, np.bool_)
+        if options is not None and "reset_mask" in options:
+            options = dict(options)
+            mask = options.pop("reset_mask")
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)):
+                shape = f"({self.num_envs},)"
+                raise ValueError(f"options['reset_mask'] must be a bool array of shape {shape}, got {mask!r}")
+            if not mask.any():
+                raise ValueError(f"options['reset_mask'] must reset at least one env, got {mask!r}")
+        done = self.threads.each(lambda env, s: env.reset(seed=s, options=options), seeds, only=mask)
+        self._terminations[mask] = False
+        self._truncations[mask] = False
+        self._autoreset_envs[mask] = False
+        infos: dict[str, Any] = {}
+        for i, (obs, info) in zip(np.flatnonzero(mask), done, strict=True):
+            self._env_obs[i] = obs
+            infos = self._add_info(infos, info, int(i))
+        self._observations = gym.vector.utils.concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        return (deepcopy(self._observations) if self.copy else self._observations), infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        done = self.threads.each(_step_and_autoreset, list(gym.vector.utils.iterate(self.action_space, actions)))
+        infos: dict[str, Any] = {}
+        for i, (obs, reward, terminated, truncated, info, final) in enumerate(done):
+            self._env_obs[i], self._rewards[i] = obs, reward
+            self._terminations[i], self._truncations[i] = terminated, truncated
+            if final is not None:  # in SyncVectorEnv's order: the final step's info first, then the reset's
+                infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, i)
+            infos = self._add_info(infos, info, i)
+        self._observations = gym.vector.utils.concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        self._autoreset_envs = self._terminations | self._truncations
+        obs = deepcopy(self._observations) if self.copy else self._observations
+        return obs, self._rewards.copy(), self._terminations.copy(), self._truncations.copy(), infos
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._close_threads()  # each env closed in its thread
+
+
+def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
+    obs, reward, terminated, truncated, info = env.step(action)
+    final = None
+    if terminated or truncated:
+        final = (obs, info)
+        obs, info = env.reset()
+    return obs, reward, terminated, truncated, info, final
+
+
+def vector_observations(env: gym.Env) -> gym.Env:
+    """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
+    own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
+    ``FlattenObservation``; a ``Dict`` or ``Tuple`` holding an image as one ``uint8`` vector instead, laid out so
+    that the networks give the image a CNN: :mod:`dagrl.envs.mixed`) or are integers other than an image (an Atari
+    console's ``uint8`` RAM, an image too small for the CNN); other ``uint8`` images as ``(C, H, W)``, stacked
+    frames folded into the channels (an ALE game's RGB screen, CarRacing's, a stack of them:
+    :mod:`dagrl.envs.images`); ``(C, H, W)`` images (:func:`dagrl.nn.networks.is_image`) and float ``Box``
+    observations unchanged.
+
+    >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
+    Box(0.0, 1.0, (16,), float32)
+
+    Raises ``ValueError`` for a space of no fixed size (``Sequence``, ``Graph``).
+    """
+    from dagrl.envs.images import image_layout
+    from dagrl.envs.mixed import MixedObservation, mixed_space
+
+    space = env.observation_space
+    mixed = mixed_space(space)
+    if mixed is not None:  # a Dict holding an image: one vector, which the networks cut apart again
+        return MixedObservation(env, mixed)
+    if not isinstance(space, gym.spaces.Box):
+        try:
+            flat = gym.spaces.flatten_space(space)
+        except (NotImplementedError, TypeError, ValueError):
+            flat = None
+        if not isinstance(flat, gym.spaces.Box):  # a Sequence flattens to a Sequence
+            raise ValueError(f"observation space {space} has no fixed-size vector form")
+        env = gym.wrappers.FlattenObservation(env)
+    elif np.issubdtype(space.dtype, np.floating):
+        return env
+    elif (layout := image_layout(space)) is not None:
+        if layout.order == "chw":
+            return env
+        return gym.wrappers.TransformObservation(env, layout.channels_first, layout.space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flattened bounds are float64: gymnasium warns on the cast
+        return gym.wrappers.DtypeObservation(env, np.float32)
+
+
+def importable_env_id(env_id: str) -> str:
+    """``env_id`` as a fresh process can make it: with the module that registered it in front
+    (gymnasium's ``"module:Env-v0"``), where that is a module a fresh process has not imported.
+
+    A notebook that ran ``import ale_py`` can make ``"ALE/Pong-v5"``; a Dask worker started beside it
+    cannot, as ALE's envs register when ``ale_py`` is imported. Ids already naming a module, ids
+    gymnasium itself registers, ids registered from ``__main__`` and ids unknown here come back as they are.
+
+    >>> importable_env_id("CartPole-v1")
+    'CartPole-v1'
+    >>> import dagrl.envs
+    >>> importable_env_id("BrightHalf-v0")
+    'dagrl.envs.registry:BrightHalf-v0'
+    """
+    module = registering_module(env_id)
+    if not module or module == "__main__" or module.partition(".")[0] == "gymnasium":
+        return env_id
+    return f"{module}:{env_id}"
+
+
+def registering_module(env_id: str) -> str | None:
+    """The module of the entry point this process has registered for ``env_id``; ``None`` for an id that
+    names its module already (``"module:Env-v0"``) or that is unknown here."""
+    if ":" in env_id:
+        return None
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return None
+    return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+
+
+def make_env(env_id: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id, **kwargs)`` inside the graph's ``env.wrappers`` (:mod:`dagrl.envs.wrappers`), then
+    :func:`vector_observations`."""
+    return vector_observations(wrap(gym.make(env_id, **kwargs), wrappers))
+
+
+def make_vector(
+    env_id: str, num_envs: int, vector: str, wrappers: Sequence[Wrapper] = (), **kwargs: Any
+) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_id`` (:func:`make_env`) on gymnasium's ``sync`` or ``async`` vector
+    env, or on threads; same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    if vector == "threads":
+        return ThreadVectorEnv([lambda: make_env(env_id, wrappers, **kwargs) for _ in range(num_envs)])
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode=vector,
+        vector_kwargs={"autoreset_mode": same_step},
+        wrappers=[*as_functions(wrappers), vector_observations],
+        **kwargs,
+    )

@@ -1,0 +1,1 @@
+"""Neural network building blocks: MLPs and CNNs, encoders for mixed observations, CUDA graphs."""
