@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl import Episodes, EpisodeTracker, RoleContext, evaluation, iteration, role
+from dagrl import Episodes, EpisodeTracker, RoleContext, evaluation, fragment, iteration, role
 from dagrl.algos.common.evaluation import EpisodeRunner
-from dagrl.core import fragment
 
 ACTION_SPACES = (gym.spaces.Discrete,)
 """A graph whose env acts otherwise is refused before anything starts."""

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from dagrl import iteration, role
-from dagrl.core import fragment
+from dagrl import fragment, iteration, role
 from dagrl.replay import ReplayStore, Schema
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import gymnasium as gym
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from dagrl import iteration
+from dagrl import fragment, iteration
 from dagrl.algos import ppo
 from dagrl.algos.ppo import Config, learner, sampler  # noqa: F401  (the roles and config this algorithm runs)
-from dagrl.core import fragment
 from tests.faulty import hang, once
 
 

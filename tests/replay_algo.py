@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dagrl import iteration, role
-from dagrl.core import fragment
+from dagrl import fragment, iteration, role
 from dagrl.replay import ReplayStore, Sample, Schema
 
 
