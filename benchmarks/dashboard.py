@@ -21,11 +21,12 @@ import tempfile
 from _common import emit, table
 
 from dagrl.app.driver import Trainer
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.app.progress import Progress
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.dashboard.feed import Feed
 from dagrl.policies import build_policy
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 from tests.debian import HEADLESS_CHROMIUM_FLAGS  # dagrl bench puts the repository root on sys.path
 

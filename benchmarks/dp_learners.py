@@ -25,8 +25,9 @@ import time
 
 from _common import emit, table
 
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.policies import build_policy
 
 GRAPH = "graphs/ppo-cartpole-dp.yaml"

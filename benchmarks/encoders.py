@@ -21,7 +21,7 @@ import time
 import torch
 from _common import emit, table
 
-from dagrl.nn.networks import CNNS
+from dagrl.nn.encoders import CNNS
 
 
 def timed(fn, repeats: int) -> float:

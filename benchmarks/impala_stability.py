@@ -51,8 +51,8 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     import dagrl
-    from dagrl.clusters.spec import untrimmed
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
+    from dagrl.clusters.local import untrimmed
     from dagrl.runtime.rundir import RunDir
 
     target = load_graph(args.graph).spec.stop.mean_return

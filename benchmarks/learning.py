@@ -35,7 +35,7 @@ from typing import Any
 from _common import emit, table
 
 import dagrl
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir
 

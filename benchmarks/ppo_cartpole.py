@@ -24,10 +24,11 @@ import time
 from _common import emit, engine_before, sb3_to_target, table
 
 from dagrl.app.driver import Trainer
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.app.progress import Progress
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.policies import build_policy
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 
 TARGET, WINDOW = 475.0, 20

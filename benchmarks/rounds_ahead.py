@@ -23,12 +23,13 @@ from _common import emit, table
 from distributed import Client, get_task_stream
 
 from dagrl.app.driver import Trainer
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.app.graphs import load_graph
+from dagrl.app.progress import Progress
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.distribution import stream_shape
-from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.policies.streaming import Streaming
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 
 

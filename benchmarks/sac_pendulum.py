@@ -24,12 +24,13 @@ from _common import emit, engine_before, sb3_to_target, table
 
 from dagrl.algos import sac
 from dagrl.app.driver import Trainer
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.app.graphs import load_graph
+from dagrl.app.progress import Progress
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
-from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.replay.store import Sample
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 
 TARGET, WINDOW, BATCH, STEPS = -200.0, 20, 256, 16

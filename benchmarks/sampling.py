@@ -18,19 +18,21 @@ import time
 from _common import emit, table
 
 from dagrl.algos import ppo
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.algos.common import actor_critic
+from dagrl.app.graphs import load_graph
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
-from dagrl.core.graph import load_graph
 from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import start_actors
 
 
-def sampler_state(envs: int, steps: int = 1) -> ppo.SamplerState:
+def sampler_state(envs: int, steps: int = 1) -> actor_critic.SamplerState:
     ctx = RoleContext("sampler", 0, 1, seed=0, env_id="CartPole-v1", num_envs=envs)
     return ppo.sampler(ctx, ppo.Config(num_steps=steps))
 
 
-def initial_weights(envs: int) -> ppo.Weights:
+def initial_weights(envs: int) -> actor_critic.Weights:
     return {k: v.detach().numpy().copy() for k, v in sampler_state(envs).agent.state_dict().items()}
 
 

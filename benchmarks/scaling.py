@@ -47,10 +47,11 @@ from typing import Any
 from _common import emit, engine_before, sampler_in_env, table
 
 from dagrl.algos import ppo
+from dagrl.app.graphs import load_graph
 from dagrl.app.training import train
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
-from dagrl.core.graph import load_graph
 from dagrl.runtime.executor import Executor
 
 GRAPH = "graphs/ppo-costly-cartpole.yaml"

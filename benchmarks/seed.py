@@ -39,9 +39,10 @@ import time
 from _common import emit, sampler_in_env, table
 from scaling import Window
 
+from dagrl.app.graphs import load_graph
 from dagrl.app.training import train
-from dagrl.clusters.spec import LocalClusterSpec, cuda_count, local_cluster
-from dagrl.core.graph import load_graph
+from dagrl.clusters.local import cuda_count, local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 
 GRAPH = "graphs/ppo-atari.yaml"
 POLICIES = {

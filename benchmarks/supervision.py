@@ -27,9 +27,9 @@ import time
 from _common import emit, table
 
 from dagrl.app.driver import Trainer
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.app.progress import Progress
 from dagrl.policies import build_policy
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
 
 CASES = [

@@ -25,10 +25,10 @@ from pathlib import Path
 from _common import emit, table
 
 from dagrl.app.catalog import resolve
+from dagrl.app.graphs import load_graph
 from dagrl.app.sweep import plan, run_sweep, sweep_client
 from dagrl.app.training import train
 from dagrl.clusters.spec import LocalClusterSpec
-from dagrl.core.graph import load_graph
 from dagrl.runtime.rundir import RunDir
 
 

@@ -31,8 +31,9 @@ import numpy as np
 import transport_algo
 from _common import emit, table
 
-from dagrl.clusters.spec import LocalClusterSpec, local_cluster
-from dagrl.core.graph import resolve_graph
+from dagrl.app.graphs import resolve_graph
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.policies import build_policy
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 from _common import emit, table
 
 from dagrl.app.catalog import resolve
+from dagrl.app.graphs import load_graph, resolve_graph
 from dagrl.app.training import train
 from dagrl.app.tune import shape_of, tune, write_tuned
 from dagrl.app.tune.model import Candidate
 from dagrl.app.tune.tuner import candidate_data
-from dagrl.core.graph import load_graph, resolve_graph
 from dagrl.core.schema import apply_overrides, read_yaml
 
 

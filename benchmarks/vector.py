@@ -25,6 +25,7 @@ import time
 from _common import emit, table
 
 from dagrl.algos import ppo
+from dagrl.algos.common import actor_critic
 from dagrl.core.context import RoleContext
 
 TASKS = {
@@ -35,13 +36,13 @@ TASKS = {
 BACKENDS = ("sync", "envpool", "threads")
 
 
-def sampler(task: str, backend: str, envs: int) -> ppo.SamplerState:
+def sampler(task: str, backend: str, envs: int) -> actor_critic.SamplerState:
     env_id, kwargs, steps = TASKS[task]
     ctx = RoleContext("sampler", 0, 1, seed=0, env_id=env_id, env_kwargs=kwargs, num_envs=envs, vector=backend)
     return ppo.sampler(ctx, ppo.Config(num_steps=steps))
 
 
-def rates(state: ppo.SamplerState, seconds: float) -> dict[str, float]:
+def rates(state: actor_critic.SamplerState, seconds: float) -> dict[str, float]:
     weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
     ppo.collect(state, weights)  # warm-up
     out = {}

@@ -48,7 +48,7 @@ def client():
     started as the README says a user's own cluster should be."""
     from distributed import Client, LocalCluster
 
-    from dagrl.clusters.spec import untrimmed
+    from dagrl.clusters.local import untrimmed
 
     with (
         untrimmed(),

@@ -9,7 +9,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from dagrl import fragment, iteration
 from dagrl.algos import ppo
-from dagrl.algos.ppo import Config, learner, sampler  # noqa: F401  (the roles and config this algorithm runs)
+from dagrl.algos.common import actor_critic
 from tests.faulty import hang, once
 
 
@@ -31,12 +31,12 @@ FAIL_AT_UPDATE = 6
 
 
 @fragment(role="learner")
-def publish(state: ppo.LearnerState) -> ppo.Weights:
+def publish(state: ppo.LearnerState) -> actor_critic.Weights:
     return ppo.publish.fn(state)
 
 
 @fragment(role="sampler")
-def collect(state: ppo.SamplerState, weights: ppo.Weights) -> ppo.Rollout:
+def collect(state: actor_critic.SamplerState, weights: actor_critic.Weights) -> ppo.Rollout:
     return ppo.collect.fn(state, weights)
 
 

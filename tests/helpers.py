@@ -14,7 +14,7 @@ import pytest
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import dagrl
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.runtime.rundir import RunDir
 
 

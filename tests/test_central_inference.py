@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from dagrl.policies.inference import StreamingCentralInference

@@ -15,9 +15,9 @@ import torch
 import yaml
 
 from dagrl.app.cli import main
-from dagrl.clusters.spec import workers as live_workers
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir
+from dagrl.runtime.workers import workers as live_workers
 
 
 def only_run(root):

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dagrl.clusters.spec import LocalClusterSpec, connect, load_cluster
-from dagrl.clusters.spec import workers as live_workers
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.clusters.connect import connect
+from dagrl.clusters.spec import LocalClusterSpec, load_cluster
 from dagrl.core.schema import ConfigError
+from dagrl.runtime.workers import workers as live_workers
 
 
 def write(tmp_path, text: str, name: str = "c.yaml") -> str:
@@ -174,7 +175,7 @@ def scheduler_extensions(dask_scheduler) -> list[str]:
 def test_quiet_false_keeps_dasks_own_housekeeping():
     from distributed import Client
 
-    from dagrl.clusters.spec import local_cluster
+    from dagrl.clusters.local import local_cluster
 
     with local_cluster(LocalClusterSpec(quiet=False, dashboard_address=":0"), 1) as cluster, Client(cluster) as client:
         assert set(client.run(housekeeping).values()) == {("20ms", "100ms", "500ms")}
@@ -189,7 +190,7 @@ def test_a_run_on_a_cluster_with_dasks_trim_threshold_says_how_to_start_it(tmp_p
     from distributed import Client, LocalCluster
 
     import dagrl
-    from dagrl.clusters.spec import trim_warning, untrimmed
+    from dagrl.clusters.local import trim_warning, untrimmed
 
     graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=1", f"runs_dir={tmp_path}"])
     import dask

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dagrl.app.cli import main
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from tests.helpers import user_module
 
 GOOD = """\

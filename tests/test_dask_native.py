@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 
 BIG = ["roles.sampler.envs=32", "hyperparameters.num_steps=128", "hyperparameters.update_epochs=1"]
@@ -91,7 +91,7 @@ def test_announced_reports_match_the_outputs_they_stand_for(client, graphs_dir):
     of the rollout that stayed on the worker, and no ``report`` task runs."""
     from distributed import get_task_stream
 
-    from dagrl.runtime.executor import report
+    from dagrl.runtime.report import report
     from dagrl.runtime.shm import unwrap
 
     graph = load_graph(f"{graphs_dir}/ppo-cartpole-sync.yaml", ["roles.sampler.replicas=2", "roles.sampler.envs=4"])
@@ -140,7 +140,8 @@ class _Client:
 
 def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_error():
     from dagrl.core.context import Episodes
-    from dagrl.runtime.executor import Announced, Announcements, Report, report_message
+    from dagrl.runtime.executor import Announced, Announcements
+    from dagrl.runtime.report import Report, report_message
 
     class Rollout:
         env_steps, episodes = 96, Episodes(np.array([3.0, 9.5]), np.array([3, 10]), np.array([False, True]))

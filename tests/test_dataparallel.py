@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import ConfigError, load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.core.schema import ConfigError
 from dagrl.policies.base import merge_outputs
 from dagrl.policies.dataparallel import ReplicasDiverged
 from dagrl.runtime.collective import choose_backend

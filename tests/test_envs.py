@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from tests.helpers import descendants, train
 from tests.test_policies import LOSSES, first_iterations
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dagrl
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.rundir import RunDir

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from dagrl.app.cli import main
+from dagrl.app.graphs import load_graph
 from dagrl.app.training import train
-from dagrl.core.graph import load_graph
 from dagrl.runtime.rundir import RunDir
 
 

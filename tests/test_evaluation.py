@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.app.graphs import load_graph, resolve_graph
 from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from dagrl.runtime.checkpoint import load_checkpoint

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 from tests.helpers import train
 

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 
 GRAPHS = sorted((pathlib.Path(__file__).resolve().parent.parent / "graphs").glob("*.yaml"))
 NEEDS = {"halfcheetah": "mujoco", "hopper": "mujoco", "atari": "ale_py"}  # extras ([mujoco], [atari]) the env needs

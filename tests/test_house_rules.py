@@ -49,7 +49,7 @@ def scheduler_info_calls(path: pathlib.Path) -> list[int]:
 
 def test_the_worker_list_is_read_through_dagrl_clusters_workers():
     """``client.scheduler_info()`` returns the client's cached identity, which the client's periodic
-    refresh empties of workers now and then (``dagrl.clusters.spec.workers`` says more): a liveness check
+    refresh empties of workers now and then (``dagrl.runtime.workers.workers`` says more): a liveness check
     that read it took live roles as lost."""
     files = sorted(PACKAGE.rglob("*.py"))
     assert len(files) > 50

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import dagrl.envs  # noqa: F401  (registers BrightHalf-v0)
-from dagrl.algos.ppo import ActorCritic
-from dagrl.core.graph import load_graph
-from dagrl.nn.networks import NatureCNN, is_image
+from dagrl.algos.common import actor_critic
+from dagrl.algos.common.actor_critic import ActorCritic
+from dagrl.app.graphs import load_graph
+from dagrl.envs.images import is_image
+from dagrl.nn.encoders import NatureCNN
 from dagrl.policies import build_policy
 from tests.helpers import train
 
@@ -37,15 +39,16 @@ def test_every_algorithm_takes_impalas_cnn_for_images():
     """``cnn: impala`` gives each algorithm's networks IMPALA's residual encoder (actor, critics, Q,
     recurrent trunks, a Dict's images), and they run forward; the default stays the Nature CNN."""
     from dagrl.algos import dqn, impala, ppo, ppo_lstm, r2d2, sac, td3
-    from dagrl.envs.mixed import MixedEncoder, mixed_space
-    from dagrl.nn.networks import ImpalaCNN, TwinQ
+    from dagrl.envs.mixed import mixed_space
+    from dagrl.nn.encoders import ImpalaCNN, MixedEncoder
+    from dagrl.nn.networks import TwinQ
 
     image = gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)
     discrete, box = gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)
     obs = torch.randint(0, 256, (5, 2, 36, 36), dtype=torch.uint8)
     nets = {
-        "ppo": ppo._agent(image, discrete, ppo.Config(cnn="impala")),
-        "impala": ppo._agent(image, discrete, impala.Config(cnn="impala")),
+        "ppo": actor_critic._agent(image, discrete, ppo.Config(cnn="impala")),
+        "impala": actor_critic._agent(image, discrete, impala.Config(cnn="impala")),
         "ppo_lstm": ppo_lstm.RecurrentActorCritic(image, discrete, ppo_lstm.Config(cnn="impala", minibatch_size=256)),
         "dqn": dqn.q_network(image, discrete, 32, cnn="impala"),
         "r2d2": r2d2.RecurrentQ(image, discrete, r2d2.Config(cnn="impala")),
@@ -62,7 +65,7 @@ def test_every_algorithm_takes_impalas_cnn_for_images():
     mixed = mixed_space(gym.spaces.Dict({"cam": image, "speed": gym.spaces.Box(-1, 1, (2,))}))
     enc = MixedEncoder(mixed, "impala")
     assert enc(torch.zeros(3, mixed.shape[0], dtype=torch.uint8)).shape == (3, 256 + 2)
-    assert isinstance(ppo._agent(image, discrete, ppo.Config()).trunk, NatureCNN)
+    assert isinstance(actor_critic._agent(image, discrete, ppo.Config()).trunk, NatureCNN)
 
 
 def test_an_unknown_cnn_is_refused_before_any_cluster_starts():
@@ -164,7 +167,8 @@ def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
 def test_a_dict_holding_an_image_is_stored_in_replay_a_byte_a_pixel(tmp_path):
     """DQN on BrightHalfFlip: the replay's rows are the packed ``uint8`` vector, and the learner's Q reads
     the state back from them bit for bit."""
-    from dagrl.envs.mixed import MixedEncoder, unpack
+    from dagrl.envs.mixed import unpack
+    from dagrl.nn.encoders import MixedEncoder
 
     overrides = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36}", "hyperparameters.learning_starts=64"]
     graph = load_graph("graphs/dqn-brighthalf.yaml", [*overrides, f"runs_dir={tmp_path}"])
@@ -224,7 +228,7 @@ def test_sac_and_td3_learn_from_pixels_through_a_uint8_replay(tmp_path, algo):
 
 
 def test_random_shift_moves_each_image_by_its_own_offset_within_the_pad():
-    from dagrl.nn.networks import random_shift
+    from dagrl.nn.encoders import random_shift
 
     images = torch.randint(0, 256, (64, 2, 36, 36), dtype=torch.uint8)
     shifted = random_shift(images, 4, torch.Generator().manual_seed(0))
@@ -279,7 +283,7 @@ def test_sac_with_share_encoder_learns_from_pixels_under_split_learner(client, t
 
 def test_a_dicts_images_are_shifted_and_its_other_entries_kept():
     from dagrl.envs.mixed import mixed_space, unpack
-    from dagrl.nn.networks import Shift, image_shift
+    from dagrl.nn.encoders import Shift, image_shift
 
     space = mixed_space(gym.make("dagrl.envs:BrightHalfFlip-v0", size=36).observation_space)
     shift = image_shift(space, 4)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from dagrl.algos.common.rollouts import gae
 from dagrl.algos.impala import vtrace
-from dagrl.algos.ppo import gae
 from tests.helpers import train
 
 

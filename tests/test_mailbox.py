@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dagrl.app.graphs import load_graph
 from dagrl.core.distribution import mail_edges
 from dagrl.core.fragment import load_algorithm
-from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from dagrl.runtime import mailbox
 from dagrl.runtime.executor import mail_readers
@@ -260,7 +260,7 @@ def _on_and_off(tmp_path, path: str, over: list[str], workers: int) -> tuple[dic
     from distributed import Client, LocalCluster
 
     from dagrl.app.driver import Trainer
-    from dagrl.runtime.progress import Progress
+    from dagrl.app.progress import Progress
     from dagrl.runtime.rundir import RunDir
 
     def stats():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dagrl.algos import ppo
+from dagrl.algos.common import actor_critic
 from dagrl.core.context import RoleContext
 from dagrl.nn.networks import RunningNorm
 from tests.helpers import train
@@ -70,7 +71,7 @@ def test_norm_obs_is_refused_for_images():
     from gymnasium.spaces import Box, Discrete
 
     with pytest.raises(ValueError, match="norm_obs"):
-        ppo.ActorCritic(Box(0, 255, (4, 84, 84), np.uint8), Discrete(2), 64, norm_obs=True)
+        actor_critic.ActorCritic(Box(0, 255, (4, 84, 84), np.uint8), Discrete(2), 64, norm_obs=True)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_mujoco_graphs_run_on_a_local_cluster(client, tmp_path, graph_file, over
 
 
 def test_norm_obs_on_an_image_env_is_refused_before_a_cluster_starts():
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
     from dagrl.core.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"ppo-brighthalf.yaml: hyperparameters: norm_obs.*BrightHalf"):

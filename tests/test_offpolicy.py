@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dagrl.algos import dqn
+from dagrl.app.graphs import load_graph
 from dagrl.core.context import RoleContext
-from dagrl.core.graph import load_graph
 from dagrl.policies import build_policy
 from tests.helpers import train
 
@@ -45,7 +45,7 @@ def test_dueling_dqn_reaches_195(graphs_dir, tmp_path):
 
 
 def test_a_dueling_head_on_the_cnn_gives_centred_advantages():
-    from dagrl.nn.networks import NatureCNN
+    from dagrl.nn.encoders import NatureCNN
 
     q = dqn.q_network(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), 64, dueling=True)
     assert isinstance(q[0], NatureCNN) and isinstance(q[1], dqn.DuelingHead)
@@ -248,7 +248,7 @@ def test_split_learner_refuses_an_algorithm_with_one_learner(graphs_dir, tmp_pat
 @pytest.mark.slow
 def test_dqn_with_prioritized_replay_learns_and_moves_priorities(graphs_dir, tmp_path):
     from dagrl.app.driver import Trainer
-    from dagrl.runtime.progress import Progress
+    from dagrl.app.progress import Progress
     from dagrl.runtime.rundir import RunDir
 
     g = load_graph(
@@ -269,7 +269,7 @@ def test_dqn_with_prioritized_replay_learns_and_moves_priorities(graphs_dir, tmp
 
 def test_update_rate_times_the_learner_not_the_replay_that_passes_its_metrics_on():
     """perf/update_time_s is the learner's update, not ``reprioritize`` (the iteration's output)."""
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
     from dagrl.policies import build_policy
 
     graph = load_graph("graphs/dqn-cartpole-single.yaml", ["hyperparameters.learning_starts=256"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import RoleSpec, load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.core.graph import RoleSpec
 from dagrl.policies import build_policy
 from dagrl.runtime.placement import PlacementError, place
 
@@ -37,7 +38,7 @@ def test_sync_reproduces_single_exactly(client, graphs_dir, samplers, env):
 def train(graph, client, root, listener=None):
     """Train ``graph`` through the driver; the policy's submissions ahead are counted."""
     from dagrl.app.driver import Trainer
-    from dagrl.runtime.progress import Progress
+    from dagrl.app.progress import Progress
     from dagrl.runtime.rundir import RunDir
 
     policy = build_policy(graph, client)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dagrl.algos import ppo
+from dagrl.algos.common import actor_critic
 from dagrl.core.context import RoleContext
 
 
@@ -106,7 +107,7 @@ def test_the_samplers_lean_draw_is_the_distributions_own(space):
 
     obs_space = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
     act_space = gym.spaces.Discrete(4) if space == "discrete" else gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    agent = ppo.ActorCritic(obs_space, act_space, hidden=16, norm_obs=True)
+    agent = actor_critic.ActorCritic(obs_space, act_space, hidden=16, norm_obs=True)
     if agent.log_std is not None:
         agent.log_std.data = torch.tensor([-0.5, 0.0, 0.7])
     obs = torch.randn(64, 5, generator=torch.Generator().manual_seed(1))
@@ -140,7 +141,7 @@ def test_anneal_lr_falls_linearly_over_stop_env_steps_and_resumes_where_it_was(t
 
 
 def test_anneal_lr_needs_stop_env_steps():
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
     from dagrl.core.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"hyperparameters: anneal_lr: .*stop\.env_steps"):
@@ -152,7 +153,8 @@ def test_multi_categorical_is_the_product_of_its_heads():
     the sampler's log-prob of its own draw is what the learner computes for it, bit for bit."""
     import gymnasium as gym
 
-    from dagrl.algos.ppo import ActorCritic, MultiCategorical
+    from dagrl.algos.common.actor_critic import ActorCritic
+    from dagrl.algos.common.distributions import MultiCategorical
 
     torch.manual_seed(0)
     logits, heads = torch.randn(6, 9), [2, 3, 4]

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from dagrl.runtime.progress import Progress, format_row
+from dagrl.app.progress import Progress, format_row
 
 BIG = {
     "iteration": 99999,

@@ -14,7 +14,7 @@ import yaml
 
 from dagrl.algos import r2d2
 from dagrl.app.cli import main
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 from dagrl.replay.sequences import SequenceRecorder
 from tests.helpers import train

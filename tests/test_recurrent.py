@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dagrl.algos import ppo_lstm
+from dagrl.app.graphs import load_graph
 from dagrl.core.context import RoleContext
-from dagrl.core.graph import load_graph
 from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from tests.helpers import train
@@ -97,7 +97,7 @@ def test_burn_in_longer_than_a_rollout_is_refused_naming_the_key():
 
 
 def test_an_episode_a_time_limit_cuts_is_bootstrapped_from_the_state_it_reached():
-    """As PPO's samplers do (``ppo.Steps``): the last reward of a cut episode gets gamma x the critic's
+    """As PPO's samplers do (``rollouts.Steps``): the last reward of a cut episode gets gamma x the critic's
     value of its final observation, here a constant 10 from the LSTM state the episode reached."""
     cfg = ppo_lstm.Config(num_steps=16, minibatch_size=16)
     ctx = RoleContext("sampler", 0, 1, 0, "CartPole-v1", {"max_episode_steps": 5}, num_envs=4)

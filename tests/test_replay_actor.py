@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import resolve_graph
+from dagrl.app.graphs import resolve_graph
 from dagrl.policies import build_policy
 from dagrl.runtime.hosts import role_context
 from tests.replay_algo import replay
@@ -95,7 +95,7 @@ def test_replay_shards_fed_unequally_are_warned_unless_the_learner_sizes_draws(
     sampler feeds shard 0 alone: that is not a share, so no warning."""
     import logging
 
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
 
     logger = logging.getLogger("dagrl")  # as a test before may have left it after `dagrl` set its handler
     monkeypatch.setattr(logger, "handlers", [])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore, Schema
 from dagrl.replay.role import ReplayState, UpdateResult, pooled_weights, reprioritize, sample, shard_draws

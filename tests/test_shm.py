@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from distributed.protocol import deserialize, serialize
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 from dagrl.runtime import shm
 from tests.helpers import tmpfs

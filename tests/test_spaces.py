@@ -13,9 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.envs.images import is_image
 from dagrl.envs.vector import make_vector, vector_observations
-from dagrl.nn.networks import is_image
 from tests.helpers import train
 
 
@@ -98,7 +98,7 @@ def test_a_dict_of_stacked_frames_packs_them_as_one_image():
     import torch
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
-    from dagrl.algos.ppo import ActorCritic
+    from dagrl.algos.common.actor_critic import ActorCritic
     from dagrl.envs.mixed import MixedBox, unpack
 
     def stacked():
@@ -206,10 +206,10 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     import torch
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
+    from dagrl.algos.common.actor_critic import ActorCritic
     from dagrl.algos.dqn import q_network
-    from dagrl.algos.ppo import ActorCritic
-    from dagrl.envs.mixed import MixedBox, MixedEncoder
-    from dagrl.nn.networks import NatureCNN
+    from dagrl.envs.mixed import MixedBox
+    from dagrl.nn.encoders import MixedEncoder, NatureCNN
 
     raw = gym.make("BrightHalfFlip-v0", size=36)
     env = vector_observations(gym.make("BrightHalfFlip-v0", size=36))
@@ -240,7 +240,8 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
 def test_a_tuple_holding_an_image_is_packed_as_a_dict_is():
     import torch
 
-    from dagrl.envs.mixed import MixedBox, MixedEncoder, unpack
+    from dagrl.envs.mixed import MixedBox, unpack
+    from dagrl.nn.encoders import MixedEncoder
 
     space = gym.spaces.Tuple((gym.spaces.Box(0, 255, (40, 40, 3), np.uint8), gym.spaces.Discrete(3)))
     env = vector_observations(Fixed(space))
@@ -261,7 +262,7 @@ def test_norm_obs_standardises_a_dicts_other_entries_and_leaves_its_images_to_th
     import torch
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
-    from dagrl.algos.ppo import ActorCritic, Config
+    from dagrl.algos.common.actor_critic import ActorCritic, Config
     from dagrl.envs.mixed import mixed_space
 
     space = vector_observations(gym.make("BrightHalfFlip-v0", size=36)).observation_space

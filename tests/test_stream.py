@@ -13,9 +13,9 @@ import pickle
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
-from dagrl.runtime.executor import Report
+from dagrl.runtime.report import Report
 from dagrl.runtime.stream import Hub, Learned
 
 

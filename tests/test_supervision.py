@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from dagrl.app.driver import Trainer, TrainingError
-from dagrl.clusters.spec import workers as live_workers
-from dagrl.core.graph import load_graph, resolve_graph
+from dagrl.app.driver import Trainer
+from dagrl.app.graphs import load_graph, resolve_graph
+from dagrl.app.progress import Progress
 from dagrl.core.schema import apply_overrides
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore
@@ -21,8 +21,9 @@ from dagrl.runtime import shm
 from dagrl.runtime.checkpoint import load_checkpoint
 from dagrl.runtime.host import run_fragment
 from dagrl.runtime.hosts import Start, close_all, start_actors, start_one
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
+from dagrl.runtime.supervisor import TrainingError
+from dagrl.runtime.workers import workers as live_workers
 from tests.faulty import SCHEMA, value_of
 
 

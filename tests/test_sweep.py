@@ -13,9 +13,9 @@ from distributed import get_task_stream
 from dagrl.app.aggregate import bootstrap_interval, iqm
 from dagrl.app.cli import main
 from dagrl.app.sweep import markdown, parse_grid, plan, run_sweep, table
-from dagrl.clusters.spec import workers as live_workers
 from dagrl.core.schema import ConfigError
 from dagrl.dashboard import METRICS
+from dagrl.runtime.workers import workers as live_workers
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dagrl.app.cli import main
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
+from dagrl.app.tensorboard import TensorBoardLog
 from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
-from dagrl.runtime.tensorboard import TensorBoardLog
 
 pytest.importorskip("tensorboard")
 

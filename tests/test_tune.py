@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from dagrl.app.cli import main
+from dagrl.app.graphs import load_graph, resolve_graph
 from dagrl.app.tune.measure import Measurements
 from dagrl.app.tune.model import (
     Candidate,
@@ -31,7 +32,6 @@ from dagrl.app.tune.tuner import (
     vector_backends,
     with_vector,
 )
-from dagrl.core.graph import load_graph, resolve_graph
 from dagrl.core.schema import read_yaml
 
 PPO = Shape(onpolicy=True, sampler="sampler", length_key="num_steps", length=32, round_steps=512,

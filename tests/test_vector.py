@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.core.schema import ConfigError
 from dagrl.envs.vector import EnvPoolVector
 from dagrl.runtime.hosts import role_context

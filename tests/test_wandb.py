@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dagrl.app.cli import main
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
 

@@ -49,7 +49,7 @@ def test_cuda_tensor_crosses_dask_on_the_cpu():
 
 @cuda
 def test_gpu_learner_checkpoint_holds_cpu_tensors_and_loads_back():
-    from dagrl.algos.ppo import Config
+    from dagrl.algos.common.actor_critic import Config
 
     host = RoleHost("ppo", "learner", learner_context(seed=0), Config(), wants_gpu=True)
     assert host.device == "cuda"

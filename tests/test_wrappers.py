@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dagrl.core.graph import load_graph
+from dagrl.app.graphs import load_graph
 from dagrl.envs.vector import make_vector
 from tests.helpers import train, user_module
 

@@ -2,7 +2,7 @@
 
 The roles and the sampler side are ``ppo_lstm``'s (each env's LSTM state carried across rollouts, a
 rollout carrying the state it began with; under ``central-inference`` the states travel with the
-observations); the learner is IMPALA's (:func:`dagrl.algos.impala.learn`), its network unrolled over
+observations); the learner is IMPALA's (:func:`dagrl.algos.vtrace.learn`), its network unrolled over
 each batch's env sequences from the states they began with, as the paper's learner does with the
 actors' stored states. Stale rollouts under ``async`` are corrected by V-trace as in ``impala``.
 """
@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dagrl.algos import impala
-from dagrl.algos.ppo import LearnerState
-from dagrl.algos.ppo_lstm import (
-    ACTION_SPACES,
+from dagrl.algos.common import vtrace
+from dagrl.algos.common.actor_critic import ACTION_SPACES, LearnerState, publish
+from dagrl.algos.common.recurrent import (
     Recurrent,
     RecurrentRollout,
     Sequences,
@@ -26,19 +25,18 @@ from dagrl.algos.ppo_lstm import (
     evaluator,
     inference,
     learner,
-    publish,
     sampler,
 )
 from dagrl.core.fragment import fragment, iteration
 
-__all__ = [  # ppo_lstm's roles, publish, collect, evaluator and action spaces are this algorithm's too
+__all__ = [  # the recurrent actor-critic's roles (as ppo_lstm's)
     "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",
     "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 
 @dataclass
-class Config(Recurrent, impala.Config):
+class Config(Recurrent, vtrace.Config):
     """IMPALA's hyperparameters and the LSTM's width."""
 
 
@@ -53,7 +51,7 @@ def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> dict[str, f
         return agent.heads.dist(flat), values, last.detach()
 
     flat_obs = seq.obs.reshape(-1, *seq.obs.shape[2:])
-    return impala.learn(state, rollouts, forward, flat_obs)
+    return vtrace.learn(state, rollouts, forward, flat_obs)
 
 
 @iteration

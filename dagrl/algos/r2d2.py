@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.algos import dqn
+from dagrl.algos.common import qlearning
 from dagrl.algos.common.evaluation import EpisodeRunner
-from dagrl.algos.dqn import ACTION_SPACES, DuelingHead, Weights, publish
-from dagrl.algos.ppo_lstm import LSTMCore, State, evaluate
+from dagrl.algos.common.qlearning import ACTION_SPACES, DuelingHead, Weights, publish
+from dagrl.algos.common.recurrent import LSTMCore, State, evaluate
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, iteration, role
 from dagrl.core.schema import at_least, unit_interval
@@ -45,7 +45,7 @@ __all__ = [
 
 
 @dataclass
-class Config(dqn.Config):
+class Config(qlearning.Config):
     """DQN's hyperparameters (``batch_size``, ``buffer_size`` and ``learning_starts`` count sequences),
     and the sequences'."""
 
@@ -94,7 +94,7 @@ class QHead(nn.Module):
 
 
 class RecurrentQ(LSTMCore):
-    """:class:`~dagrl.algos.ppo_lstm.LSTMCore` (encoder and LSTM) and a Q head (:attr:`heads`)."""
+    """:class:`~dagrl.algos.common.recurrent.LSTMCore` (encoder and LSTM) and a Q head (:attr:`heads`)."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, cfg: Config):
         if not isinstance(act_space, gym.spaces.Discrete):
@@ -157,14 +157,14 @@ def targets(
 
 
 @dataclass
-class SamplerState(dqn.SamplerState):
+class SamplerState(qlearning.SamplerState):
     lstm: tuple[np.ndarray, np.ndarray] = ()
     """Each env's LSTM state after its last step, ``[N, lstm]`` x 2."""
     starts: np.ndarray | None = None
     """Per env, 1 where ``obs`` is an episode's first observation."""
 
 
-LearnerState = dqn.LearnerState
+LearnerState = qlearning.LearnerState
 """DQN's learner state: the online and target networks, Adam, the gradient-step count (its captured step
 stays ``None``: R2D2's learner steps as written)."""
 
@@ -193,7 +193,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 @role("replay", many=True)
 def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
     schema = sequence_schema(ctx.observation_space, ctx.action_space, cfg.seq_len, cfg.burn_in, cfg.lstm)
-    return dqn.replay_of(ctx, cfg, schema)
+    return qlearning.replay_of(ctx, cfg, schema)
 
 
 @role("learner")
@@ -280,7 +280,7 @@ def sequence_loss(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, 
 def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
     """Gradient steps on each ``batch_size`` slice of the sampled sequences (none until learning starts);
     returns each sampled sequence's priority by shard, for prioritized replay, and each shard's next draw."""
-    outs, priorities = dqn.learn_from(state, samples, partial(sequence_loss, state))
+    outs, priorities = qlearning.learn_from(state, samples, partial(sequence_loss, state))
     if not priorities:  # nothing sampled yet
         return UpdateResult({"perf/frames": 0.0})
     metrics = step_means(outs, {"losses/td": "loss", "losses/q_mean": "q_mean"}, missing=float("nan"))

@@ -16,30 +16,38 @@ import numpy as np
 import torch
 from torch import nn
 
+from dagrl.algos.common import offpolicy
 from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.algos.common.offpolicy import (
+    ACTION_SPACES,
+    CriticOut,
+    Metrics,
+    SamplerState,
+    actor_networks,
+    actor_steps,
+    collect_steps,
+    episode_runner,
+    new_sampler,
+    policy_maker,
+    polyak,
+    restored,
+    seeded,
+    target_of,
+    twin_q,
+)
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, iteration, role
-from dagrl.core.schema import at_least, positive, unit_interval
-from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
-from dagrl.nn.networks import (
-    CNN,
-    Shift,
-    TwinQ,
-    Weights,
-    as_tensors,
-    check_share_encoder,
-    check_shift,
-    encoder,
-    image_shift,
-    minibatches,
-    mlp,
-    to_numpy,
-)
-from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
-from dagrl.replay.record import Recorder
+from dagrl.core.schema import at_least, positive
+from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
+from dagrl.nn.encoders import CNN, encoder, image_shift
+from dagrl.nn.networks import Weights, as_tensors, minibatches, mlp, to_numpy
+from dagrl.replay import Sample, Transitions
 from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
 
-ACTION_SPACES = (gym.spaces.Box,)  # a deterministic action scaled to the bounds
+__all__ = [
+    "ACTION_SPACES", "Config", "actor", "collect", "critic", "eval_iteration", "evaluate", "evaluator", "publish",
+    "replay", "sampler", "train_iteration", "update_actor", "update_critic",
+]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -47,21 +55,13 @@ ACTION_SPACES = (gym.spaces.Box,)  # a deterministic action scaled to the bounds
 
 
 @dataclass
-class Config:
-    steps: int = 16
-    """Env steps per env per ``collect`` call."""
+class Config(offpolicy.Config):
+    """TD3's hyperparameters: the off-policy ones (:class:`dagrl.algos.common.offpolicy.Config`) and these."""
+
     gamma: float = 0.98
     """Discount factor."""
-    n_step: int = 1
-    """Steps of reward each replay row folds before bootstrapping (as DQN's ``n_step``)."""
-    tau: float = 0.005
-    """Polyak factor of the target networks."""
     lr: float = 1e-3
     """Adam learning rate of the policy and the Q networks."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    gradient_steps: int = 16
-    """Critic steps per update call; the two roles exchange weights after each call."""
     policy_delay: int = 2
     """Critic steps per policy step."""
     exploration_noise: float = 0.1
@@ -70,38 +70,12 @@ class Config:
     """Std of the target-policy smoothing noise (relative)."""
     target_noise_clip: float = 0.5
     """Clip of the smoothing noise (relative)."""
-    buffer_size: int = 100_000
-    """Replay capacity."""
-    learning_starts: int = 1_000
-    """Transitions stored before learning begins; samplers act uniformly at random until then."""
-    hidden: int = 128
-    """Width of the two hidden layers of every network."""
-    cnn: CNN = "nature"
-    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.networks.CNNS`)."""
-    cuda_graphs: bool = False
-    """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
-    eval_episodes: int = 10
-    """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
-    augment_shift: int = 0
-    """Image observations only: in every gradient step, each batch image moved by up to this many
-    pixels (DrQ's random shift, :func:`dagrl.nn.networks.random_shift`, which DrQ-v2 pairs with a
-    deterministic actor as here; 4 for 84x84); 0: none."""
-    share_encoder: bool = False
-    """Image observations only: the actor reads the critic's encoder, its features detached (DrQ-v2's
-    actor; Stable-Baselines3's ``share_features_extractor``), instead of training a CNN of its own. The
-    actor's trunk is then the critic's, copied at each exchange and sent with the policy."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "steps", "batch_size", "gradient_steps", "policy_delay", "buffer_size", "hidden")
-        at_least(self, 1, "eval_episodes", "n_step")
-        at_least(self, 0, "learning_starts", "exploration_noise", "target_noise", "target_noise_clip", "augment_shift")
+        super().__post_init__()
+        at_least(self, 1, "policy_delay")
+        at_least(self, 0, "exploration_noise", "target_noise", "target_noise_clip")
         positive(self, "lr")
-        unit_interval(self, "gamma", "tau")
-
-    def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
-        """Refuse, before any cluster starts, what the env's spaces rule out."""
-        check_shift(self.augment_shift, obs_space)
-        check_share_encoder(self.share_encoder, obs_space)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -129,148 +103,65 @@ class Policy(nn.Module):
         return torch.tanh(self.net(features)) * self.scale + self.bias
 
 
-Metrics = dict[str, float]
-
-
-@dataclass
-class CriticOut:
-    q: Weights
-    metrics: Metrics
-
-
 # ---------------------------------------------------------------------------------------------------
 # Role states
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SamplerState:
-    cfg: Config
-    envs: gym.vector.VectorEnv
-    policy: Policy
-    rng: np.random.Generator
-    obs: np.ndarray
-    recorder: Recorder
-    random_steps: int
-    steps_done: int = 0
-
-
-@dataclass
-class CriticState:
-    cfg: Config
-    q: TwinQ
-    target: TwinQ
+@dataclass(kw_only=True)
+class CriticState(offpolicy.CriticState):
     target_policy: Policy
     given: Policy  # the policy weights of the current call, which the target policy drifts toward
-    optimizer: torch.optim.Optimizer
-    gen: torch.Generator
-    device: torch.device
-    steps: int = 0
     synced: bool = False  # the target policy starts as a copy of the first policy weights received
-    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
-    step_and_polyak: CapturedStep | None = None  # the same, then the targets' Polyak step
-    augment: Shift = Shift()  # augment_shift's, on every batch observation
+    step_and_polyak: CapturedStep | None = None  # a gradient step, then the targets' Polyak step
 
     def state_dict(self) -> dict:
-        return {
-            "q": self.q.state_dict(),
-            "target": self.target.state_dict(),
-            "target_policy": self.target_policy.state_dict(),
-            "opt": self.optimizer.state_dict(),
-            "steps": self.steps,
-        }
+        return {**super().state_dict(), "target_policy": self.target_policy.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.q.load_state_dict(sd["q"])
-        self.target.load_state_dict(sd["target"])
         self.target_policy.load_state_dict(sd["target_policy"])
-        self.optimizer.load_state_dict(sd["opt"])
-        self.steps = sd["steps"]
+        super().load_state_dict(sd)
         self.synced = True
-        set_capturable(self.optimizer, wants_graphs(self.cfg.cuda_graphs, self.device))
-        for step in (self.step, self.step_and_polyak):
-            if step is not None:
-                step.reset()  # the optimizer's state tensors are new ones
+        restored(self.cfg, self.device, [], self.step_and_polyak)
 
 
-@dataclass
-class ActorState:
-    cfg: Config
-    policy: Policy
-    q: TwinQ  # the critic's, as of the last exchange
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    gen: torch.Generator  # augment_shift's draws
-    steps: int = 0
-    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
-    augment: Shift = Shift()  # augment_shift's, on every batch observation
-
-    def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.policy.load_state_dict(sd["policy"])
-        self.optimizer.load_state_dict(sd["opt"])
-        self.steps = sd["steps"]
-        set_capturable(self.optimizer, wants_graphs(self.cfg.cuda_graphs, self.device))
-        if self.step is not None:
-            self.step.reset()  # the optimizer's state tensors are new ones
+ActorState = offpolicy.ActorState
 
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
-    envs.action_space.seed(ctx.seed)
-    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
-    random_steps = ctx.per_replica(cfg.learning_starts)
-    rng = np.random.default_rng(ctx.seed)
-    done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
-    return SamplerState(cfg, envs, policy, rng, obs, Recorder(envs.num_envs, cfg.n_step, cfg.gamma), random_steps, done)
+    return new_sampler(ctx, cfg, Policy)
 
 
-@role("replay", many=True)
-def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
-    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
-    return replay_state(
-        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
-        learning_starts=cfg.learning_starts,
-    )  # fmt: skip
+replay = offpolicy.replay  # the shared replay role, bound here so that roles keep their order (and seeds)
 
 
 @role("critic")
 def critic(ctx: RoleContext, cfg: Config) -> CriticState:
     dev = torch.device(ctx.device)
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
-        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-        target_policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-    target = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-    target.load_state_dict(q.state_dict())
+    q, target_policy = seeded(ctx, lambda: twin_q(ctx, cfg), policy_maker(ctx, cfg, Policy))
+    target = target_of(q, ctx, cfg)
     given = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
     graphs = wants_graphs(cfg.cuda_graphs, dev)
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
     gen = torch.Generator(device=dev).manual_seed(ctx.seed)
-    state = CriticState(cfg, q, target, target_policy, given, opt, gen, dev)
+    state = CriticState(
+        cfg=cfg, q=q, target=target, target_policy=target_policy, given=given, optimizer=opt, gen=gen, device=dev
+    )
     state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
-    state.step = CapturedStep(partial(critic_step, state, polyak=False), dev, [gen], enabled=graphs)
-    state.step_and_polyak = CapturedStep(partial(critic_step, state, polyak=True), dev, [gen], enabled=graphs)
+    state.step = CapturedStep(partial(critic_step, state, and_polyak=False), dev, [gen], enabled=graphs)
+    state.step_and_polyak = CapturedStep(partial(critic_step, state, and_polyak=True), dev, [gen], enabled=graphs)
     return state
 
 
 @role("actor")
 def actor(ctx: RoleContext, cfg: Config) -> ActorState:
     dev = torch.device(ctx.device)
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
-        policy = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-        q = TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-    q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
+    policy, q, trained = actor_networks(ctx, cfg, Policy)
     graphs = wants_graphs(cfg.cuda_graphs, dev)
     gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
-    trained = policy.net.parameters() if cfg.share_encoder else policy.parameters()
     opt = torch.optim.Adam(trained, lr=cfg.lr, capturable=graphs)
-    state = ActorState(cfg, policy, q, opt, dev, gen)
+    state = ActorState(cfg=cfg, policy=policy, q=q, optimizer=opt, gen=gen, device=dev)
     state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
     state.step = CapturedStep(partial(actor_step, state), dev, [gen], enabled=graphs)
     return state
@@ -278,9 +169,7 @@ def actor(ctx: RoleContext, cfg: Config) -> ActorState:
 
 @role("evaluator", recover="replace")
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
-    envs = ctx.make_envs()
-    policy = Policy(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
-    return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+    return episode_runner(ctx, cfg, Policy)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -297,24 +186,20 @@ def publish(state: ActorState) -> Weights:
 def collect(state: SamplerState, weights: Weights) -> Transitions:
     """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the
     policy plus Gaussian noise, clipped to the action bounds."""
-    envs, space = state.envs, state.envs.single_action_space
+    space = state.envs.single_action_space
     state.policy.load_state_dict(as_tensors(weights, torch.device("cpu")))
     half = (space.high - space.low) / 2
-    for _ in range(state.cfg.steps):
-        if state.steps_done < state.random_steps:
-            action = envs.action_space.sample()
-        else:
-            with torch.no_grad():
-                action = state.policy(torch.as_tensor(state.obs, dtype=torch.float32)).numpy()
-            noise = state.rng.normal(0.0, state.cfg.exploration_noise, action.shape) * half
-            action = np.clip(action + noise, space.low, space.high).astype(space.dtype)
-        state.obs = state.recorder.step(envs, state.obs, action)
-        state.steps_done += envs.num_envs
-    return state.recorder.take(envs)
+
+    def act(obs: torch.Tensor) -> np.ndarray:
+        action = state.policy(obs).numpy()
+        noise = state.rng.normal(0.0, state.cfg.exploration_noise, action.shape) * half
+        return np.clip(action + noise, space.low, space.high).astype(space.dtype)
+
+    return collect_steps(state, act)
 
 
-def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) -> dict[str, torch.Tensor]:
-    """One clipped double-Q gradient step on batch ``b``; with ``polyak``, then the targets' Polyak step
+def critic_step(state: CriticState, b: dict[str, torch.Tensor], and_polyak: bool) -> dict[str, torch.Tensor]:
+    """One clipped double-Q gradient step on batch ``b``; with ``and_polyak``, then the targets' Polyak step
     (the target policy toward ``state.given``)."""
     cfg, policy = state.cfg, state.target_policy
     half = policy.scale
@@ -332,13 +217,9 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], polyak: bool) ->
     state.optimizer.zero_grad()
     loss.backward()
     state.optimizer.step()
-    if polyak:
-        with torch.no_grad():
-            for p, tp in zip(state.q.parameters(), state.target.parameters(), strict=True):
-                tp.lerp_(p, cfg.tau)
-            for tp, gp in zip(policy.state_dict().values(), state.given.state_dict().values(), strict=True):
-                if tp.is_floating_point():
-                    tp.lerp_(gp, cfg.tau)
+    if and_polyak:
+        polyak(state.q.parameters(), state.target.parameters(), cfg.tau)
+        polyak(state.given.state_dict().values(), policy.state_dict().values(), cfg.tau)
     return {"loss": loss.detach()}
 
 
@@ -376,21 +257,10 @@ def update_critic(state: CriticState, samples: list[Sample | None], policy_weigh
 @fragment(role="actor")
 def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
     """One deterministic policy-gradient step per ``policy_delay`` batches, against the given Q1."""
-    cfg = state.cfg
-    every = minibatches(samples, cfg.batch_size, state.device)
-    batches = every[:: cfg.policy_delay]
-    if not batches:
+    outs, frames = actor_steps(state, samples, critic_out, every=state.cfg.policy_delay)
+    if not outs:
         return {"perf/frames": 0.0}
-    state.q.load_state_dict(as_tensors(critic_out.q, state.device))
-    if cfg.share_encoder:
-        state.policy.trunk.load_state_dict(state.q.trunk.state_dict())  # published with the policy
-    outs = [state.step(b) for b in batches]
-    state.steps += len(outs)
-    return {
-        **critic_out.metrics,
-        **step_means(outs, {"losses/policy": "loss"}),
-        "perf/frames": float(len(every) * cfg.batch_size),
-    }
+    return {**critic_out.metrics, **step_means(outs, {"losses/policy": "loss"}), "perf/frames": frames}
 
 
 # ---------------------------------------------------------------------------------------------------

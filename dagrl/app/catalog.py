@@ -24,7 +24,7 @@ KINDS = ("graphs", "clusters")
 
 def search_dirs(kind: str) -> list[Path]:
     user = Path(os.environ.get("DAGRL_CONFIG_DIR") or Path.home() / ".config" / "dagrl")
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     return [user / kind, checkout / kind, Path(sys.prefix) / "share" / "dagrl" / kind]
 
 

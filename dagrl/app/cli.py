@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from dagrl.app.catalog import resolve
-from dagrl.app.driver import TrainingError
 from dagrl.clusters.spec import SlurmError
 from dagrl.core.schema import ConfigError, changed_keys, read_yaml
 from dagrl.runtime.placement import PlacementError
+from dagrl.runtime.supervisor import TrainingError
 
 log = logging.getLogger("dagrl")
 
@@ -51,8 +51,8 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     this command created it)."""
     import torch
 
+    from dagrl.app.graphs import load_graph, validate_device_request
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
-    from dagrl.core.graph import load_graph, validate_device_request
     from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
     from dagrl.runtime.hosts import check_fits
     from dagrl.runtime.rundir import RunDir
@@ -203,8 +203,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
+    from dagrl.app.graphs import load_graph
     from dagrl.app.inspect import describe, to_dot, to_task_dot
-    from dagrl.core.graph import load_graph
 
     graph = load_graph(resolve("graphs", args.graph, "GRAPH"), args.set)
     print(describe(graph))
@@ -222,9 +222,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
     import shlex
 
+    from dagrl.app.graphs import load_graph
     from dagrl.app.tune import Measurements, shape_of, tune, write_tuned
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
-    from dagrl.core.graph import load_graph
     from dagrl.core.schema import apply_overrides
 
     path = resolve("graphs", args.graph, "GRAPH")
@@ -283,7 +283,7 @@ def cmd_list(kind: str) -> int:
 
 
 def benchmarks_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
     return here if here.is_dir() else Path.cwd() / "benchmarks"
 
 
@@ -407,6 +407,15 @@ def parser() -> argparse.ArgumentParser:
 SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")
 
 
+def cmd_submit(args: Any) -> int:
+    from dagrl.app.graphs import load_graph
+    from dagrl.clusters.submit import submit
+
+    args.graph = resolve("graphs", args.graph, "GRAPH")
+    args.cluster = resolve("clusters", args.cluster, "--cluster")
+    return submit(load_graph(args.graph, args.set), args.graph, args.cluster, args.dry_run)
+
+
 def need_jobqueue(where: str) -> None:
     """Refuse a SLURM command or cluster without dask-jobqueue installed, naming the extra to install."""
     try:
@@ -445,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             need_jobqueue(f"dagrl {args.command}")
             from dagrl.clusters import submit
 
+            if args.command == "submit":
+                return cmd_submit(args)
             return getattr(submit, f"cmd_{args.command}")(args)
         if args.command == "run":
             return cmd_run(args)

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dagrl.app.progress import Progress
 from dagrl.core.graph import Graph
 from dagrl.runtime.checkpoint import load_checkpoint, non_finite, save_checkpoint
-from dagrl.runtime.progress import Progress
 from dagrl.runtime.rundir import RunDir
-from dagrl.runtime.supervisor import CrashLoop, RoleFailure
+from dagrl.runtime.supervisor import CrashLoop, RoleFailure, TrainingError
 
 if TYPE_CHECKING:  # the runtime never imports the policies; they hand themselves in
     from dagrl.policies.base import Policy
@@ -41,16 +41,12 @@ class Counters:
     """Training seconds, summed over resumed sessions."""
 
 
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. a loss became NaN); the last good checkpoint is kept."""
-
-
 class Trainer:
     """Runs a policy's iterations until a stop condition holds, recording everything in a run dir.
 
     Examples
     --------
-    >>> from dagrl.core.graph import load_graph
+    >>> from dagrl.app.graphs import load_graph
     >>> from dagrl.policies import build_policy
     >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2"])
     >>> rd = RunDir.create("/tmp/dagrl-doctest", g.name)

@@ -91,8 +91,8 @@ def load_run(path: str | Path, command: str = "dagrl eval") -> tuple[Path, dict[
 def eval_graph(run: Path, episodes: int, seed: int | None, overrides: list[str], video: bool) -> Any:
     """The run's graph set up for evaluation in this process: policy ``single``, evaluation on,
     ``episodes`` episodes on one evaluator replica, ``seed`` (default: the run's) and ``overrides``."""
+    from dagrl.app.graphs import resolve_graph
     from dagrl.core.fragment import load_algorithm
-    from dagrl.core.graph import resolve_graph
     from dagrl.core.schema import apply_overrides, read_yaml
 
     if episodes < 1:
@@ -136,7 +136,7 @@ def evaluate_checkpoint(
 
     Examples
     --------
-    >>> from dagrl.core.graph import load_graph
+    >>> from dagrl.app.graphs import load_graph
     >>> from dagrl.app.training import train
     >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2", "runs_dir=/tmp/dagrl-doctest"])
     >>> run = train(g)["run_dir"]

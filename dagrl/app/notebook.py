@@ -1,6 +1,6 @@
 """Training from a notebook: the same driver as ``dagrl run``, with a learning curve that redraws in place.
 
->>> from dagrl.core.graph import load_graph
+>>> from dagrl.app.graphs import load_graph
 >>> from dagrl.app.notebook import train
 >>> summary, run = train(load_graph("graphs/ppo-cartpole-sync.yaml"), client)  # doctest: +SKIP
 """

@@ -83,7 +83,7 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
 
 def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: list[int]) -> tuple[Any, list[Trial]]:
     """The trials of a sweep, each graph loaded and validated; the graph as written (with ``sets``)."""
-    from dagrl.core.graph import load_graph
+    from dagrl.app.graphs import load_graph
 
     grid = parse_grid(grid_items)
     if not seeds:
@@ -118,8 +118,8 @@ def run_trial(graph_path: str, overrides: list[str], run_dir: str) -> dict[str, 
     """
     import shutil
 
+    from dagrl.app.graphs import load_graph
     from dagrl.app.training import train
-    from dagrl.core.graph import load_graph
     from dagrl.dashboard.feed import TrialFeed
     from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
     from dagrl.runtime.rundir import RunDir
@@ -293,7 +293,9 @@ def sweep_client(
     their scripts, logs and certificates under ``out``."""
     from distributed import Client
 
-    from dagrl.clusters.spec import CONNECT_TIMEOUT_S, LocalClusterSpec, SchedulerSpec, SlurmSpec, local_cluster
+    from dagrl.clusters.connect import CONNECT_TIMEOUT_S
+    from dagrl.clusters.local import local_cluster
+    from dagrl.clusters.spec import LocalClusterSpec, SchedulerSpec, SlurmSpec
 
     if isinstance(spec, SchedulerSpec):
         with Client(spec.address, timeout=CONNECT_TIMEOUT_S) as client:

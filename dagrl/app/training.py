@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dagrl.clusters.spec import trim_warning
+from dagrl.clusters.local import trim_warning
 from dagrl.core.graph import Graph
 from dagrl.runtime.rundir import RunDir
 
@@ -39,15 +39,15 @@ def train(
 
     Examples
     --------
-    >>> from dagrl.core.graph import load_graph
+    >>> from dagrl.app.graphs import load_graph
     >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["stop.iterations=2", "runs_dir=/tmp/dagrl-doctest"])
     >>> train(g)["iterations"]
     2
     """
     from dagrl.app.driver import Trainer
     from dagrl.app.inspect import observations
+    from dagrl.app.progress import Progress
     from dagrl.policies import POLICIES, build_policy
-    from dagrl.runtime.progress import Progress
 
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
@@ -62,14 +62,15 @@ def train(
     with contextlib.ExitStack() as stack:
         wandb_log = None
         if spec.wandb.project is not None:  # first: a W&B run that cannot start stops the run before a cluster does
-            from dagrl.runtime.wandb_log import WandbLog
+            from dagrl.app.wandb_log import WandbLog
 
             wandb_log = WandbLog(spec.wandb, rundir.path, graph.to_dict(), where=graph.path)
             stack.push(lambda failed, *_: wandb_log.close(failed=failed is not None))
         if not distributed:
             client = None
         elif client is None:
-            from dagrl.clusters.spec import LocalClusterSpec, connect
+            from dagrl.clusters.connect import connect
+            from dagrl.clusters.spec import LocalClusterSpec
 
             local = cluster is None or isinstance(cluster, LocalClusterSpec)
             if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line
@@ -90,7 +91,7 @@ def train(
         trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
         trainer.listeners.extend(listeners)
         if spec.tensorboard:
-            from dagrl.runtime.tensorboard import TensorBoardLog
+            from dagrl.app.tensorboard import TensorBoardLog
 
             board = TensorBoardLog(rundir.path / "tensorboard", resumed_at=steps if resume else None)
             stack.callback(board.close)

@@ -29,10 +29,11 @@ from typing import Any
 
 from dask_jobqueue.slurm import SLURMJob
 
-from dagrl.clusters.spec import QUIET_CONFIG, PoolSpec, SlurmError, SlurmSpec, config_environ, quiet_here
-from dagrl.clusters.spec import workers as live_workers
+from dagrl.clusters.local import QUIET_CONFIG, config_environ, quiet_here
+from dagrl.clusters.spec import PoolSpec, SlurmError, SlurmSpec
 from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
+from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError, read_yaml
 from dagrl.runtime.rundir import RunDir
 
@@ -80,26 +81,23 @@ def _slurm_memory(text: str) -> str:
     return f"{max(1, parse_memory(text) // 2**20)}M"
 
 
-def cmd_submit(args: Any) -> int:
+def submit(graph: Graph, graph_path: str, cluster_path: str, dry_run: bool = False) -> int:
+    """``dagrl submit``: the driver as a SLURM job of its own, its run directory made here; with
+    ``dry_run`` every sbatch script is printed and nothing submitted. ``graph`` is loaded and checked."""
     import yaml
 
-    from dagrl.app.catalog import resolve
     from dagrl.clusters import slurm
     from dagrl.clusters.spec import SlurmSpec, load_cluster
-    from dagrl.core.graph import load_graph
 
-    args.graph = resolve("graphs", args.graph, "GRAPH")
-    args.cluster = resolve("clusters", args.cluster, "--cluster")
-    graph = load_graph(args.graph, args.set)
-    spec = load_cluster(args.cluster)
+    spec = load_cluster(cluster_path)
     if not isinstance(spec, SlurmSpec):
-        raise ConfigError(args.cluster, "kind", f"dagrl submit needs a cluster of kind slurm, got {spec.kind!r}")
-    slurm.assign_pools(spec, graph.active_roles, where=args.cluster)
+        raise ConfigError(cluster_path, "kind", f"dagrl submit needs a cluster of kind slurm, got {spec.kind!r}")
+    slurm.assign_pools(spec, graph.active_roles, where=cluster_path)
     run = RunDir.new_path(graph.spec.runs_dir, graph.name)
     run_dir = run.path.resolve()
     scripts = {"driver": driver_script(spec, run_dir, Path.cwd())}
     scripts.update(slurm.worker_scripts(spec, graph, run_dir.name, run_dir))
-    if args.dry_run:
+    if dry_run:
         for name, text in scripts.items():
             print(f"# ---- {name}.sh ({'driver job' if name == 'driver' else 'worker job'}) ----")
             print(text.rstrip())
@@ -110,7 +108,7 @@ def cmd_submit(args: Any) -> int:
         slurm.check_submittable(text)
     run.path.mkdir(parents=True)
     run.write_config(graph.to_dict())
-    (run.path / "cluster.yaml").write_text(yaml.safe_dump(read_yaml(args.cluster)))
+    (run.path / "cluster.yaml").write_text(yaml.safe_dump(read_yaml(cluster_path)))
     (run.path / "jobs").mkdir()
     slurm.log_directory(spec, run_dir).mkdir(parents=True, exist_ok=True)
     script = run.path / "jobs" / "driver.sh"
@@ -123,8 +121,8 @@ def cmd_submit(args: Any) -> int:
             "login_host": socket.getfqdn(),
             "user": getpass.getuser(),
             "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "graph": str(args.graph),
-            "cluster": str(args.cluster),
+            "graph": str(graph_path),
+            "cluster": str(cluster_path),
         },
     )
     print(f"submitted job {job}")

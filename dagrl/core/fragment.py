@@ -244,6 +244,23 @@ class Algorithm:
         return {n.role for n in self.eval_graph.nodes} - {n.role for n in self.graph.nodes}
 
 
+def _in_order(roles: list[RoleDef]) -> dict[str, RoleDef]:
+    """Roles in the order the algorithm's module binds them (which gives each its seed,
+    :func:`dagrl.runtime.hosts.role_seed`), except that a run of roles from one other module, as one
+    import statement binds them (its names sorted), keeps the order they are declared in there."""
+    runs: list[list[RoleDef]] = []
+    for r in roles:
+        if runs and runs[-1][0].factory.__module__ == r.factory.__module__:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+
+    def line(r: RoleDef) -> int:
+        return getattr(getattr(r.factory, "__code__", None), "co_firstlineno", 0)
+
+    return {r.name: r for run in runs for r in sorted(run, key=line)}
+
+
 def load_algorithm(name: str) -> Algorithm:
     """Import an algorithm by short name (``ppo`` -> ``dagrl.algos.ppo``) or importable module path.
 
@@ -272,6 +289,7 @@ def load_algorithm(name: str) -> Algorithm:
             iterations.append(value)
         elif getattr(value, "__dagrl_evaluation__", False):
             evaluations.append(value)
+    roles = _in_order(list(roles.values()))
     config_cls = getattr(module, "Config", None)
     if config_cls is None or not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"algorithm module {modname} defines no Config dataclass")

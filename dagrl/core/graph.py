@@ -1,7 +1,8 @@
 """Graph files (``graphs/*.yaml``): algorithm, env, distribution policy, roles, hyperparameters, stop.
 
 A graph file is topology plus hyperparameters; machines live in ``clusters/*.yaml``. Every key is
-typed and checked on load, before any cluster starts; errors name the file, the key and the value.
+typed and checked on load (:mod:`dagrl.app.graphs`), before any cluster starts; errors name the file,
+the key and the value.
 
 Example::
 
@@ -18,23 +19,16 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-import logging
 import math
 import re
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dagrl.core import distribution
-from dagrl.core.fragment import Algorithm, load_algorithm
-from dagrl.core.schema import ConfigError, apply_overrides, at_least, from_dict, read_yaml, to_dict
-from dagrl.runtime.tensorboard import available as tensorboard_available
-from dagrl.runtime.wandb_log import WandbSpec
-from dagrl.runtime.wandb_log import available as wandb_available
+from dagrl.core.fragment import Algorithm
+from dagrl.core.schema import at_least, to_dict
 
-__all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "load_graph", "resolve_graph"]
+__all__ = ["EnvSpec", "Graph", "GraphSpec", "RoleSpec", "StopSpec", "WandbSpec"]
 
 
 @dataclass
@@ -87,11 +81,6 @@ class RoleSpec:
             raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
         if self.memory is not None:
             self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
-        if self.codec is not None:
-            from dagrl.replay.store import CODECS
-
-            if self.codec not in CODECS:
-                raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
         at_least(self, 1, "replicas", "envs")
         at_least(self, 0, "vector_threads")
         if self.vector_threads and self.vector != "envpool":
@@ -203,6 +192,26 @@ class SupervisionSpec:
 
 
 @dataclass
+class WandbSpec:
+    """Where a run's metrics go in Weights & Biases; nothing is sent while ``project`` is unset."""
+
+    project: str | None = None
+    """The W&B project; setting it turns the logging on."""
+    entity: str | None = None
+    """The W&B user or team (default: W&B's own, from ``wandb login`` or ``WANDB_ENTITY``)."""
+    group: str | None = None
+    """Groups runs in W&B's UI (the seeds of one setting, say)."""
+    tags: list[str] = field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """``offline``: written under ``<run>/wandb/`` only, for ``wandb sync`` later (a node with no
+    network); default: W&B's own (``WANDB_MODE``, else online)."""
+
+    def __post_init__(self) -> None:
+        if self.project is not None and not self.project.strip():
+            raise ValueError("project must not be empty (leave it out to log nothing)")
+
+
+@dataclass
 class GraphSpec:
     algorithm: str
     """Algorithm module: ``ppo`` for ``dagrl.algos.ppo``, or a dotted path to your own module."""
@@ -243,10 +252,10 @@ class GraphSpec:
     """Where run directories are created."""
     tensorboard: bool = False
     """Also write each metrics row as TensorBoard scalars under ``<run>/tensorboard/``
-    (:mod:`dagrl.runtime.tensorboard`; needs ``pip install "dagrl[tensorboard]"``)."""
+    (:mod:`dagrl.app.tensorboard`; needs ``pip install "dagrl[tensorboard]"``)."""
     wandb: WandbSpec = field(default_factory=WandbSpec)
     """Also send each metrics row to Weights & Biases once ``wandb.project`` is set
-    (:mod:`dagrl.runtime.wandb_log`; needs ``pip install "dagrl[wandb]"``)."""
+    (:mod:`dagrl.app.wandb_log`; needs ``pip install "dagrl[wandb]"``)."""
 
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -311,270 +320,3 @@ class Graph:
         data["policy"] = {"name": self.spec.policy, **options} if options else self.spec.policy
         data["hyperparameters"] = to_dict(self.config)
         return data
-
-
-def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
-    """Read, override and validate a graph file.
-
-    Examples
-    --------
-    >>> g = load_graph("graphs/ppo-cartpole-sync.yaml", ["roles.sampler.replicas=3"])
-    >>> g.role("sampler").replicas
-    3
-    """
-    data = read_yaml(path)
-    overrides = list(overrides or [])
-    if isinstance(data.get("policy"), str) and any(o.startswith("policy.") for o in overrides):
-        data["policy"] = {"name": data["policy"]}  # --set policy.max_staleness=1 on `policy: async`
-    data = apply_overrides(data, overrides)
-    data.setdefault("name", Path(path).stem)
-    return resolve_graph(data, str(path))
-
-
-def resolve_graph(data: dict[str, Any], where: str) -> Graph:
-    """Validate an already-read graph mapping (``where`` names it in errors)."""
-    spec = from_dict(GraphSpec, data, where)
-    flat = {key: getattr(spec, key) for key in distribution.FLAT_KEYS}
-    try:
-        spec.policy, raw_options = distribution.policy_options(spec.policy, flat)
-    except KeyError as err:
-        raise ConfigError(where, *err.args) from None
-    options = from_dict(distribution.POLICY_OPTIONS[spec.policy], raw_options, where, prefix="policy")
-    try:
-        algo = load_algorithm(spec.algorithm)
-    except (ModuleNotFoundError, TypeError) as err:
-        raise ConfigError(where, "algorithm", f"{spec.algorithm!r}: {err}") from None
-    try:
-        distribution.check(spec.policy, algo, options)
-    except TypeError as err:
-        raise ConfigError(where, "policy", f"{spec.policy}: {err}") from None
-    for name in spec.roles:
-        if name not in algo.roles:
-            raise ConfigError(
-                where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})"
-            )
-    parallel = distribution.data_parallel_roles(algo) if spec.policy == "dp-learners" else []
-    for name, rdef in algo.roles.items():
-        rspec = spec.roles.setdefault(name, RoleSpec())
-        if rspec.replicas > 1 and not rdef.many and name not in parallel:
-            hint = " (data-parallel replicas of a learner: policy dp-learners)" if rdef.recover == "rollback" else ""
-            raise ConfigError(
-                where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance{hint}"
-            )
-    _check_shards(spec, algo, parallel, where)
-    _warn_unequal_shards(spec, algo, parallel, where)
-    if spec.evaluate.every and algo.eval_graph is None:
-        raise ConfigError(
-            where, "evaluate.every", f"{spec.evaluate.every}: algorithm {spec.algorithm} has no @evaluation"
-        )
-    if spec.stop.eval_return is not None and not spec.evaluate.every:
-        raise ConfigError(
-            where, "stop.eval_return", f"{spec.stop.eval_return:g}: needs evaluations (set evaluate.every)"
-        )
-    if spec.torch_threads < 1:
-        raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
-    if spec.seed < 0:
-        raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
-    if spec.tensorboard and not tensorboard_available():
-        raise ConfigError(where, "tensorboard", "true needs the tensorboard package: pip install 'dagrl[tensorboard]'")
-    if spec.wandb.project is not None and not wandb_available():
-        raise ConfigError(where, "wandb.project", "set, but the wandb package is missing: pip install 'dagrl[wandb]'")
-    if spec.name and not NAME.fullmatch(spec.name):  # "": a graph built in code, not read from a file
-        raise ConfigError(
-            where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"
-        )
-    config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
-    obs_space, act_space, env_obs_space = _probe_env(spec.env, where)
-    if spec.policy != "single":
-        _check_workers_can_make(spec.env, where)
-    if algo.action_spaces and not isinstance(act_space, algo.action_spaces):
-        kinds = " or ".join(t.__name__ for t in algo.action_spaces)
-        raise ConfigError(
-            where,
-            "env.id",
-            f"{spec.env.id}'s action space is {act_space}; algorithm {spec.algorithm} acts in {kinds} spaces",
-        )
-    for name, rspec in spec.roles.items():
-        if rspec.vector == "envpool" and name in algo.roles:
-            _check_envpool(spec.env, (obs_space, act_space), where, f"roles.{name}.vector")
-    check = getattr(config, "check_spaces", None)  # hyperparameters that depend on the env's spaces
-    if check is not None:
-        try:
-            check(obs_space, act_space)
-        except ValueError as err:
-            raise ConfigError(where, "hyperparameters", f"{err} (env {spec.env.id})") from None
-    check = getattr(config, "check_budget", None)  # hyperparameters that depend on the run's length
-    if check is not None:
-        try:
-            check(spec.stop.env_steps)
-        except ValueError as err:
-            raise ConfigError(where, "hyperparameters", str(err)) from None
-    return Graph(spec, algo, config, obs_space, act_space, where, options, env_obs_space)
-
-
-def _check_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:
-    """Data-parallel replicas all-reduce once per minibatch, so each must get as many rollouts as the
-    others: a replicated role feeding one needs a multiple of its replicas."""
-    for edge in algo.graph.edges:
-        src, dst = edge.src.role, edge.dst.role
-        if dst not in parallel or not algo.roles[src].many:
-            continue
-        n, k = spec.roles[src].replicas, spec.roles[dst].replicas
-        if n % k:
-            raise ConfigError(
-                where,
-                f"roles.{src}.replicas",
-                f"{n}: must be a multiple of roles.{dst}.replicas ({k}), so every {dst} replica gets the same share",
-            )
-
-
-def _warn_unequal_shards(spec: GraphSpec, algo: Algorithm, parallel: list[str], where: str) -> None:
-    """Replica i of a replicated role feeds replica ``i % k`` of another (samplers into replay shards):
-    with a count that is not a multiple of ``k``, some replicas get more than others. Replay shards
-    that hear from the learner through ``reprioritize`` draw in proportion to what they hold
-    (:func:`dagrl.replay.role.shard_draws`); the others draw the same number of rows whatever they
-    hold, so the rows of a shard that fills more slowly are drawn more often until the shards are full
-    (Reverb's sharded servers behave alike). Data-parallel learners are refused the same shape
-    (:func:`_check_shards`)."""
-    from dagrl.replay.role import reprioritize
-
-    steered = {n.role for n in algo.graph.nodes if n.fragment.fn is reprioritize.fn}
-    seen = set()
-    for edge in algo.graph.edges:
-        src, dst = edge.src.role, edge.dst.role
-        if src == dst or dst in parallel or dst in steered or (src, dst) in seen:
-            continue
-        if not (algo.roles[src].many and algo.roles[dst].many):
-            continue
-        seen.add((src, dst))
-        n, k = spec.roles[src].replicas, spec.roles[dst].replicas
-        if n > k > 1 and n % k:  # fewer producers than consumers: each fed one feeds it alone
-            logging.getLogger("dagrl").warning(
-                "%s: roles.%s.replicas %d is not a multiple of roles.%s.replicas %d: %s replica i feeds %s "
-                "replica i %% %d, so they get unequal shares (a replay shard's rows are drawn more often the "
-                "less it holds, until the shards are full)",
-                where, src, n, dst, k, src, dst, k,
-            )  # fmt: skip
-
-
-def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:
-    """The observation and action spaces the networks are built for, and the observation space the
-    wrapped env gives before :func:`dagrl.envs.vector.vector_observations`."""
-    import gymnasium as gym
-
-    module, _, name = env.id.rpartition(":")
-    if module:  # gymnasium's "package.module:Env-v0": importing the module registers the env
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(where, "env.id", f"cannot import {module!r} for {env.id!r} ({err})") from None
-    try:
-        gym.spec(name)
-    except gym.error.Error as err:
-        hint = ""
-        if not module and isinstance(err, gym.error.NamespaceNotFound):  # "ALE/Pong-v5": ale_py registers ALE
-            package = {"ALE": "ale_py"}.get(name.partition("/")[0], "<package>")
-            hint = f"; a package's envs register when it is imported: env.id: '{package}:{name}'"
-        raise ConfigError(where, "env.id", f"unknown env {env.id!r} ({err}{hint})") from None
-    from dagrl.envs.registry import route_mujoco_warnings
-
-    route_mujoco_warnings(env.id)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            probe = gym.make(env.id, **env.kwargs)
-    except (TypeError, ValueError, gym.error.Error) as err:
-        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
-    probe = _wrap_probe(probe, env.wrappers, where)
-    own = probe.observation_space
-    from dagrl.envs.vector import vector_observations
-
-    try:
-        probe = vector_observations(probe)  # what the samplers' envs give (dagrl.envs.vector.make_vector)
-    except ValueError as err:
-        probe.close()
-        raise ConfigError(where, "env.id", f"{env.id}: {err}") from None
-    spaces = probe.observation_space, probe.action_space, own
-    probe.close()
-    return spaces
-
-
-def _check_workers_can_make(env: EnvSpec, where: str) -> None:
-    """Refuse an env registered from ``__main__`` (a notebook cell, the script being run): Dask's workers
-    are other processes and cannot import it. (One registered by an importable module is made there as
-    ``module:Env-v0``: :func:`dagrl.envs.vector.importable_env_id`.)"""
-    from dagrl.envs.vector import registering_module
-
-    if registering_module(env.id) == "__main__":
-        raise ConfigError(
-            where, "env.id",
-            f"{env.id!r} is registered in __main__ (this notebook or script), which Dask's workers cannot "
-            f"import: define the env in a module of its own and write env.id: '<module>:{env.id}' "
-            "(policy single runs it as is)",
-        )  # fmt: skip
-
-
-def _wrap_probe(probe: Any, entries: list[Any], where: str) -> Any:
-    """``probe`` inside the graph's ``env.wrappers``, each imported and built as a sampler will."""
-    from dagrl.envs import wrappers
-
-    for i, given in enumerate(entries):
-        try:
-            probe = wrappers.wrap(probe, [wrappers.entry(given)])
-        except ValueError as err:
-            probe.close()
-            raise ConfigError(where, f"env.wrappers[{i}]", str(err)) from None
-    return probe
-
-
-def _check_envpool(env: EnvSpec, spaces: tuple[Any, Any], where: str, key: str) -> None:
-    """EnvPool is installed, has the env's task, and gives the spaces gymnasium's env does."""
-    from dagrl.envs.vector import envpool_task
-
-    try:
-        import envpool
-    except ImportError:
-        raise ConfigError(where, key, "envpool: EnvPool is not installed (pip install envpool)") from None
-    if env.wrappers:
-        raise ConfigError(
-            where, key, "envpool: EnvPool steps its envs in C++ and takes no env.wrappers (use sync, async or threads)"
-        )
-    try:
-        task, options = envpool_task(env.id, env.kwargs)
-    except ValueError as err:
-        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
-    if task not in envpool.list_all_envs():
-        raise ConfigError(where, key, f"envpool: EnvPool has no task {task!r} for env {env.id!r}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # EnvPool's Box bounds are float64: gymnasium warns on the cast
-            made = envpool.make_spec(task, **options)
-            theirs = made.gymnasium_observation_space, made.gymnasium_action_space
-    except Exception as err:  # EnvPool's own config errors (an unknown option) are plain exceptions
-        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: EnvPool's {task}: {err}") from None
-    for what, ours, other in zip(("observation", "action"), spaces, theirs, strict=True):
-        differs = type(ours) is not type(other) or getattr(ours, "shape", None) != getattr(other, "shape", None)
-        if differs or (what == "observation" and ours.dtype != other.dtype):  # actions are cast either way
-            raise ConfigError(
-                where, key, f"envpool: EnvPool's {task} {what} space {other} differs from {env.id}'s {ours}"
-            )
-
-
-def replace_spec(graph: Graph, **changes: Any) -> Graph:
-    """A copy of ``graph`` with top-level spec fields changed (re-validated)."""
-    data = graph.to_dict()
-    data.update(changes)
-    return resolve_graph(data, graph.path)
-
-
-def validate_device_request(graph: Graph, cuda_available: bool) -> None:
-    """Refuse a GPU role on a GPU-less machine when the graph forbids the CPU fallback."""
-    if graph.spec.gpu_fallback or cuda_available:
-        return
-    for name, rspec in graph.spec.roles.items():
-        if rspec.gpus > 0:
-            raise ConfigError(
-                graph.path,
-                f"roles.{name}.resources.GPU",
-                f"{rspec.gpus:g} requested but no CUDA device is available (gpu_fallback is false)",
-            )

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PAGE = "/individual-dagrl"
-METRICS = "dagrl-metrics"
-ACTORS = "dagrl-actors"
+from dagrl.dashboard.topics import ACTORS, METRICS, PAGE
 
 __all__ = ["ACTORS", "METRICS", "PAGE", "register"]
 

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from dagrl.dashboard import ACTORS, METRICS
+from dagrl.dashboard.topics import ACTORS, METRICS
 
 log = logging.getLogger("dagrl")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagrl.dashboard import ACTORS, METRICS
+from dagrl.dashboard.topics import ACTORS, METRICS
 
 INTERVAL_MS = 1000
 ROLLOVER = {

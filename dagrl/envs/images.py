@@ -9,7 +9,7 @@ the channels (what Stable-Baselines3's ``VecFrameStack`` and ``VecTransposeImage
 * ``shwc``: ``(S, H, W, C)``, ``C <= 4`` (``FrameStackObservation`` of an RGB screen) as ``(S * C, H, W)``,
   the channels of the oldest frame first.
 
-Height and width are :data:`dagrl.nn.networks.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
+Height and width are :data:`dagrl.envs.images.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
 and is flattened to a vector instead.
 """
 
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
-
-from dagrl.nn.networks import is_image
 
 MAX_CHANNELS = 4
 """The most channels a frame given channels last may have (RGBA), so that ``(H, W, C)`` is not read as
@@ -88,3 +86,16 @@ def image_layout(space: gym.Space) -> ImageLayout | None:
         if is_image(gym.spaces.Box(0, 255, chw, np.uint8)):
             return ImageLayout(order, chw)
     return None
+
+
+MIN_IMAGE_SIDE = 36
+"""The smallest height and width :class:`NatureCNN`'s three convolutions take."""
+
+
+def is_image(space) -> bool:
+    """A ``uint8`` observation of shape ``(C, H, W)`` (stacked frames first, as gymnasium's
+    ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``), at least
+    :data:`MIN_IMAGE_SIDE` pixels high and wide. (Channels-last images and stacks of frames are made
+    such an image where envs are made: :mod:`dagrl.envs.images`.)"""
+    shape = tuple(getattr(space, "shape", ()) or ())
+    return len(shape) == 3 and np.dtype(space.dtype) == np.uint8 and min(shape[1:]) >= MIN_IMAGE_SIDE

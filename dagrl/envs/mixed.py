@@ -27,11 +27,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
-from torch import nn
 
 from dagrl.envs.images import ImageLayout, image_layout
-from dagrl.nn.networks import CNNS
 
 FLOAT_BYTES = 4
 """Bytes of each value of an entry that is not an image (``float32``)."""
@@ -186,55 +183,3 @@ class MixedObservation(gym.ObservationWrapper):
 
     def observation(self, observation: dict[str, Any]) -> np.ndarray:
         return pack(self.observation_space, observation)
-
-
-class MixedEncoder(nn.Module):
-    """Cuts a :class:`MixedBox` vector apart: a CNN for each image (``cnn``, as in
-    :func:`~dagrl.nn.networks.encoder`), the other entries' ``float32`` values read back from their
-    bytes; the outputs concatenated in the ``Dict``'s order (width :attr:`features`).
-
-    Takes the packed ``uint8`` batch ``[B, N]`` (a float tensor of the same byte values, as an
-    algorithm's ``.float()`` makes it, is turned back to ``uint8`` exactly first).
-
-    >>> space = mixed_space(gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 36, 36), np.uint8),
-    ...                                      "speed": gym.spaces.Box(-1, 1, (2,))}))
-    >>> enc = MixedEncoder(space)
-    >>> enc(torch.zeros(3, space.shape[0], dtype=torch.uint8)).shape, enc.features
-    (torch.Size([3, 514]), 514)
-    """
-
-    def __init__(self, space: MixedBox, cnn: str = "nature"):
-        super().__init__()
-        self.parts = space.parts
-        self.values_bytes = sum(p.stop - p.start for p in space.values)
-        self.cnns = nn.ModuleDict({p.key: CNNS[cnn](p.image[0], p.image[1:]) for p in space.images})
-        self.features = sum(self.cnns[p.key].features if p.image else p.size for p in space.parts)
-
-    @property
-    def values_size(self) -> int:
-        """How many ``float32`` values the entries that are not images hold."""
-        return self.values_bytes // FLOAT_BYTES
-
-    def values(self, obs: torch.Tensor) -> torch.Tensor:
-        """The entries that are not images, ``[B, values_size]`` ``float32``, bit for bit."""
-        obs = obs.flatten(1)
-        if obs.dtype != torch.uint8:
-            obs = obs.to(torch.uint8)
-        # the entries' bytes lead each row, on a float32 boundary: one view reads them all
-        return obs[:, : self.values_bytes].contiguous().view(torch.float32)
-
-    def forward(self, obs: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
-        """The features; ``norm`` (PPO's ``norm_obs``) standardises the entries that are not images."""
-        obs = obs.flatten(1)
-        if obs.dtype != torch.uint8:
-            obs = obs.to(torch.uint8)
-        values = self.values(obs)
-        if norm is not None:
-            values = norm(values)
-        out = []
-        for p in self.parts:
-            if p.image:
-                out.append(self.cnns[p.key](obs[:, p.start : p.stop].reshape(-1, *p.image)))
-            else:
-                out.append(values[:, p.start // FLOAT_BYTES : p.stop // FLOAT_BYTES])
-        return torch.cat(out, dim=-1)

@@ -348,7 +348,7 @@ def vector_observations(env: gym.Env) -> gym.Env:
     that the networks give the image a CNN: :mod:`dagrl.envs.mixed`) or are integers other than an image (an Atari
     console's ``uint8`` RAM, an image too small for the CNN); other ``uint8`` images as ``(C, H, W)``, stacked
     frames folded into the channels (an ALE game's RGB screen, CarRacing's, a stack of them:
-    :mod:`dagrl.envs.images`); ``(C, H, W)`` images (:func:`dagrl.nn.networks.is_image`) and float ``Box``
+    :mod:`dagrl.envs.images`); ``(C, H, W)`` images (:func:`dagrl.envs.images.is_image`) and float ``Box``
     observations unchanged.
 
     >>> vector_observations(gym.make("FrozenLake-v1")).observation_space

@@ -17,8 +17,9 @@ import numpy as np
 from dagrl.core.context import Episodes
 from dagrl.core.fragment import FragmentGraph, Node
 from dagrl.runtime import mailbox, shm
-from dagrl.runtime.executor import Call, Executor, Report
+from dagrl.runtime.executor import Call, Executor
 from dagrl.runtime.hosts import Handle, close_all
+from dagrl.runtime.report import Report
 from dagrl.runtime.supervisor import RoleFailure
 
 

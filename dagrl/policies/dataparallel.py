@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagrl.app.driver import TrainingError
 from dagrl.core.distribution import data_parallel_roles, mail_edges
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.runtime.collective import form_group
 from dagrl.runtime.hosts import Handle
-from dagrl.runtime.supervisor import RoleFailure
+from dagrl.runtime.supervisor import RoleFailure, TrainingError
 
 
 class ReplicasDiverged(TrainingError):

@@ -5,7 +5,7 @@ replica to replica within a role, broadcast from a single-instance role, gathere
 towards one, sharded between two replicated roles. ``single`` runs it over in-process hosts,
 ``sync`` as Dask tasks on the role actors' workers, so with the same seeds they compute the same
 numbers. Under ``sync`` the rollouts go from the sampler workers to the learner's worker directly;
-the driver receives only each rollout's :class:`~dagrl.runtime.executor.Report` and the metrics.
+the driver receives only each rollout's :class:`~dagrl.runtime.report.Report` and the metrics.
 """
 
 from __future__ import annotations

@@ -40,9 +40,10 @@ import numpy as np
 from dagrl.core.distribution import delayed_edges, stream_shape, warmup_steps
 from dagrl.core.fragment import Node
 from dagrl.policies.base import Policy, StepResult, learn_time
-from dagrl.runtime.executor import Call, Executor, Report, route, when_done
+from dagrl.runtime.executor import Call, Executor, route, when_done
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.ratelimit import RateLimiter
+from dagrl.runtime.report import Report
 from dagrl.runtime.supervisor import RoleFailure
 
 WARMUP_IN_FLIGHT = 8

@@ -35,65 +35,16 @@ import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from dagrl.core.context import Episodes
 from dagrl.core.fragment import Node
 from dagrl.runtime import mailbox
 from dagrl.runtime.host import HostGone, run_fragment
-from dagrl.runtime.shm import unwrap
+from dagrl.runtime.report import Report, report, report_from_message
 from dagrl.runtime.supervisor import RoleFailure
 
-__all__ = ["Announcements", "Call", "Executor", "Mail", "Report", "mail_readers", "report", "route"]
-
-
-@dataclass
-class Report:
-    """What the driver counts of a sampler output: env steps and the episodes that finished."""
-
-    env_steps: int = 0
-    episodes: Episodes = field(default_factory=Episodes)
-    counted: bool = False
-    """Whether the output carried ``env_steps``/``episodes`` at all (other outputs need no report)."""
-
-
-def report(value: Any) -> Report:
-    """The :class:`Report` of a fragment output (a task on the output's worker: only this travels)."""
-    value = unwrap(value)
-    steps = getattr(value, "env_steps", None)
-    episodes = getattr(value, "episodes", None)
-    counted = isinstance(steps, int | np.integer) or isinstance(episodes, Episodes)
-    return Report(
-        int(steps) if isinstance(steps, int | np.integer) else 0,
-        episodes if isinstance(episodes, Episodes) else Episodes(),
-        counted,
-    )
-
-
-def report_message(value: Any) -> dict[str, Any]:
-    """:func:`report` of ``value`` as plain lists and numbers (a Dask event carries msgpack only)."""
-    r = report(value)
-    ep = r.episodes
-    return {
-        "env_steps": r.env_steps,
-        "counted": r.counted,
-        "returns": ep.returns.tolist(),
-        "lengths": ep.lengths.tolist(),
-        "in_window": None if ep.in_window is None else ep.in_window.tolist(),
-    }
-
-
-def report_from_message(msg: dict[str, Any]) -> Report:
-    mask = msg["in_window"]
-    episodes = Episodes(
-        np.asarray(msg["returns"], np.float64),
-        np.asarray(msg["lengths"], np.int64),
-        None if mask is None else np.asarray(mask, bool),
-    )
-    return Report(int(msg["env_steps"]), episodes, bool(msg["counted"]))
+__all__ = ["Announcements", "Call", "Executor", "Mail", "mail_readers", "route"]
 
 
 class Announcements:
@@ -352,7 +303,7 @@ class Executor:
 
     Examples
     --------
-    >>> from dagrl.core.graph import load_graph
+    >>> from dagrl.app.graphs import load_graph
     >>> from dagrl.runtime.hosts import start_local
     >>> g = load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.replicas=2"])
     >>> ex = Executor()

@@ -64,7 +64,7 @@ def _host(host_id: str) -> RoleHost:
 
 @dataclass
 class Reported:
-    """A fragment output for the driver, with the :class:`~dagrl.runtime.executor.Report` of each
+    """A fragment output for the driver, with the :class:`~dagrl.runtime.report.Report` of each
     sampler output its task consumed (``reports[j][r]``: the ``j``-th reported argument, replica ``r``)."""
 
     value: Any
@@ -90,7 +90,7 @@ def run_fragment(
     ``reports``: positions of arguments (sampler outputs, gathered) whose reports the driver wants;
     the output, which only the driver reads, then comes back :class:`Reported` (one task fewer per
     sampler than a report task each).
-    ``announce``: a Dask event topic; the :class:`~dagrl.runtime.executor.Report` of the output is
+    ``announce``: a Dask event topic; the :class:`~dagrl.runtime.report.Report` of the output is
     logged there under this task's key before the task ends, for a driver that needs the report of an
     output other tasks consume (:class:`~dagrl.runtime.executor.Announcements`).
     ``mail``: (box, sequence number): the output is also posted to that same-host mailbox, where
@@ -111,12 +111,12 @@ def run_fragment(
     if announce is not None:
         from distributed import get_worker
 
-        from dagrl.runtime.executor import report_message
+        from dagrl.runtime.report import report_message
 
         worker = get_worker()
         worker.log_event(announce, {"key": worker.get_current_task(), **report_message(out)})
     if reports:
-        from dagrl.runtime.executor import report
+        from dagrl.runtime.report import report
 
         gathered = [inputs[i] if isinstance(inputs[i], list) else [inputs[i]] for i in reports]
         return Reported(out, [[report(v) for v in values] for values in gathered])

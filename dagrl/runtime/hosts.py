@@ -10,12 +10,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from dagrl.clusters.spec import workers as live_workers
 from dagrl.core.context import RoleContext
 from dagrl.core.graph import Graph
 from dagrl.envs.wrappers import parse as parse_wrappers
 from dagrl.runtime.host import CLOSE_WAIT_S, RoleHost
 from dagrl.runtime.placement import place
+from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from dagrl.core.distribution import stream_shape
 from dagrl.core.fragment import Node, load_algorithm
-from dagrl.runtime.executor import report, route
+from dagrl.runtime.executor import route
 from dagrl.runtime.host import HOSTS, _host
+from dagrl.runtime.report import report
 from dagrl.runtime.shm import unwrap, wrap
 from dagrl.runtime.stream import HUBS, HubGone, Learned, PeerFailed
 

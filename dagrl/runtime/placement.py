@@ -17,7 +17,7 @@ def place(
 ) -> dict[tuple[str, int], str]:
     """Map each ``(role, replica)`` to a worker address, one role actor per worker where possible.
 
-    ``workers`` is :func:`dagrl.clusters.spec.workers`: address -> info with ``resources``.
+    ``workers`` is :func:`dagrl.runtime.workers.workers`: address -> info with ``resources``.
     Roles asking for a GPU go first, onto workers advertising ``GPU``; the rest spread over the
     least-loaded workers; a worker *named* ``<role>-<i>`` (SLURM's per-role jobs) takes replica i of
     that role. ``CPU`` is checked against a worker's threads; any other resource must be advertised by

@@ -10,7 +10,7 @@ The policies that stream (``async``) keep the driver and the scheduler off the p
   worker's event loop, so a sampler waiting for room never holds a thread;
 * :func:`~dagrl.runtime.loops.sampler_loop` is one long-running task per sampler (it secedes from the worker's pool). It
   runs the stream fragment (``collect``) back to back against its role host, pushes each output with
-  its :class:`~dagrl.runtime.executor.Report` to the hub (:meth:`Hub.put`, one worker-to-worker
+  its :class:`~dagrl.runtime.report.Report` to the hub (:meth:`Hub.put`, one worker-to-worker
   actor call; on the same host a large rollout crosses through :mod:`dagrl.runtime.shm`) and takes
   the newest weights between rollouts when the reply says there are newer ones;
 * :func:`~dagrl.runtime.loops.learner_loop` is one long-running task on the learner's worker. It takes what has arrived
@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagrl.runtime.executor import Report
+from dagrl.runtime.report import Report
 
 __all__ = ["Arrival", "Hub", "HubGone", "Learned", "Limit", "PeerFailed", "Status"]
 

@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagrl.clusters.spec import workers as live_workers
+from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
 
@@ -296,3 +296,7 @@ def remote_traceback(err: BaseException) -> str:
     if text:
         return text
     return "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip()
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a loss became NaN); the last good checkpoint is kept."""

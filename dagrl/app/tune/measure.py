@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from dagrl.app.tune.model import Costs
-from dagrl.clusters.spec import workers as live_workers
 from dagrl.envs.wrappers import parse as parse_wrappers
+from dagrl.runtime.workers import workers as live_workers
 
 __all__ = ["Measurements", "load_counts", "probe_cluster", "probe_env", "probe_fragments", "probe_loaded"]
 
@@ -192,7 +192,7 @@ def probe_fragments(
     fragment, seconds per iteration, and per vector step for the sampler (see the module docstring)."""
     import torch
 
-    from dagrl.core.graph import resolve_graph
+    from dagrl.app.graphs import resolve_graph
     from dagrl.policies import build_policy
 
     graph = resolve_graph(probe_data(data, sampler, envs, length), where)
@@ -366,7 +366,7 @@ def probe_share(
     import torch
     from distributed import Queue, Variable
 
-    from dagrl.core.graph import resolve_graph
+    from dagrl.app.graphs import resolve_graph
     from dagrl.policies import build_policy
 
     probed = probe_data(data, sampler, envs, length)

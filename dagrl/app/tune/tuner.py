@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dagrl.app.graphs import resolve_graph
 from dagrl.app.tune.measure import (
     Measurements,
     env_step_s,
@@ -45,11 +46,11 @@ from dagrl.app.tune.model import (
     rank,
     staleness,
 )
-from dagrl.clusters.spec import workers as live_workers
 from dagrl.core import distribution
 from dagrl.core.fragment import Node
-from dagrl.core.graph import Graph, resolve_graph
+from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError
+from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
 
@@ -183,7 +184,7 @@ def vector_backends(graph: Graph, sampler: str) -> list[str]:
     """The backends worth measuring for ``graph``'s samplers: the graph's own first, then those of
     :data:`VECTOR_CHOICES` that can run its env (EnvPool: installed, with the env's task and spaces).
     A graph on ``async`` keeps it: the probes could not compare its CPU, spent in other processes."""
-    from dagrl.core.graph import _check_envpool
+    from dagrl.app.graphs import _check_envpool
 
     own = graph.role(sampler).vector
     out = [own]
@@ -449,7 +450,8 @@ def tune(
     steps = (0 if measurements else probes) + (runs if n_verify else 0)
     with tqdm(total=steps, desc="dagrl tune", disable=not progress, unit="probe", leave=False) as bar:
         if measurements is None:
-            from dagrl.clusters.spec import LocalClusterSpec, connect
+            from dagrl.clusters.connect import connect
+            from dagrl.clusters.spec import LocalClusterSpec
 
             with connect(measuring(cluster or LocalClusterSpec(), graph), graph) as client:
                 measurements = measure(graph, data, client, shape, 0.35 * budget_s, bar, backends)

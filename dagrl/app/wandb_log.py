@@ -18,10 +18,10 @@ import importlib.util
 import json
 import logging
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from dagrl.core.graph import WandbSpec
 from dagrl.core.schema import ConfigError
 
 log = logging.getLogger("dagrl")
@@ -30,26 +30,6 @@ __all__ = ["WandbLog", "WandbSpec", "available"]
 
 STATE = "wandb.json"
 """The W&B run id and the last env steps logged, in the run directory."""
-
-
-@dataclass
-class WandbSpec:
-    """Where a run's metrics go in Weights & Biases; nothing is sent while ``project`` is unset."""
-
-    project: str | None = None
-    """The W&B project; setting it turns the logging on."""
-    entity: str | None = None
-    """The W&B user or team (default: W&B's own, from ``wandb login`` or ``WANDB_ENTITY``)."""
-    group: str | None = None
-    """Groups runs in W&B's UI (the seeds of one setting, say)."""
-    tags: list[str] = field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] | None = None
-    """``offline``: written under ``<run>/wandb/`` only, for ``wandb sync`` later (a node with no
-    network); default: W&B's own (``WANDB_MODE``, else online)."""
-
-    def __post_init__(self) -> None:
-        if self.project is not None and not self.project.strip():
-            raise ValueError("project must not be empty (leave it out to log nothing)")
 
 
 def available() -> bool:

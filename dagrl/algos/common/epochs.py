@@ -1,0 +1,70 @@
+"""An on-policy update: PPO's clipped loss, and epochs of minibatches over a batch of rollouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dagrl.algos.common.actor_critic import Config, LearnerState, Metrics
+from dagrl.nn.cuda_graphs import step_means
+
+
+def clipped_loss(
+    cfg: Config,
+    dist: torch.distributions.Distribution,
+    value: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped objective on one minibatch (``logprobs``: the behaviour policy's): the loss to
+    minimise and its parts (policy, value, entropy, approximate KL, clip fraction)."""
+    logratio = dist.log_prob(actions) - logprobs
+    ratio = logratio.exp()
+    adv = advantages
+    if cfg.norm_adv and len(adv) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    v_loss = ((value - returns) ** 2).mean()
+    entropy = dist.entropy().mean()
+    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+    parts = {"policy": pg_loss, "value": v_loss, "entropy": entropy, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, parts
+
+
+def train_epochs(
+    state: LearnerState,
+    n: int,
+    mb: int,
+    loss_of: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> tuple[Metrics, int]:
+    """``update_epochs`` passes over ``n`` items (transitions, or whole env sequences) in random
+    minibatches of ``mb``, a gradient step on ``loss_of(indices)`` each (gradients averaged over
+    data-parallel replicas, clipped); stops early past ``target_kl``. The mean of the loss parts, and
+    the number of gradient steps.
+
+    The loss parts stay on the device until the end and are read back in one transfer
+    (:func:`~dagrl.nn.cuda_graphs.step_means`): a read-back per step would make a GPU learner wait for
+    each step's kernels before it queues the next step's (without ``target_kl`` nothing else syncs)."""
+    cfg, agent = state.cfg, state.agent
+    outs: list[dict[str, torch.Tensor]] = []
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(n, generator=state.gen).to(state.device)
+        for start in range(0, n - mb + 1, mb):
+            loss, parts = loss_of(order[start : start + mb])
+            state.optimizer.zero_grad()
+            loss.backward()
+            state.ctx.average_gradients(agent.parameters())
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            state.optimizer.step()
+            outs.append({k: v.detach() for k, v in parts.items()})
+        if cfg.target_kl is not None and state.ctx.mean_over_replicas(parts["approx_kl"].item()) > cfg.target_kl:
+            break
+    names = {f"losses/{k}": k for k in (outs[0] if outs else {})}
+    return step_means(outs, names), len(outs)

@@ -1,0 +1,271 @@
+"""The off-policy actor-critic that SAC and TD3 share: hyperparameters, the samplers and their
+``collect`` loop, the replay role, the two learner roles' networks made alike, what the critic sends the
+actor, and the evaluator. Each algorithm keeps its own policy network, its losses and its updates.
+
+Two learner roles, as Spreeze splits them: the ``critic`` role holds the twin Q networks and their
+targets, the ``actor`` role the policy. They exchange weights once per update call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.core.context import RoleContext
+from dagrl.core.fragment import role
+from dagrl.core.schema import at_least, unit_interval
+from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, wants_graphs
+from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift
+from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches
+from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
+from dagrl.replay.record import Recorder
+
+ACTION_SPACES = (gym.spaces.Box,)
+Metrics = dict[str, float]
+PolicyOf = Callable[[gym.Space, gym.Space, int, CNN], nn.Module]
+"""An algorithm's policy network class: ``Policy(obs_space, act_space, hidden, cnn)``."""
+
+
+@dataclass
+class Config:
+    """What SAC's and TD3's hyperparameters have in common; each algorithm's ``Config`` adds its own."""
+
+    steps: int = 16
+    """Env steps per env per ``collect`` call."""
+    gamma: float = 0.99
+    """Discount factor."""
+    n_step: int = 1
+    """Steps of reward each replay row folds before bootstrapping (as DQN's ``n_step``)."""
+    tau: float = 0.005
+    """Polyak factor of the target networks."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    gradient_steps: int = 16
+    """Critic steps per update call; the two roles exchange weights after each call."""
+    buffer_size: int = 100_000
+    """Replay capacity."""
+    learning_starts: int = 1_000
+    """Transitions stored before learning begins; samplers act uniformly at random until then."""
+    hidden: int = 128
+    """Width of the two hidden layers of every network."""
+    cnn: CNN = "nature"
+    """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.encoders.CNNS`)."""
+    cuda_graphs: bool = False
+    """Replay each gradient step of a learner on a CUDA device from a CUDA graph (no effect on the CPU)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (graph ``evaluate.every``), without exploration."""
+    augment_shift: int = 0
+    """Image observations only: in every gradient step, each batch image moved by up to this many
+    pixels (DrQ's random shift, :func:`dagrl.nn.encoders.random_shift`; 4 for 84x84 in DrQ); 0: none."""
+    share_encoder: bool = False
+    """Image observations only: the actor reads the critic's encoder, its features detached (DrQ's and
+    DrQ-v2's actor; Stable-Baselines3's ``share_features_extractor``), instead of training a CNN of its
+    own: one CNN forward per actor step instead of three passes. The actor's trunk is then the
+    critic's, copied at each exchange and sent with the policy."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
+        at_least(self, 0, "learning_starts", "augment_shift")
+        unit_interval(self, "gamma", "tau")
+
+    def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Refuse, before any cluster starts, what the env's spaces rule out."""
+        check_shift(self.augment_shift, obs_space)
+        check_share_encoder(self.share_encoder, obs_space)
+
+
+@dataclass
+class CriticOut:
+    """What the critic sends the actor after an update call: its Q weights and its metrics."""
+
+    q: Weights
+    metrics: Metrics
+
+
+@dataclass
+class SamplerState:
+    cfg: Any
+    envs: gym.vector.VectorEnv
+    policy: nn.Module
+    gen: torch.Generator
+    """The policy's own draws (SAC's sampled actions)."""
+    rng: np.random.Generator
+    """Exploration noise drawn beside the policy (TD3's Gaussian noise)."""
+    obs: np.ndarray
+    recorder: Recorder
+    random_steps: int
+    steps_done: int = 0
+
+
+def new_sampler(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> SamplerState:
+    """A sampler's envs, its copy of the policy, and how many of its steps act at random."""
+    envs = ctx.make_envs()
+    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs.action_space.seed(ctx.seed)
+    policy = policy_of(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
+    gen, rng = torch.Generator().manual_seed(ctx.seed), np.random.default_rng(ctx.seed)
+    recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)
+    done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement acts as the run has got to
+    return SamplerState(cfg, envs, policy, gen, rng, obs, recorder, ctx.per_replica(cfg.learning_starts), done)
+
+
+def collect_steps(state: SamplerState, act: Callable[[torch.Tensor], np.ndarray]) -> Transitions:
+    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then ``act``'s
+    (the algorithm's choice from the observations, under ``torch.no_grad``)."""
+    envs = state.envs
+    for _ in range(state.cfg.steps):
+        if state.steps_done < state.random_steps:
+            action = envs.action_space.sample()
+        else:
+            with torch.no_grad():
+                action = act(torch.as_tensor(state.obs, dtype=torch.float32))
+        state.obs = state.recorder.step(envs, state.obs, action)
+        state.steps_done += envs.num_envs
+    return state.recorder.take(envs)
+
+
+@role("replay", many=True)
+def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
+    schema = Schema.transitions(ctx.observation_space, ctx.action_space, cfg.n_step)
+    return replay_state(
+        ctx, schema, capacity=cfg.buffer_size, batch_size=cfg.batch_size, batches=cfg.gradient_steps,
+        learning_starts=cfg.learning_starts,
+    )  # fmt: skip
+
+
+def seeded(ctx: RoleContext, *makers: Callable[[], nn.Module]) -> list[nn.Module]:
+    """The networks ``makers`` build, in order, from the role's seed, on the role's device (the
+    process's own random state left as it was)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(ctx.seed)
+        return [make().to(torch.device(ctx.device)) for make in makers]
+
+
+def twin_q(ctx: RoleContext, cfg: Config) -> TwinQ:
+    """The twin Q networks for the env's spaces (not yet on a device, not seeded)."""
+    return TwinQ(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn)
+
+
+def policy_maker(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> Callable[[], nn.Module]:
+    return lambda: policy_of(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn)
+
+
+def target_of(q: TwinQ, ctx: RoleContext, cfg: Config) -> TwinQ:
+    """A target copy of ``q``, on its device."""
+    target = twin_q(ctx, cfg).to(torch.device(ctx.device))
+    target.load_state_dict(q.state_dict())
+    return target
+
+
+def polyak(params: Any, targets: Any, tau: float) -> None:
+    """Move each target tensor ``tau`` of the way toward its source (floating-point ones only)."""
+    with torch.no_grad():
+        for p, tp in zip(params, targets, strict=True):
+            if tp.is_floating_point():
+                tp.lerp_(p, tau)
+
+
+def restored(cfg: Config, device: torch.device, optimizers: list[torch.optim.Optimizer], *steps: Any) -> None:
+    """After a checkpoint's optimizer state is loaded: make it capturable again where CUDA graphs are
+    on, and drop the captured steps (the optimizer's state tensors are new ones)."""
+    for opt in optimizers:
+        set_capturable(opt, wants_graphs(cfg.cuda_graphs, device))
+    for step in steps:
+        if isinstance(step, CapturedStep):
+            step.reset()
+
+
+def episode_runner(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> EpisodeRunner:
+    """The evaluator's envs and its own policy network."""
+    envs = ctx.make_envs()
+    policy = policy_of(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
+    return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+
+
+@dataclass(kw_only=True)
+class CriticState:
+    """The ``critic`` role: the twin Q networks, their targets and their optimizer. An algorithm's
+    critic adds what its targets need (SAC: the actor's policy; TD3: a target policy)."""
+
+    cfg: Any
+    q: TwinQ
+    target: TwinQ
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    device: torch.device
+    steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
+
+    def state_dict(self) -> dict:
+        return {
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.q.load_state_dict(sd["q"])
+        self.target.load_state_dict(sd["target"])
+        self.optimizer.load_state_dict(sd["opt"])
+        self.steps = sd["steps"]
+        restored(self.cfg, self.device, [self.optimizer], self.step)
+
+
+@dataclass(kw_only=True)
+class ActorState:
+    """The ``actor`` role: the policy, its optimizer, and the critic's Q as of the last exchange (the
+    policy loss differentiates through it, never into it)."""
+
+    cfg: Any
+    policy: nn.Module
+    q: TwinQ
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator  # the policy's draws and augment_shift's
+    device: torch.device
+    steps: int = 0
+    step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    augment: Shift = Shift()  # augment_shift's, on every batch observation
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.policy.load_state_dict(sd["policy"])
+        self.optimizer.load_state_dict(sd["opt"])
+        self.steps = sd["steps"]
+        restored(self.cfg, self.device, [self.optimizer], self.step)
+
+
+def actor_networks(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> tuple[nn.Module, TwinQ, list]:
+    """The actor's policy and its copy of the critic's Q (frozen), seeded alike in every algorithm,
+    and the parameters its optimizer trains (with ``share_encoder``, not the trunk it copies)."""
+    policy, q = seeded(ctx, policy_maker(ctx, cfg, policy_of), lambda: twin_q(ctx, cfg))
+    q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
+    return policy, q, list(policy.net.parameters() if cfg.share_encoder else policy.parameters())
+
+
+def actor_steps(
+    state: ActorState, samples: list[Sample | None], critic_out: CriticOut, every: int = 1
+) -> tuple[list[dict[str, torch.Tensor]], float]:
+    """The actor's gradient steps on every ``every``-th batch of ``samples``, against the critic's Q as
+    sent (and its encoder, with ``share_encoder``); with the frames the batches held."""
+    batches = minibatches(samples, state.cfg.batch_size, state.device)
+    frames = float(len(batches) * state.cfg.batch_size)
+    batches = batches[::every]
+    if not batches:
+        return [], 0.0
+    state.q.load_state_dict(as_tensors(critic_out.q, state.device))
+    if state.cfg.share_encoder:
+        state.policy.trunk.load_state_dict(state.q.trunk.state_dict())  # published with the policy
+    outs = [state.step(b) for b in batches]
+    state.steps += len(outs)
+    return outs, frames

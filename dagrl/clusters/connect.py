@@ -1,0 +1,37 @@
+"""A connected Dask client for a cluster spec: a LocalCluster started here, a running scheduler, or SLURM."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dagrl.clusters.local import local_cluster
+from dagrl.clusters.spec import ClusterSpec, SchedulerSpec, SlurmSpec
+
+CONNECT_TIMEOUT_S = 10
+"""How long ``--scheduler ADDRESS`` waits for the scheduler to answer before a one-line error."""
+
+
+@contextlib.contextmanager
+def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) -> Iterator[Any]:
+    """Yield a ``distributed.Client`` for ``spec``, sized for ``graph``; a cluster started here is closed on exit."""
+    from distributed import Client
+
+    if isinstance(spec, SchedulerSpec):
+        with Client(spec.address, direct_to_workers=True, timeout=CONNECT_TIMEOUT_S) as client:
+            yield client
+        return
+    if isinstance(spec, SlurmSpec):
+        from dagrl.clusters import slurm
+
+        with slurm.cluster(spec, graph, run_dir) as client:
+            yield client
+        return
+    cluster = local_cluster(spec, graph.n_actors, graph.n_gpu_actors)
+    try:
+        with Client(cluster, direct_to_workers=True) as client:
+            yield client
+    finally:
+        cluster.close()
