@@ -39,7 +39,7 @@ import numpy as np
 from _common import emit, table
 
 from dagrl.replay import ReplayStore, Schema
-from dagrl.replay.store import default_codec
+from dagrl.replay.spill import default_codec
 
 BATCH = 256
 

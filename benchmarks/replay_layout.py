@@ -22,7 +22,7 @@ from pathlib import Path
 from _common import emit, table
 from replay import image_rows, schema_of
 
-import dagrl.replay.store as store_module
+import dagrl.replay.spill as store_module
 from dagrl.replay import ReplayStore
 
 LAYOUTS = {"flat (c.<slot>.0)": ".", "directory each (c/<slot>/0)": "/"}

@@ -140,7 +140,7 @@ class _Client:
 
 def test_an_announced_report_is_the_event_else_a_report_task_else_the_calls_error():
     from dagrl.core.context import Episodes
-    from dagrl.runtime.executor import Announced, Announcements
+    from dagrl.runtime.announce import Announced, Announcements
     from dagrl.runtime.report import Report, report_message
 
     class Rollout:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import dagrl.replay.spill as spill_module
 import dagrl.replay.store as store_module
 from dagrl.replay import NStep, ReplayError, ReplayStore, Schema
 from tests.helpers import tmpfs
@@ -83,12 +84,12 @@ def test_chunks_are_files_of_the_array_directory_not_a_directory_each(tmp_path):
 def test_a_store_with_a_directory_per_chunk_reopens_and_goes_on_in_its_layout(tmp_path, monkeypatch):
     """Stores made before chunks were flat files (``c/<slot>/0``) read back every row and keep writing
     in their own layout."""
-    monkeypatch.setattr(store_module, "CHUNK_SEPARATOR", "/")
+    monkeypatch.setattr(spill_module, "CHUNK_SEPARATOR", "/")
     old = ReplayStore(SCHEMA, 20_000, 2**20, tmp_path / "r", chunk_rows=64)
     ref = fill(old, 15_000)
     old.flush()
     assert (tmp_path / "r" / "rows" / "c" / "0" / "0").is_file()
-    monkeypatch.setattr(store_module, "CHUNK_SEPARATOR", ".")
+    monkeypatch.setattr(spill_module, "CHUNK_SEPARATOR", ".")
     reopened = ReplayStore(SCHEMA, 20_000, 2**20, tmp_path / "r", chunk_rows=64)
     assert reopened.files is not None and reopened.files.separator == "/"
     assert reopened.cold_rows > 0 and len(reopened) == 15_000

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError
 
 __all__ = ["EvalResult", "evaluate_checkpoint", "load_run"]
@@ -196,7 +197,7 @@ def evaluate_checkpoint(
     )
 
 
-def _hosts(graph: Any, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]]:
+def _hosts(graph: Graph, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]]:
     """In-process hosts of the evaluation's roles, on the CPU, loaded with the checkpoint's states."""
     from dagrl.runtime.hosts import Handle, Start, cpu_host
 

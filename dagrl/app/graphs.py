@@ -14,7 +14,7 @@ from dagrl.core import distribution
 from dagrl.core.fragment import Algorithm, load_algorithm
 from dagrl.core.graph import NAME, EnvSpec, Graph, GraphSpec, RoleSpec
 from dagrl.core.schema import ConfigError, apply_overrides, from_dict, read_yaml
-from dagrl.replay.store import CODECS
+from dagrl.replay.spill import CODECS
 
 __all__ = ["load_graph", "resolve_graph", "validate_device_request"]
 

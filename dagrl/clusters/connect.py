@@ -9,13 +9,14 @@ from typing import Any
 
 from dagrl.clusters.local import local_cluster
 from dagrl.clusters.spec import ClusterSpec, SchedulerSpec, SlurmSpec
+from dagrl.core.graph import Graph
 
 CONNECT_TIMEOUT_S = 10
 """How long ``--scheduler ADDRESS`` waits for the scheduler to answer before a one-line error."""
 
 
 @contextlib.contextmanager
-def connect(spec: ClusterSpec, graph: Any, run_dir: str | Path | None = None) -> Iterator[Any]:
+def connect(spec: ClusterSpec, graph: Graph, run_dir: str | Path | None = None) -> Iterator[Any]:
     """Yield a ``distributed.Client`` for ``spec``, sized for ``graph``; a cluster started here is closed on exit."""
     from distributed import Client
 

@@ -31,6 +31,7 @@ from dask_jobqueue.slurm import SLURMJob
 
 from dagrl.clusters.local import QUIET_CONFIG, config_environ, quiet_here
 from dagrl.clusters.spec import PoolSpec, SlurmError, SlurmSpec
+from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError
 from dagrl.runtime.rundir import RunDir
 from dagrl.runtime.workers import workers as live_workers
@@ -86,7 +87,7 @@ def job_name(run: str, part: str) -> str:
     return f"dagrl-{run}-{part}"
 
 
-def worker_jobs(spec: SlurmSpec, graph: Any, pools: dict[str, str]) -> list[tuple[str, str]]:
+def worker_jobs(spec: SlurmSpec, graph: Graph, pools: dict[str, str]) -> list[tuple[str, str]]:
     """``(worker name, pool)`` for every worker job: one per role replica, named ``<role>-<i>`` (its
     job ``dagrl-<run>-<role>-<i>``), and placement puts replica i of the role there first."""
     return [(f"{role}-{i}", pool) for role, pool in pools.items() for i in range(graph.spec.roles[role].replicas)]
@@ -204,7 +205,7 @@ def tls_security(run_dir: Path, write: bool = True) -> Any:
 
 
 def worker_scripts(
-    spec: SlurmSpec, graph: Any, run: str, run_dir: Path, scheduler: str = SCHEDULER_PLACEHOLDER
+    spec: SlurmSpec, graph: Graph, run: str, run_dir: Path, scheduler: str = SCHEDULER_PLACEHOLDER
 ) -> dict[str, str]:
     """Every worker job script of a run, by worker name, without SLURM (``--dry-run``)."""
     return _scripts(spec, worker_jobs(spec, graph, assign_pools(spec, graph.active_roles)), run, run_dir, scheduler)
@@ -255,7 +256,7 @@ def sbatch(script_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def cluster(spec: SlurmSpec, graph: Any, run_dir: str | Path | None) -> Iterator[Any]:
+def cluster(spec: SlurmSpec, graph: Graph, run_dir: str | Path | None) -> Iterator[Any]:
     """A Dask scheduler here and one SLURM job per role replica; yields a connected client."""
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dagrl-slurm-"))
     pools = assign_pools(spec, graph.active_roles)

@@ -22,8 +22,9 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError, from_dict, read_yaml
 
 log = logging.getLogger("dagrl")
@@ -75,7 +76,7 @@ class LocalClusterSpec:
 MIN_WORKER_MEMORY = 512 * 2**20
 
 
-def check_local(spec: LocalClusterSpec, graph: Any) -> None:
+def check_local(spec: LocalClusterSpec, graph: Graph) -> None:
     """Refuse, before anything starts, a graph the local cluster of ``spec`` cannot host: a role
     asking for a resource or more threads than its workers have, or more workers than this machine
     can run (a typo such as ``replicas: 10000``)."""

@@ -62,7 +62,7 @@ class RoleSpec:
     """RAM each replica may use for data, e.g. ``2GiB`` (a replay store's memory budget)."""
     codec: str | None = None
     """How a replay store compresses the chunks it spills to disk: ``blosc-zstd``, ``blosc-lz4``,
-    ``zstd`` or ``none``. Default (:func:`dagrl.replay.store.default_codec`): ``blosc-zstd`` for uniform
+    ``zstd`` or ``none``. Default (:func:`dagrl.replay.spill.default_codec`): ``blosc-zstd`` for uniform
     stores; for prioritized ones ``none`` (rows that are not images: each cold row drawn read alone)
     or ``blosc-lz4`` (images: faster to decode). A store reopened keeps the codec it was written with."""
     vector: str = "sync"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.dataparallel import DataParallel
 from dagrl.policies.inference import CentralInference, StreamingCentralInference
@@ -41,7 +42,7 @@ __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 
 
 def build_policy(
-    graph: Any, client: Any = None, seed_offset: int = 0, run_dir: Any = None, env_steps: int = 0
+    graph: Graph, client: Any = None, seed_offset: int = 0, run_dir: Any = None, env_steps: int = 0
 ) -> Policy:
     """Start the role hosts a graph asks for and wrap them in its policy.
 

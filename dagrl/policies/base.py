@@ -16,6 +16,7 @@ import numpy as np
 
 from dagrl.core.context import Episodes
 from dagrl.core.fragment import FragmentGraph, Node
+from dagrl.core.graph import Graph
 from dagrl.runtime import mailbox, shm
 from dagrl.runtime.executor import Call, Executor
 from dagrl.runtime.hosts import Handle, close_all
@@ -69,7 +70,7 @@ class Policy:
     distributed = True
     """Whether the policy needs a Dask cluster (``single`` does not)."""
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Executor | None = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Executor | None = None):
         self.graph = graph
         self.hosts = hosts
         self.options = graph.policy_options

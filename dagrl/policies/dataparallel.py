@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from dagrl.core.distribution import data_parallel_roles, mail_edges
+from dagrl.core.graph import Graph
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.runtime.collective import form_group
@@ -36,7 +37,7 @@ class DataParallel(Lockstep):
     name = "dp-learners"
     runs_ahead = True
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
         self.formed = False

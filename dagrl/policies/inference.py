@@ -35,6 +35,7 @@ from typing import Any
 
 from dagrl.core.distribution import INFERENCE_ROLE
 from dagrl.core.fragment import Node
+from dagrl.core.graph import Graph
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.policies.streaming import Rounds
@@ -52,12 +53,12 @@ HEARTBEAT_S = 10.0
 class Acting:
     """What both forms share: the inference role's socket, the samplers attached to it, its metrics."""
 
-    graph: Any
+    graph: Graph
     hosts: dict[str, list[Any]]
     options: Any
     executor: Any
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)  # the policy it is mixed into (cooperative)
         algo = self.graph.algorithm
         self.actors_role = next(n.role for n in algo.graph.nodes if algo.roles[n.role].many)
@@ -139,7 +140,7 @@ class StreamingCentralInference(Acting, Rounds):
 
     name = "central-inference"
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.loaded: Call | None = None
         """The newest ``load`` of weights into the inference role (every stream call watches it)."""

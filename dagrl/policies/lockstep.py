@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult, Submitted, learn_time, stage_time
 from dagrl.runtime.supervisor import RoleFailure
 
@@ -21,7 +22,7 @@ class Lockstep(Policy):
     runs_ahead = False
     """Whether the next iteration may be submitted before this one is waited for (see :meth:`step`)."""
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.ahead: Submitted | None = None
         """The next iteration, submitted while this one ran (``step(ahead=True)``)."""

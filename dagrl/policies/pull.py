@@ -39,6 +39,7 @@ import numpy as np
 
 from dagrl.core.distribution import stream_shape, warmup_steps
 from dagrl.core.fragment import Node
+from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult
 from dagrl.runtime import spans
 from dagrl.runtime.hosts import Handle
@@ -60,7 +61,7 @@ class Stream(Policy):
 
     staleness_key = "perf/staleness"
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         algo = graph.algorithm
         self.shape = stream_shape(algo)

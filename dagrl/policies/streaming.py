@@ -39,8 +39,10 @@ import numpy as np
 
 from dagrl.core.distribution import delayed_edges, stream_shape, warmup_steps
 from dagrl.core.fragment import Node
+from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult, learn_time
-from dagrl.runtime.executor import Call, Executor, route, when_done
+from dagrl.runtime.announce import when_done
+from dagrl.runtime.executor import Call, Executor, route
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.ratelimit import RateLimiter
 from dagrl.runtime.report import Report
@@ -109,7 +111,7 @@ class Streaming(Policy):
     runs_ahead: bool = False
     """Whether the next learner round may be submitted behind the one in flight (:meth:`step`)."""
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Handle]], executor: Executor | None = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Executor | None = None):
         super().__init__(graph, hosts, executor)
         self.shape = stream_shape(graph.algorithm)
         self.roles = graph.algorithm.roles

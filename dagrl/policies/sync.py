@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dagrl.core.distribution import mail_edges
+from dagrl.core.graph import Graph
 from dagrl.policies.lockstep import Lockstep
 
 
@@ -19,7 +20,7 @@ class Sync(Lockstep):
     name = "sync"
     runs_ahead = True
 
-    def __init__(self, graph: Any, hosts: dict[str, list[Any]], executor: Any = None):
+    def __init__(self, graph: Graph, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         if self.executor.remote and self.options.mailbox and graph.spec.shared_memory:
             self.mail = mail_edges(graph.algorithm)

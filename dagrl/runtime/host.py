@@ -51,6 +51,18 @@ CLOSE_WAIT_S = 10.0
 """How long :meth:`RoleHost.close` waits for the fragment in progress before leaving the close to it."""
 
 
+@dataclass
+class Done:
+    """An in-process call's result, shaped like a finished future (in-process calls look like actor
+    calls and Dask tasks)."""
+
+    value: Any
+    status = "finished"
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
 class HostGone(RuntimeError):
     """A fragment task reached a worker that no longer has its role host (released, or the worker restarted)."""
 
@@ -92,7 +104,7 @@ def run_fragment(
     sampler than a report task each).
     ``announce``: a Dask event topic; the :class:`~dagrl.runtime.report.Report` of the output is
     logged there under this task's key before the task ends, for a driver that needs the report of an
-    output other tasks consume (:class:`~dagrl.runtime.executor.Announcements`).
+    output other tasks consume (:class:`~dagrl.runtime.announce.Announcements`).
     ``mail``: (box, sequence number): the output is also posted to that same-host mailbox, where
     consumer tasks wait for it (:mod:`dagrl.runtime.mailbox`); an argument that is a
     :class:`~dagrl.runtime.mailbox.Ticket` (or holds some, gathered) is such a value, waited for before

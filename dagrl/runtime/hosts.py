@@ -13,21 +13,11 @@ from typing import Any
 from dagrl.core.context import RoleContext
 from dagrl.core.graph import Graph
 from dagrl.envs.wrappers import parse as parse_wrappers
-from dagrl.runtime.host import CLOSE_WAIT_S, RoleHost
+from dagrl.runtime.host import CLOSE_WAIT_S, Done, RoleHost
 from dagrl.runtime.placement import place
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
-
-
-@dataclass
-class Done:
-    """An already-computed result, so in-process calls look like actor futures."""
-
-    value: Any
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.value
 
 
 class Handle:

@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagrl.core.graph import Graph
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
@@ -126,7 +127,7 @@ class Failed:
 class Supervisor:
     """Replaces failed role actors of one run; counts restarts; detects crash loops."""
 
-    def __init__(self, client: Any, graph: Any, hosts: dict[str, list[Any]], start: Any, seed_offset: int = 0):
+    def __init__(self, client: Any, graph: Graph, hosts: dict[str, list[Any]], start: Any, seed_offset: int = 0):
         self.client, self.graph, self.hosts = client, graph, hosts
         self.spec = graph.spec.supervision
         self.start = start  # start(role, index, address, seed_offset, env_steps) -> Handle
