@@ -1,10 +1,12 @@
 # The two commands of the README: `make run` and `make test`. Both install what they need first.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-# CPU torch when none is installed; install a CUDA build of torch yourself beforehand for a GPU.
-TORCH := $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+# The one torch pin: the CPU build, installed where no torch is (install a CUDA build of torch yourself
+# beforehand for a GPU).
+TORCH_VERSION := 2.13.0
+TORCH := $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==$(TORCH_VERSION)
 
-.PHONY: run test install bench lint
+.PHONY: run test install bench lint docs
 
 install:
 	@$(TORCH)
@@ -18,6 +20,7 @@ test:
 	$(PIP) install -e ".[test]"
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PYTHON) -m pytest
 
 bench:
@@ -31,3 +34,7 @@ bench:
 	$(PYTHON) -m dagrl bench sweep
 	$(PYTHON) tests/debian.py chromium chromium
 	$(PYTHON) -m dagrl bench dashboard
+
+docs:  # the documentation site at http://127.0.0.1:8000, rebuilt as files change
+	$(PIP) install -e ".[docs]"
+	$(PYTHON) -m mkdocs serve

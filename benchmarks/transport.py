@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import time
 
+import _transport_algo as transport_algo
 import numpy as np
-import transport_algo
 from _common import emit, table
 
 from dagrl.app.graphs import resolve_graph
@@ -40,7 +40,7 @@ from dagrl.policies import build_policy
 def graph(samplers: int, shared_memory: bool = True, mailbox: bool = True):
     return resolve_graph(
         {
-            "algorithm": "transport_algo",
+            "algorithm": "_transport_algo",
             "env": {"id": "CartPole-v1"},
             "policy": {"name": "sync", "mailbox": mailbox},
             "roles": {"sampler": {"replicas": samplers}},

@@ -43,10 +43,46 @@ def test_your_own_file_hides_a_shipped_one_of_the_same_name(user_dir):
     assert "slurm" in catalog.entries("clusters")
 
 
-def test_an_unknown_name_is_one_error_listing_the_known_ones(user_dir):
+def test_an_unknown_name_is_one_error_naming_the_closest_ones_not_all(user_dir):
     with pytest.raises(ConfigError) as err:
         catalog.resolve("graphs", "ppo-cartpol", "GRAPH")
-    assert "ppo-cartpol: no such file" in str(err.value) and "ppo-cartpole-sync" in str(err.value)
+    text = str(err.value)
+    assert "ppo-cartpol: no such file" in text and "did you mean ppo-cartpole" in text, text
+    assert "sac-halfcheetah" not in text and "\n" not in text and len(text) <= 300
+    with pytest.raises(ConfigError, match="`dagrl graphs` lists them"):
+        catalog.resolve("graphs", "qqqqqqqq", "GRAPH")
+
+
+def test_every_shipped_graph_says_in_one_line_what_it_is(user_dir):
+    from dagrl.core.graph import DESCRIPTION_CHARS
+
+    described = {name: catalog.describe(path) for name, path in catalog.entries("graphs").items()}
+    assert len(described) > 30
+    for name, text in described.items():
+        assert text and "\n" not in text and len(text) <= DESCRIPTION_CHARS, name
+
+
+def test_a_description_of_several_lines_is_refused_naming_the_key(tmp_path):
+    from dagrl.app.graphs import load_graph
+
+    graph = tmp_path / "g.yaml"
+    graph.write_text("description: |\n  two\n  lines\nalgorithm: ppo\nenv: {id: CartPole-v1}\n")
+    with pytest.raises(ConfigError, match="description: one line"):
+        load_graph(graph)
+
+
+def test_the_command_line_says_its_version_and_lists_its_benchmarks(capsys):
+    import dagrl
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"dagrl {dagrl.__version__}"
+    assert main(["bench"]) == 0
+    listed = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert "ppo-cartpole" in listed and "CartPole" in listed["ppo-cartpole"]
+    assert not any(name.startswith("_") or name.startswith("-") for name in listed)
+    assert main(["bench", "ppo-cartpol"]) == 2
+    assert "did you mean ppo-cartpole?" in capsys.readouterr().err
 
 
 def test_dagrl_graphs_and_clusters_list_names_and_what_they_are(user_dir, capsys):

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from dagrl.core.schema import ConfigError
+from dagrl.core.schema import ConfigError, closest
 
 __all__ = ["KINDS", "describe", "entries", "resolve", "search_dirs"]
 
@@ -47,14 +47,21 @@ def resolve(kind: str, text: str | None, flag: str) -> str | None:
     known = entries(kind)
     if stem in known:
         return str(known[stem])
-    names = ", ".join(known) or "none"
-    raise ConfigError(
-        flag, "", f"{text}: no such file, and no {kind[:-1]} of that name (known: {names}; `dagrl {kind}` lists them)"
-    )
+    hint = closest(stem, known, f"`dagrl {kind}`")
+    raise ConfigError(flag, "", f"{text}: no such file, and no {kind[:-1]} of that name ({hint})")
 
 
 def describe(path: Path) -> str:
-    """The first comment line of a file: what it is."""
+    """What a file is: a graph's ``description:`` (one line, checked when the graph loads), else the
+    file's first comment line."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("description"), str):
+        return data["description"]
     for line in path.read_text().splitlines():
         if line.startswith("#"):
             return line.lstrip("# ").strip()

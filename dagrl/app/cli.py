@@ -17,7 +17,7 @@ from typing import Any
 
 from dagrl.app.catalog import resolve
 from dagrl.clusters.spec import SlurmError
-from dagrl.core.schema import ConfigError, changed_keys, read_yaml
+from dagrl.core.schema import ConfigError, changed_keys, closest, read_yaml
 from dagrl.runtime.placement import PlacementError
 from dagrl.runtime.supervisor import TrainingError
 
@@ -288,12 +288,12 @@ def benchmarks_dir() -> Path:
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.name is None:
+        return cmd_bench_list()
     script = benchmarks_dir() / f"{args.name.replace('-', '_')}.py"
     if not script.exists():
-        known = sorted(p.stem.replace("_", "-") for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
-        raise ConfigError(
-            "dagrl bench", "NAME", f"unknown benchmark {args.name!r} (expected one of: {', '.join(known)})"
-        )
+        hint = closest(args.name, benchmarks(), "`dagrl bench`")
+        raise ConfigError("dagrl bench", "NAME", f"unknown benchmark {args.name!r} ({hint})")
     sys.argv = [str(script), *rest]
     sys.path[:0] = [str(script.parent), str(script.parent.parent)]  # _common, and tests/ helpers
     runpy.run_path(str(script), run_name="__main__")
@@ -301,8 +301,16 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dagrl", description="Distributed reinforcement learning on Dask.")
-    sub = p.add_subparsers(dest="command", required=True)
+    from dagrl import __version__
+
+    p = argparse.ArgumentParser(
+        prog="dagrl",
+        description="Distributed reinforcement learning on Dask: an algorithm written once as fragments, "
+        "run under the distribution policy its graph file names.",
+        epilog="example: dagrl run ppo-cartpole    (`dagrl COMMAND -h` shows a command's options and an example)",
+    )
+    p.add_argument("--version", action="version", version=f"dagrl {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="train the algorithm of a graph file")
     run.add_argument("graph", nargs="?", help="a graph file or name (`dagrl graphs`; optional with --resume)")
@@ -399,9 +407,51 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
     sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
 
-    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (sampling, ppo-cartpole, ...)")
-    bench.add_argument("name")
+    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/; without a name, list them")
+    bench.add_argument("name", nargs="?")
+    for name, command in sub.choices.items():
+        command.description = next(a.help for a in sub._choices_actions if a.dest == name)
+        command.epilog = f"example: {EXAMPLES[name]}"
     return p
+
+
+EXAMPLES = {
+    "run": "dagrl run ppo-cartpole --set policy=async --set roles.sampler.replicas=4",
+    "submit": "dagrl submit ppo-cartpole --cluster slurm",
+    "status": "dagrl status runs/ppo-cartpole-20260101-120000",
+    "logs": "dagrl logs runs/ppo-cartpole-20260101-120000 --no-follow",
+    "cancel": "dagrl cancel runs/ppo-cartpole-20260101-120000",
+    "sweep": "dagrl sweep ppo-cartpole --grid hyperparameters.lr=1e-3,3e-4 --seeds 1 2 3",
+    "eval": "dagrl eval runs/ppo-cartpole-20260101-120000 --episodes 20 --json",
+    "export": "dagrl export runs/ppo-cartpole-20260101-120000 --out policy.pt2",
+    "graph": "dagrl graph ppo-cartpole --dot graph.dot",
+    "tune": "dagrl tune ppo-cartpole --budget-s 60",
+    "graphs": "dagrl graphs",
+    "clusters": "dagrl clusters",
+    "bench": "dagrl bench ppo-cartpole",
+}
+"""One example per command, shown at the end of its ``-h``."""
+
+
+def benchmarks() -> dict[str, str]:
+    """Every benchmark of ``dagrl bench``: name -> the first line of its docstring."""
+    import ast
+
+    out = {}
+    for script in sorted(benchmarks_dir().glob("*.py")):
+        if script.stem.startswith("_"):
+            continue
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        out[script.stem.replace("_", "-")] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def cmd_bench_list() -> int:
+    found = benchmarks()
+    width = max(map(len, found), default=0)
+    for name, what in found.items():
+        print(f"{name.ljust(width)}  {what}")
+    return 0
 
 
 SUBMIT_COMMANDS = ("submit", "status", "logs", "cancel")

@@ -221,6 +221,9 @@ class GraphSpec:
     see :mod:`dagrl.core.distribution`. After loading, the name (options: ``Graph.policy_options``)."""
     name: str = ""
     """Run name (default: the file's stem); run directories are ``runs/<name>-<timestamp>``."""
+    description: str = ""
+    """What the graph is, in one line of at most :data:`DESCRIPTION_CHARS` characters (``dagrl graphs``
+    lists it)."""
     seed: int = 0
     roles: dict[str, RoleSpec] = field(default_factory=dict)
     hyperparameters: dict[str, Any] = field(default_factory=dict)
@@ -257,6 +260,15 @@ class GraphSpec:
     """Also send each metrics row to Weights & Biases once ``wandb.project`` is set
     (:mod:`dagrl.app.wandb_log`; needs ``pip install "dagrl[wandb]"``)."""
 
+    def __post_init__(self) -> None:
+        if "\n" in self.description or len(self.description) > DESCRIPTION_CHARS:
+            raise ValueError(
+                f"description: one line of at most {DESCRIPTION_CHARS} characters, got {len(self.description)} "
+                f"characters{' over several lines' if chr(10) in self.description else ''}"
+            )
+
+
+DESCRIPTION_CHARS = 120
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 

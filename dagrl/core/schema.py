@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -147,6 +149,27 @@ def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
     raise bad
 
 
+def closest(name: str, known: Iterable[str], where_listed: str = "") -> str:
+    """What an error about an unknown ``name`` says of the ``known`` ones: the closest (``did you mean
+    ppo-cartpole?``), never every name; with none close, ``where_listed`` (a command that lists them),
+    or the names themselves where there are few.
+
+    >>> closest("env_step", ["env_steps", "mean_return", "window"])
+    'did you mean env_steps?'
+    >>> closest("zzz", ["a", "b"])
+    'expected one of: a, b'
+    """
+    known = list(known)
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if near:
+        return "did you mean " + " or ".join(near) + "?"
+    if where_listed:
+        return f"{where_listed} lists them"
+    if len(known) <= 8:
+        return f"expected one of: {', '.join(known)}" if known else "there are none"
+    return f"none of the {len(known)} names is close"
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str | Path | None, prefix: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`.
 
@@ -160,7 +183,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str | Path | None, pref
     >>> from_dict(Stop, {"env_step": 5}, "g.yaml")
     Traceback (most recent call last):
     ...
-    dagrl.core.schema.ConfigError: g.yaml: env_step: unknown key (expected one of: env_steps)
+    dagrl.core.schema.ConfigError: g.yaml: env_step: unknown key (did you mean env_steps?)
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
@@ -168,7 +191,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str | Path | None, pref
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in fields:
-            raise ConfigError(where, key, f"unknown key (expected one of: {', '.join(fields)})")
+            raise ConfigError(where, key, f"unknown key ({closest(str(k), fields)})")
         kwargs[k] = convert(v, hints[k], where, key)
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
