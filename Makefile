@@ -20,7 +20,7 @@ test:
 	$(PIP) install -e ".[test]"
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PYTHON) -m pytest
 
 bench:

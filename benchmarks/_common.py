@@ -7,7 +7,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 PACKAGES = (
@@ -66,9 +68,16 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where each benchmark's latest result is kept, as ``<name>.json``, with the command that made it."""
+
+
 def emit(name: str, result: dict[str, Any]) -> None:
-    """The last line of every benchmark: one JSON object, for scripts and BENCHMARKS.md."""
-    print(json.dumps({"benchmark": name, "machine": machine(), **result}))
+    """The last line of every benchmark: one JSON object, printed and kept in :data:`RESULTS`."""
+    line = json.dumps({"benchmark": name, "machine": machine(), "command": " ".join(sys.argv), **result})
+    print(line)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(line + "\n")
 
 
 def sb3_to_target(model, budget: int, target: float, window: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,10 @@ __all__ = ["train"]
 
 
 def train(
-    graph: Graph,
+    graph: Graph | str | Path,
     client: Any = None,
     *,
+    overrides: Sequence[str] = (),
     cluster: Any = None,
     rundir: RunDir | None = None,
     resume: dict[str, Any] | None = None,
@@ -30,6 +31,9 @@ def train(
     listeners: Iterable[Callable[[dict[str, Any], Any], None]] = (),
 ) -> dict[str, Any]:
     """Train ``graph`` until a stop condition holds; return the run summary (``summary["run_dir"]``).
+
+    ``graph`` is a loaded :class:`~dagrl.core.graph.Graph`, or a graph file's path or name (``dagrl
+    graphs``), loaded here with ``overrides`` (``["hyperparameters.lr=3e-4"]``, as ``--set`` takes them).
 
     ``client`` is a ``distributed.Client`` to run on; without one, a distributed policy starts the
     cluster of ``cluster`` (a :mod:`dagrl.clusters.spec` spec; default an embedded LocalCluster) and
@@ -46,6 +50,14 @@ def train(
     """
     from dagrl.app.driver import Trainer
     from dagrl.app.inspect import observations
+
+    if not isinstance(graph, Graph):
+        from dagrl.app.catalog import resolve
+        from dagrl.app.graphs import load_graph
+
+        graph = load_graph(resolve("graphs", str(graph), "graph"), list(overrides))
+    elif overrides:
+        raise TypeError("train: overrides apply to a graph file; a loaded Graph already has its values")
     from dagrl.app.progress import Progress
     from dagrl.policies import POLICIES, build_policy
 

@@ -121,7 +121,7 @@ class ReplayStore(ChunkStorage):
     >>> s = Schema({"x": ("int64", ())})
     >>> store = ReplayStore(s, capacity=100, memory_budget=1 << 20)
     >>> store.add({"x": np.arange(150)})
-    >>> len(store), int(store.read(np.array([50]))["x"][0])
+    >>> len(store), int(store.read(np.array([50]))["x"].item())
     (100, 50)
     """
 
