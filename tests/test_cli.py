@@ -94,7 +94,11 @@ def test_run_directory_holds_config_metrics_checkpoints_and_plot(tmp_path, graph
     row = rundir.read_metrics()[-1]
     for key in ("env_steps", "episodes", "perf/sample_hz", "perf/update_hz", "losses/policy", "losses/value"):
         assert key in row
-    assert "<html" in (rundir.path / "curve.html").read_text().lower()
+    curve = rundir.path / "curve.html"  # written by a process of its own after the command returns
+    deadline = time.monotonic() + 120
+    while not curve.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "<html" in curve.read_text().lower()
     assert rundir.list_checkpoints()
 
 

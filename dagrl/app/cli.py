@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     graph, cluster, resume, rundir, created = _load_for_run(args)
     try:
-        summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet)
+        summary = train(graph, cluster=cluster, rundir=rundir, resume=resume, progress=not args.quiet, curve_later=True)
     except BaseException:
         if created and not rundir.list_checkpoints():  # never started (no cluster, no placement): leave nothing
             shutil.rmtree(rundir.path, ignore_errors=True)

@@ -62,8 +62,12 @@ class Trainer:
         *,
         resume: dict[str, Any] | None = None,
         progress: Progress | None = None,
+        curve_later: bool = False,
     ):
         self.graph, self.policy, self.rundir = graph, policy, rundir
+        self.curve_later = curve_later
+        """Write ``curve.html`` from a process of its own after this one exits (the command line's exit
+        does not wait on bokeh); else before :meth:`run` returns."""
         self.progress = progress or Progress()
         self.stop = graph.spec.stop
         self.counters = Counters()
@@ -209,7 +213,10 @@ class Trainer:
             summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
         try:
             self.rundir.write_summary(summary)
-            self.rundir.plot()
+            if self.curve_later:
+                self.rundir.plot_later()
+            else:
+                self.rundir.plot()
         except OSError as err:  # the run itself is done and checkpointed: say what is missing, do not fail
             log.warning("could not write %s (%s); the checkpoints are complete", err.filename or "run files", err)
         return summary

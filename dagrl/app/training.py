@@ -24,6 +24,7 @@ def train(
     client: Any = None,
     *,
     overrides: Sequence[str] = (),
+    curve_later: bool = False,
     cluster: Any = None,
     rundir: RunDir | None = None,
     resume: dict[str, Any] | None = None,
@@ -100,7 +101,9 @@ def train(
             log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
         if warning := trim_warning(actors):
             log.warning(warning)
-        trainer = Trainer(graph, policy, rundir, resume=resume, progress=Progress(enabled=progress))
+        trainer = Trainer(
+            graph, policy, rundir, resume=resume, progress=Progress(enabled=progress), curve_later=curve_later
+        )
         trainer.listeners.extend(listeners)
         if spec.tensorboard:
             from dagrl.app.tensorboard import TensorBoardLog

@@ -108,6 +108,17 @@ class RunDir:
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, self.path / "summary.json")
 
+    def plot_later(self) -> None:
+        """:meth:`plot` in a detached process (``python -m dagrl.runtime.rundir RUN_DIR``): the file
+        appears a second or two after this call returns, and this process need not wait for it."""
+        import subprocess
+        import sys
+
+        subprocess.Popen(
+            [sys.executable, "-m", "dagrl.runtime.rundir", str(self.path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
     def plot(self) -> Path | None:
         """Write ``curve.html``: episode return and throughput over env steps (standalone bokeh)."""
         rows = [r for r in self.read_metrics() if r.get("charts/episode_return_mean") is not None]
@@ -133,3 +144,9 @@ class RunDir:
         finally:
             tmp.unlink(missing_ok=True)
         return out
+
+
+if __name__ == "__main__":  # the detached writer of RunDir.plot_later
+    import sys
+
+    RunDir(sys.argv[1]).plot()
