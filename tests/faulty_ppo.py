@@ -10,6 +10,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from dagrl import fragment, iteration
 from dagrl.algos import ppo
 from dagrl.algos.common import actor_critic
+from dagrl.algos.ppo import Config, learner, sampler  # noqa: F401  (the roles and config this algorithm runs)
 from tests.faulty import hang, once
 
 

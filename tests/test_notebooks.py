@@ -93,3 +93,9 @@ def test_slurm_notebook_skips_without_slurm(tmp_path):
     text = outputs(run_notebook("03-slurm", tmp_path, SLURM_CONF=str(empty)))
     assert "No SLURM here" in text and text.count("skipped: no SLURM controller reachable") == 3
     assert "(worker job)" in text  # the dry run needs no SLURM
+
+
+def test_your_own_algorithm(tmp_path):
+    text = outputs(run_notebook("04-your-own-algorithm", tmp_path))
+    assert "RL page: http://127.0.0.1:" in text and "/individual-dagrl" in text
+    assert "single: " in text and "async: " in text, text

@@ -124,9 +124,9 @@ def test_bad_wandb_settings_are_refused_naming_the_key(override, says):
 
 
 def test_wandb_without_the_package_is_refused_before_anything_starts(monkeypatch):
-    import dagrl.core.graph
+    import dagrl.app.graphs
 
-    monkeypatch.setattr(dagrl.core.graph, "wandb_available", lambda: False)
+    monkeypatch.setattr(dagrl.app.graphs, "_installed", lambda package: package != "wandb")
     with pytest.raises(ConfigError, match=r"wandb\.project: set, but .*pip install 'dagrl\[wandb\]'"):
         load_graph(GRAPH, ["wandb.project=x"])
 

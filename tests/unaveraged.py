@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dagrl.algos import ppo
+from dagrl.algos.ppo import Config, collect, publish, sampler, train_iteration, update  # noqa: F401
 from dagrl.core.fragment import role
 
 

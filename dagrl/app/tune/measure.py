@@ -253,7 +253,8 @@ def probe_env(
     less what the process spent at the same rate while idle just before (a worker's event loop); with
     several threads stepping, the share can pass 1."""
 
-    from dagrl.core.graph import EnvSpec, _probe_env
+    from dagrl.app.graphs import _probe_env
+    from dagrl.core.graph import EnvSpec
 
     _probe_env(EnvSpec(env_id, kwargs, list(wrappers)), "env")  # imports the env's module, like a sampler
     if vector == "envpool":
