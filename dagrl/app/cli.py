@@ -407,6 +407,13 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
     sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
 
+    worker = sub.add_parser(
+        "worker", help="a Dask worker for a scheduler you started, set up as dagrl's own (no malloc trim, preload)"
+    )
+    worker.add_argument("--no-quiet", dest="quiet", action="store_false", help="keep Dask's periodic callbacks")
+    worker.add_argument("scheduler", help="the scheduler's address, e.g. tcp://10.0.0.1:8786")
+    worker.add_argument("dask_args", nargs=argparse.REMAINDER, help="passed to `dask worker` as they are")
+
     bench = sub.add_parser("bench", help="run a benchmark from benchmarks/; without a name, list them")
     bench.add_argument("name", nargs="?")
     for name, command in sub.choices.items():
@@ -429,6 +436,7 @@ EXAMPLES = {
     "graphs": "dagrl graphs",
     "clusters": "dagrl clusters",
     "bench": "dagrl bench ppo-cartpole",
+    "worker": "dagrl worker tcp://10.0.0.1:8786 --nworkers 4 --nthreads 1",
 }
 """One example per command, shown at the end of its ``-h``."""
 
@@ -509,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             return getattr(submit, f"cmd_{args.command}")(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "worker":
+            from dagrl.clusters.worker import run_worker
+
+            run_worker([args.scheduler, *args.dask_args], args.quiet)
         if args.command == "graph":
             return cmd_graph(args)
         if args.command == "eval":

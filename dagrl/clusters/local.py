@@ -43,8 +43,8 @@ def trim_warning(actors: list[dict[str, Any]]) -> str | None:
         return None
     return (
         f"{', '.join(slow)} run with MALLOC_TRIM_THRESHOLD_ set (Dask's nanny default): torch updates there run up "
-        "to ~2 x slower. Start the cluster inside `with dagrl.clusters.spec.untrimmed():`, as dagrl's own clusters "
-        "are."
+        "to ~2 x slower. Start workers with `dagrl worker SCHEDULER` (or a cluster from Python inside "
+        "`with dagrl.clusters.local.untrimmed():`), as dagrl's own clusters are."
     )
 
 
