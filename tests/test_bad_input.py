@@ -231,3 +231,51 @@ def test_a_graph_field_given_without_set_is_pointed_to_set(capsys):
 
 def test_the_corpus_is_large():
     assert len(GRAPH_CASES) + len(CLUSTER_CASES) + len(OTHER_CASES) >= 80
+
+
+def alias_bomb(levels: int = 12, fan: int = 12) -> str:
+    """A "billion laughs" graph: each level a list of ``fan`` aliases of the one before, so ``hidden``
+    stands for 12^12 strings when written out."""
+    lines = ["algorithm: ppo", "env: {id: CartPole-v1}", "policy: sync", "hyperparameters:"]
+    lines.append("  hidden: &l0 [" + ", ".join(['"lol"'] * fan) + "]")
+    for i in range(1, levels):
+        lines.append(f"  x{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fan) + "]")
+    return "\n".join(lines).replace("hidden: &l0", "x0: &l0").replace(f"  x{levels - 1}:", "  hidden:") + "\n"
+
+
+FILE_CASES = [
+    ("not-utf8", b"\xff\xfe\x00algorithm: ppo\n", ["not UTF-8 text", "byte 0"]),
+    ("duplicate-key", b"algorithm: ppo\nenv: {id: CartPole-v1}\nseed: 1\nseed: 2\n", ["seed", "given twice", "line 3"]),
+    ("duplicate-nested-key", b"algorithm: ppo\nenv: {id: CartPole-v1, id: Pendulum-v1}\n", ["'id' given twice"]),
+    ("alias-bomb", alias_bomb().encode(), ["more than 100 aliases"]),
+    ("empty-name", b"name: ''\nalgorithm: ppo\nenv: {id: CartPole-v1}\n", ["name", "empty"]),
+    ("int-too-large", b"algorithm: ppo\nenv: {id: CartPole-v1}\nseed: 99999999999999999999999\n", ["seed", "64-bit"]),
+    (
+        "value-huge",
+        b"algorithm: ppo\nenv: {id: CartPole-v1}\nhyperparameters: {lr: " + b"9" * 5000 + b"}\n",
+        ["malformed YAML", "5000 digits"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), [c[1:] for c in FILE_CASES], ids=[c[0] for c in FILE_CASES])
+def test_a_hostile_graph_file_is_one_bounded_line(tmp_path, capsys, text, words):
+    """Not UTF-8, a key given twice, aliases that expand to gigabytes, a value of 5,000 digits: one line of
+    at most 300 characters, naming the file and what is wrong, and nothing started."""
+    graph = tmp_path / "g.yaml"
+    graph.write_bytes(text)
+    check(tmp_path, capsys, [str(graph)], [str(graph), *words])
+
+
+def test_every_error_line_is_bounded(tmp_path, capsys):
+    graph = tmp_path / "g.yaml"
+    graph.write_text("algorithm: ppo\nenv: {id: CartPole-v1}\nhyperparameters: {hidden: [" + "1, " * 5000 + "1]}\n")
+    assert main(["run", str(graph), "--set", f"runs_dir={tmp_path}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert len(line) <= 300 + len("dagrl: error: ") and "hidden" in line, line
+
+
+def test_a_dashboard_address_that_does_not_resolve_is_refused_before_the_cluster(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("kind: local\ndashboard_address: no-such-host.invalid:8787\n")
+    check(tmp_path, capsys, [SYNC, "--cluster", str(cluster)], ["dashboard_address", "does not resolve"])

@@ -37,6 +37,8 @@ def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
     if isinstance(data.get("policy"), str) and any(o.startswith("policy.") for o in overrides):
         data["policy"] = {"name": data["policy"]}  # --set policy.max_staleness=1 on `policy: async`
     data = apply_overrides(data, overrides)
+    if "name" in data and not str(data["name"] or "").strip():
+        raise ConfigError(path, "name", "empty: it names the run's directory (leave it out for the file's name)")
     data.setdefault("name", Path(path).stem)
     return resolve_graph(data, str(path))
 

@@ -65,6 +65,7 @@ class LocalClusterSpec:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
         if self.gpu_workers != "auto" and self.gpu_workers < 0:
             raise ValueError(f"gpu_workers must be >= 0 or auto, got {self.gpu_workers}")
+        check_address(self.dashboard_address, "dashboard_address")
         limit = self.memory_per_worker
         if limit != "auto" and parse_memory(limit, "memory_per_worker") < MIN_WORKER_MEMORY:
             raise ValueError(
@@ -74,6 +75,22 @@ class LocalClusterSpec:
 
 
 MIN_WORKER_MEMORY = 512 * 2**20
+
+
+def check_address(address: str, key: str) -> None:
+    """Refuse a ``host:port`` whose port is no port or whose host does not resolve here, before a
+    cluster tries to listen on it."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not (port.isdigit() and 0 <= int(port) < 65536):
+        raise ValueError(f"{key}: expected HOST:PORT (':0' for a free port), got {address!r}")
+    host = host.strip("[]")
+    if host:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError:
+            raise ValueError(f"{key}: the host {host!r} of {address!r} does not resolve here") from None
 
 
 def check_local(spec: LocalClusterSpec, graph: Graph) -> None:

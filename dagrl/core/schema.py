@@ -15,23 +15,99 @@ import yaml
 T = TypeVar("T")
 
 
+ERROR_CHARS = 300
+"""The longest an error line gets: a value quoted in one (a file, a key, a 160 MB expanded alias) is cut."""
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` as an error shows it: nested and long values cut (``reprlib``), so a value that
+    expands to gigabytes (YAML aliases) is never written out."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 3, 6, 6, 80, 80
+    return r.repr(value)
+
+
+def bounded(text: str, most: int = ERROR_CHARS) -> str:
+    """``text`` on one line of at most ``most`` characters (the middle cut out, marked)."""
+    text = " ".join(str(text).split())
+    if len(text) <= most:
+        return text
+    keep = (most - 5) // 2
+    return f"{text[:keep]} ... {text[-keep:]}"
+
+
 class ConfigError(ValueError):
-    """A user mistake in a config file or override: the message names the file, the key, the value."""
+    """A user mistake in a config file or override: the message names the file, the key, the value, on
+    one line of at most :data:`ERROR_CHARS` characters (the value's middle cut where it is long)."""
 
     def __init__(self, where: str | Path | None, key: str, problem: str):
-        self.where, self.key, self.problem = str(where or "<config>"), key, problem
-        super().__init__(f"{self.where}: {key}: {problem}" if key else f"{self.where}: {problem}")
+        self.where, self.key = bounded(str(where or "<config>"), 120), bounded(key, 80)
+        self.problem = bounded(problem, ERROR_CHARS - len(self.where) - len(self.key) - 4)
+        text = f"{self.where}: {self.key}: {self.problem}" if key else f"{self.where}: {self.problem}"
+        super().__init__(text)
+
+
+MAX_ALIASES = 100
+"""The most aliases (``*name``) a config file may use: enough for any hand-written file, too few for a
+"billion laughs" file whose aliases expand to gigabytes."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML says keys are unique; PyYAML
+    keeps the last) and more than :data:`MAX_ALIASES` aliases."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"line {mark.line + 1}: more than {MAX_ALIASES} aliases (*name)")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise yaml.YAMLError(f"line {line}: key {key!r} given twice (first on line {seen[key]})")
+                seen[key] = line
+            except TypeError:
+                continue  # an unhashable key: the base class says so
+        return super().construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with :class:`_StrictLoader`'s refusals."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, turning missing files and syntax errors into :class:`ConfigError`."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as err:
         raise ConfigError(path, "", f"cannot read file ({err.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(path, "", f"not UTF-8 text (byte {err.start}, line {line}): is it a graph file?") from None
+    try:
+        data = load_yaml(text)
+    except ValueError as err:  # Python's own limits, e.g. an integer of over 4,300 digits
+        raise ConfigError(path, "", f"malformed YAML: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -50,8 +126,12 @@ def parse_override(text: str, where: str = "--set") -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(where, text, "expected KEY=VALUE, e.g. hyperparameters.lr=3e-4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw) if raw.strip() else ""
+    except ValueError as err:
+        raise ConfigError(where, key.strip(), f"malformed value: {err}") from None
+    except yaml.YAMLError as err:
+        if "aliases" in str(err) or "given twice" in str(err):
+            raise ConfigError(where, key.strip(), str(err)) from None
         value = raw
     return key.strip().split("."), value
 
@@ -90,7 +170,7 @@ def _type_name(tp: Any) -> str:
 def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
     """Check ``value`` against the type annotation ``tp`` and return it converted."""
     origin = get_origin(tp)
-    bad = ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(where, key, f"expected {_type_name(tp)}, got {shown(value)}")
     if tp is Any:
         return value
     if origin is Literal:
@@ -110,7 +190,7 @@ def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
         return None
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(where, key, f"expected a mapping, got {value!r}")
+            raise ConfigError(where, key, f"expected a mapping, got {shown(value)}")
         return from_dict(tp, value, where, prefix=key)
     if origin is dict:
         if not isinstance(value, dict):
@@ -130,6 +210,8 @@ def convert(value: Any, tp: Any, where: str | Path | None, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad
+        if not -(2**63) <= value < 2**63:
+            raise ConfigError(where, key, f"{value} does not fit a 64-bit integer (arrays and seeds hold these)")
         return value
     if tp is float:
         if isinstance(value, str):  # PyYAML reads "1e-3" (no dot) as a string
