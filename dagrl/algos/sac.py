@@ -15,7 +15,6 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from dagrl.algos.common import offpolicy
 from dagrl.algos.common.evaluation import EpisodeRunner
@@ -76,23 +75,19 @@ class Config(offpolicy.Config):
 # ---------------------------------------------------------------------------------------------------
 
 
-class Policy(nn.Module):
+class Policy(offpolicy.BoundedPolicy):
     """Tanh-squashed Gaussian, scaled to the action bounds."""
 
     def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: int, cnn: CNN = "nature"):
-        super().__init__()
-        if not isinstance(act_space, gym.spaces.Box):
-            raise TypeError(f"SAC needs a continuous (Box) action space, got {act_space}")
+        super().__init__(act_space, "SAC")
         n_act = int(np.prod(act_space.shape))
         self.trunk, n_obs = encoder(obs_space, hidden, cnn)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, 2 * n_act, hidden)
-        self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
-        self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The squashed mean action (evaluation)."""
         mean = self.net(self.trunk(obs)).chunk(2, dim=-1)[0]
-        return torch.tanh(mean) * self.scale + self.bias
+        return self.scaled(torch.tanh(mean))
 
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.act(self.trunk(obs), gen)
@@ -107,7 +102,7 @@ class Policy(nn.Module):
         squashed = torch.tanh(u)
         log_prob = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
         log_prob = log_prob - torch.log(self.scale * (1 - squashed**2) + 1e-6).sum(-1)
-        return squashed * self.scale + self.bias, log_prob
+        return self.scaled(squashed), log_prob
 
 
 @dataclass
@@ -221,11 +216,7 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor]) -> dict[str, tor
         soft = torch.min(tq1, tq2) - b["alpha"] * next_logp
         discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
         target = b["reward"] + discount * (1 - b["terminated"]) * soft
-    q1, q2 = state.q(obs, b["action"])
-    loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
-    state.optimizer.zero_grad()
-    loss.backward()
-    state.optimizer.step()
+    loss = offpolicy.regress_twin_q(state, obs, b["action"], target)
     polyak(state.q.parameters(), state.target.parameters(), cfg.tau)
     return {"loss": loss.detach()}
 
@@ -244,15 +235,11 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
         action, logp = state.policy(obs, state.gen)
         q1, q2 = state.q(obs, action)
     loss = (alpha * logp - torch.min(q1, q2)).mean()
-    state.optimizer.zero_grad()
-    loss.backward()
-    state.optimizer.step()
+    offpolicy.descend(state.optimizer, loss)
     out = {"loss": loss.detach(), "entropy": -logp.detach().mean()}
     if cfg.alpha is None:
         alpha_loss = -(state.log_alpha * (logp.detach() + state.target_entropy)).mean()
-        state.alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        state.alpha_optimizer.step()
+        offpolicy.descend(state.alpha_optimizer, alpha_loss)
         out["alpha_loss"] = alpha_loss.detach()
     return out
 

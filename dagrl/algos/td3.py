@@ -14,7 +14,6 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from dagrl.algos.common import offpolicy
 from dagrl.algos.common.evaluation import EpisodeRunner
@@ -83,24 +82,20 @@ class Config(offpolicy.Config):
 # ---------------------------------------------------------------------------------------------------
 
 
-class Policy(nn.Module):
+class Policy(offpolicy.BoundedPolicy):
     """Deterministic, tanh-squashed and scaled to the action bounds."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int, cnn: CNN = "nature"):
-        super().__init__()
-        if not isinstance(act_space, gym.spaces.Box):
-            raise TypeError(f"TD3 needs a continuous (Box) action space, got {act_space}")
+        super().__init__(act_space, "TD3")
         self.trunk, n_obs = encoder(obs_space, hidden, cnn)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, int(np.prod(act_space.shape)), hidden)
-        self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
-        self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.act(self.trunk(obs))
 
     def act(self, features: torch.Tensor) -> torch.Tensor:
         """The action for the trunk's ``features``."""
-        return torch.tanh(self.net(features)) * self.scale + self.bias
+        return self.scaled(torch.tanh(self.net(features)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -212,11 +207,7 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], and_polyak: bool
         tq1, tq2 = state.target(next_obs, next_action)
         discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
         target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
-    q1, q2 = state.q(obs, b["action"])
-    loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
-    state.optimizer.zero_grad()
-    loss.backward()
-    state.optimizer.step()
+    loss = offpolicy.regress_twin_q(state, obs, b["action"], target)
     if and_polyak:
         polyak(state.q.parameters(), state.target.parameters(), cfg.tau)
         polyak(state.given.state_dict().values(), policy.state_dict().values(), cfg.tau)
@@ -232,9 +223,7 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
         loss = -state.q.heads(features, state.policy.act(features))[0].mean()
     else:
         loss = -state.q(obs, state.policy(obs))[0].mean()
-    state.optimizer.zero_grad()
-    loss.backward()
-    state.optimizer.step()
+    offpolicy.descend(state.optimizer, loss)
     return {"loss": loss.detach()}
 
 

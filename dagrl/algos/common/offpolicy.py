@@ -269,3 +269,34 @@ def actor_steps(
     outs = [state.step(b) for b in batches]
     state.steps += len(outs)
     return outs, frames
+
+
+class BoundedPolicy(nn.Module):
+    """A policy network for a ``Box`` action space: its actions are squashed to [-1, 1] and scaled to
+    the bounds with the buffers :attr:`scale` and :attr:`bias` (saved with the weights)."""
+
+    def __init__(self, act_space: gym.Space, algorithm: str):
+        super().__init__()
+        if not isinstance(act_space, gym.spaces.Box):
+            raise TypeError(f"{algorithm} needs a continuous (Box) action space, got {act_space}")
+        self.register_buffer("scale", torch.as_tensor((act_space.high - act_space.low) / 2, dtype=torch.float32))
+        self.register_buffer("bias", torch.as_tensor((act_space.high + act_space.low) / 2, dtype=torch.float32))
+
+    def scaled(self, squashed: torch.Tensor) -> torch.Tensor:
+        """An action in [-1, 1] at the bounds' scale."""
+        return squashed * self.scale + self.bias
+
+
+def descend(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One gradient step of ``optimizer`` on ``loss``."""
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def regress_twin_q(state: CriticState, obs: torch.Tensor, action: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """One step of both Q heads toward ``target`` (mean squared error summed over the heads); the loss."""
+    q1, q2 = state.q(obs, action)
+    loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+    descend(state.optimizer, loss)
+    return loss
