@@ -110,7 +110,7 @@ def sampler_in_env(run_dir: str) -> float | None:
     included), from the ``actors.json`` the run writes at its end."""
     from pathlib import Path
 
-    from dagrl.dashboard.feed import in_env, role_time
+    from dagrl.runtime.report import in_env, role_time
 
     return in_env(role_time(json.loads((Path(run_dir) / "actors.json").read_text()), "sampler"))
 

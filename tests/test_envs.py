@@ -91,7 +91,7 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
     ``actors.json`` at the end, on the RL page's actor table (heartbeats) and in one log line per role."""
     import logging
 
-    from dagrl.dashboard.feed import in_env
+    from dagrl.runtime.report import in_env
 
     steps, envs, step_ms = 16, 2, 4.0
     logger, records = logging.getLogger("dagrl"), []

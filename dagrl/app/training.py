@@ -131,7 +131,7 @@ def time_in_envs(policy: Any, rundir: RunDir) -> None:
     (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role with envs saying
     what share of its fragment time the envs took: what bounds the samplers, the simulator or the
     rest (acting, recording, transfers)."""
-    from dagrl.dashboard.feed import in_env, role_time
+    from dagrl.runtime.report import in_env, role_time
 
     try:
         actors = policy.actors()

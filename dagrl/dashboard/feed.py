@@ -8,37 +8,12 @@ import time
 from typing import Any
 
 from dagrl.dashboard.topics import ACTORS, METRICS
+from dagrl.runtime.report import in_env
 
 log = logging.getLogger("dagrl")
 
 MAX_EPISODES = 64
 """Episode returns sent per iteration (the newest), enough for the scatter, small on the wire."""
-
-
-def in_env(info: dict[str, Any]) -> float | None:
-    """The share of a role instance's fragment time spent inside its envs' ``step`` (a heartbeat's or
-    an ``info()``'s ``env_s`` over its ``busy_s`` summed); ``None`` for roles without envs.
-
-    >>> in_env({"env_s": 1.5, "busy_s": {"collect": 2.0}}), in_env({"env_s": 0.0, "busy_s": {"update": 3.0}})
-    (0.75, None)
-    """
-    env_s, busy = info.get("env_s") or 0.0, sum((info.get("busy_s") or {}).values())
-    return min(1.0, env_s / busy) if env_s > 0 and busy > 0 else None
-
-
-def role_time(actors: list[dict[str, Any]], role: str) -> dict[str, Any]:
-    """``env_s`` and ``busy_s`` (by fragment) of every instance of ``role`` in ``actors`` (``policy.actors()``,
-    ``actors.json``) summed, as one instance's would be: :func:`in_env` takes it.
-
-    >>> role_time([{"role": "sampler", "env_s": 1.0, "busy_s": {"collect": 2.0}}] * 2, "sampler")
-    {'instances': 2, 'env_s': 2.0, 'busy_s': {'collect': 4.0}}
-    """
-    mine = [a for a in actors if a["role"] == role]
-    busy: dict[str, float] = {}
-    for a in mine:
-        for fragment, s in a["busy_s"].items():
-            busy[fragment] = busy.get(fragment, 0.0) + s
-    return {"instances": len(mine), "env_s": sum(a["env_s"] for a in mine), "busy_s": busy}
 
 
 def row_message(row: dict[str, Any], res: Any) -> dict[str, Any]:
