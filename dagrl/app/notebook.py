@@ -1,17 +1,13 @@
-"""Training from a notebook: the same driver as ``dagrl run``, with a learning curve that redraws in place.
+"""A learning curve that redraws in place in a notebook: what ``dagrl.train(..., live=True)`` shows.
 
->>> from dagrl.app.graphs import load_graph
->>> from dagrl.app.notebook import train
->>> summary, run = train(load_graph("graphs/ppo-cartpole-sync.yaml"), client)  # doctest: +SKIP
+>>> import dagrl
+>>> summary = dagrl.train("ppo-cartpole-sync", client, live=True)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
-
-from dagrl.runtime.rundir import RunDir
 
 
 class LiveCurve:
@@ -44,20 +40,3 @@ class LiveCurve:
         self.ax.autoscale_view()
         self.handle.update(self.fig)
         self.last = time.monotonic()
-
-
-def train(graph: Any, client: Any = None, live: bool = True, runs_dir: str | Path | None = None) -> tuple[dict, Path]:
-    """Train ``graph`` to its stop condition (on ``client``'s cluster unless the policy is ``single``),
-    through :func:`dagrl.train`, drawing the learning curve live in the notebook.
-
-    Returns the summary and the run directory. The RL dashboard page is fed as with ``dagrl run``.
-    """
-    from dagrl.app.training import train as run
-
-    rundir = RunDir.create(runs_dir or graph.spec.runs_dir, graph.name)
-    rundir.write_config(graph.to_dict())
-    curve = LiveCurve(f"{graph.name}: {graph.spec.policy}") if live else None
-    summary = run(graph, client, rundir=rundir, listeners=[curve] if curve is not None else [])
-    if curve is not None:
-        curve.draw()
-    return summary, rundir.path

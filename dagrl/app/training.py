@@ -24,6 +24,7 @@ def train(
     client: Any = None,
     *,
     overrides: Sequence[str] = (),
+    live: bool = False,
     curve_later: bool = False,
     cluster: Any = None,
     rundir: RunDir | None = None,
@@ -35,6 +36,7 @@ def train(
 
     ``graph`` is a loaded :class:`~dagrl.core.graph.Graph`, or a graph file's path or name (``dagrl
     graphs``), loaded here with ``overrides`` (``["hyperparameters.lr=3e-4"]``, as ``--set`` takes them).
+    With ``live``, a notebook cell shows the learning curve, redrawn as it trains.
 
     ``client`` is a ``distributed.Client`` to run on; without one, a distributed policy starts the
     cluster of ``cluster`` (a :mod:`dagrl.clusters.spec` spec; default an embedded LocalCluster) and
@@ -59,6 +61,12 @@ def train(
         graph = load_graph(resolve("graphs", str(graph), "graph"), list(overrides))
     elif overrides:
         raise TypeError("train: overrides apply to a graph file; a loaded Graph already has its values")
+    curve = None
+    if live:
+        from dagrl.app.notebook import LiveCurve
+
+        curve = LiveCurve(f"{graph.name}: {graph.spec.policy}")
+        listeners = [*listeners, curve]
     from dagrl.app.progress import Progress
     from dagrl.policies import POLICIES, build_policy
 
@@ -120,6 +128,8 @@ def train(
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
         summary = trainer.run()
+        if curve is not None:
+            curve.draw()
         time_in_envs(policy, rundir)
         if wandb_log is not None:
             wandb_log.on_end(summary)
