@@ -17,7 +17,7 @@ from typing import Any
 
 from dagrl.app.catalog import resolve
 from dagrl.clusters.spec import SlurmError
-from dagrl.core.schema import ConfigError, changed_keys, closest, read_yaml
+from dagrl.core.schema import ConfigError, bounded, changed_keys, closest, read_yaml
 from dagrl.runtime.placement import PlacementError
 from dagrl.runtime.supervisor import TrainingError
 
@@ -83,8 +83,10 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
             check_fits(graph, resume["roles"], str(rundir.path))
         except ValueError as err:
             used = Path(resume["path"]).name
+            fits = f"checkpoint {used} does not fit graph {Path(graph_path).name}"
+            said = f"(changed: {bounded(_said(changes), 100)})"
             raise ConfigError(
-                "--resume", "", f"checkpoint {used} does not fit graph {graph_path}: {err} (changed: {_said(changes)})"
+                "--resume", "", f"{fits}: {bounded(str(err), 280 - len(fits) - len(said))} {said}"
             ) from None
     if rundir is None and args.run_dir is not None:
         rundir = RunDir(args.run_dir)
