@@ -279,3 +279,14 @@ def test_a_dashboard_address_that_does_not_resolve_is_refused_before_the_cluster
     cluster = tmp_path / "c.yaml"
     cluster.write_text("kind: local\ndashboard_address: no-such-host.invalid:8787\n")
     check(tmp_path, capsys, [SYNC, "--cluster", str(cluster)], ["dashboard_address", "does not resolve"])
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [("{tmp}/afile/replay", ["is a file, not a folder"]), ("/proc/dagrl-replay", ["cannot write in /proc"])],
+    ids=["under-a-file", "unwritable"],
+)
+def test_a_replay_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, path, words):
+    (tmp_path / "afile").write_text("not a folder")
+    argv = ["graphs/dqn-cartpole-apex.yaml", "--set", f"roles.replay.path={path}"]
+    check(tmp_path, capsys, argv, ["roles.replay.path", *words])

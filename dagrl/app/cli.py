@@ -51,7 +51,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     this command created it)."""
     import torch
 
-    from dagrl.app.graphs import load_graph, validate_device_request
+    from dagrl.app.graphs import check_paths, load_graph, validate_device_request
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
     from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
     from dagrl.runtime.hosts import check_fits
@@ -74,6 +74,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
     if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
         validate_device_request(graph, torch.cuda.is_available())
+        check_paths(graph)
     if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
         check_local(cluster, graph)
     changes = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,27 @@ def validate_device_request(graph: Graph, cuda_available: bool) -> None:
                 f"roles.{name}.resources.GPU",
                 f"{rspec.gpus:g} requested but no CUDA device is available (gpu_fallback is false)",
             )
+
+
+def check_paths(graph: Graph) -> None:
+    """Refuse, before anything starts, a role ``path`` (where replay spills) that cannot be written from
+    here: its nearest existing folder is a file, or no file can be made in it. For runs whose workers
+    share this machine's files (``single``, a LocalCluster); a path that exists only on other hosts is
+    theirs to check."""
+    import tempfile
+
+    for name, rspec in graph.spec.roles.items():
+        if rspec.path is None:
+            continue
+        key, target = f"roles.{name}.path", Path(rspec.path).expanduser()
+        existing = next((p for p in (target, *target.parents) if p.exists()), None)
+        if existing is None:
+            continue
+        if not existing.is_dir():
+            raise ConfigError(graph.path, key, f"{rspec.path}: {existing} is a file, not a folder")
+        try:
+            fd, probe = tempfile.mkstemp(dir=existing, prefix=".dagrl-probe-")
+        except OSError as err:
+            raise ConfigError(graph.path, key, f"{rspec.path}: cannot write in {existing} ({err.strerror})") from None
+        os.close(fd)
+        os.unlink(probe)
