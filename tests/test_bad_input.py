@@ -290,3 +290,12 @@ def test_a_replay_path_that_cannot_be_written_is_refused_before_the_run(tmp_path
     (tmp_path / "afile").write_text("not a folder")
     argv = ["graphs/dqn-cartpole-apex.yaml", "--set", f"roles.replay.path={path}"]
     check(tmp_path, capsys, argv, ["roles.replay.path", *words])
+
+
+@pytest.mark.parametrize(
+    ("graph", "width"),
+    [("graphs/ppo-cartpole-sync.yaml", "hidden"), ("graphs/ppo-lstm-cartpole-novel.yaml", "lstm"),
+     ("graphs/sac-pendulum-apex.yaml", "hidden"), ("graphs/dqn-cartpole-apex.yaml", "hidden")],
+)  # fmt: skip
+def test_a_network_too_large_for_this_machine_is_refused_before_it_is_built(tmp_path, capsys, graph, width):
+    check(tmp_path, capsys, [graph, "--set", f"hyperparameters.{width}=100000000"], [width, "100000000", "PiB"])

@@ -337,3 +337,36 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     return obj
+
+
+WIDTH_BYTES = 64
+"""Bytes a layer width ``w`` costs at least per ``w * w``: a square float32 weight matrix, its gradient and
+Adam's two moments (16 bytes a weight), in the four such layers of a two-hidden-layer actor-critic."""
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def widths_fit(obj: Any, *names: str) -> None:
+    """Refuse a layer width whose networks could not be allocated here (``hidden: 100000000``)."""
+
+    def format_bytes(n: float) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+            if n < 1024 or unit == "PiB":
+                return f"{n:.2f} {unit}"
+            n /= 1024
+        return f"{n:.2f} PiB"
+
+    ram = memory_bytes()
+    for name in names:
+        width = getattr(obj, name)
+        need = WIDTH_BYTES * width * width
+        if need > ram:
+            raise ValueError(
+                f"{name}: {width} makes networks of at least {format_bytes(need)} ({width} x {width} weights "
+                f"per layer), more than this machine's {format_bytes(ram)}"
+            )

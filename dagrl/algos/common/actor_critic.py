@@ -18,7 +18,7 @@ from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.rollouts import Rollout, Steps
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
-from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.envs.images import is_image
 from dagrl.envs.mixed import MixedBox
@@ -76,6 +76,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes")
+        widths_fit(self, "hidden")
         at_least(self, 0, "ent_coef", "vf_coef")
         positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
         unit_interval(self, "gamma", "gae_lambda")

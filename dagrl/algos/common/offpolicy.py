@@ -20,7 +20,7 @@ from torch import nn
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import role
-from dagrl.core.schema import at_least, unit_interval
+from dagrl.core.schema import at_least, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, wants_graphs
 from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift
 from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches
@@ -72,6 +72,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "hidden", "eval_episodes")
+        widths_fit(self, "hidden")
         at_least(self, 0, "learning_starts", "augment_shift")
         unit_interval(self, "gamma", "tau")
 

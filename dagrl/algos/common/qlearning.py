@@ -15,7 +15,7 @@ from torch import nn
 
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import fragment
-from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable
 from dagrl.nn.encoders import CNN
 from dagrl.replay import ReplayState, Sample, Schema, replay_state
@@ -78,6 +78,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
+        widths_fit(self, "hidden")
         at_least(self, 1, "eval_episodes", "eps_steps", "per_beta_steps")
         at_least(self, 0, "learning_starts", "per_alpha")
         positive(self, "lr", "max_grad_norm")

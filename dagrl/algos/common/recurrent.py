@@ -32,7 +32,7 @@ from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.rollouts import Rollout, Steps
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
-from dagrl.core.schema import at_least
+from dagrl.core.schema import at_least, widths_fit
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
@@ -55,6 +55,7 @@ class Recurrent:
     def __post_init__(self) -> None:
         super().__post_init__()  # the base's checks
         at_least(self, 1, "lstm")
+        widths_fit(self, "lstm")
         at_least(self, 0, "burn_in")
         if self.burn_in > self.num_steps:
             raise ValueError(f"burn_in {self.burn_in} > num_steps {self.num_steps}: it comes from the rollout before")

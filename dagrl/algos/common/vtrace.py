@@ -13,7 +13,7 @@ from torch import nn
 from dagrl.algos.common.actor_critic import Config as ActorCriticConfig
 from dagrl.algos.common.actor_critic import LearnerState
 from dagrl.algos.common.rollouts import Rollout
-from dagrl.core.schema import at_least, positive, unit_interval
+from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
 from dagrl.nn.encoders import CNN
 
 
@@ -81,6 +81,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_steps", "update_epochs", "hidden", "eval_episodes", "kl_adaptive_lr_max")
+        widths_fit(self, "hidden")
         at_least(self, 0, "ent_coef", "vf_coef")
         positive(self, "lr", "max_grad_norm", "rho_bar", "c_bar", "target_kl", "kl_adaptive_lr")
         unit_interval(self, "gamma", "vtrace_lambda")
