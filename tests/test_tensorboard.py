@@ -55,7 +55,7 @@ def test_steps_redone_after_a_rollback_or_a_resume_are_shown_once(tmp_path):
 def test_tensorboard_without_the_package_is_refused_before_anything_starts(graphs_dir, monkeypatch):
     import dagrl.app.graphs
 
-    monkeypatch.setattr(dagrl.app.graphs, "_installed", lambda package: package != "tensorboard")
+    monkeypatch.setattr(dagrl.app.graphs, "tensorboard_available", lambda: False)
     wanted = r"ppo-cartpole-single.yaml: tensorboard: .*pip install 'dagrl\[tensorboard\]'"
     with pytest.raises(ConfigError, match=wanted):
         load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml", ["tensorboard=true"])

@@ -126,7 +126,7 @@ def test_bad_wandb_settings_are_refused_naming_the_key(override, says):
 def test_wandb_without_the_package_is_refused_before_anything_starts(monkeypatch):
     import dagrl.app.graphs
 
-    monkeypatch.setattr(dagrl.app.graphs, "_installed", lambda package: package != "wandb")
+    monkeypatch.setattr(dagrl.app.graphs, "wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"wandb\.project: set, but .*pip install 'dagrl\[wandb\]'"):
         load_graph(GRAPH, ["wandb.project=x"])
 

@@ -30,7 +30,6 @@ from dagrl.algos.common.offpolicy import (
     new_sampler,
     policy_maker,
     polyak,
-    restored,
     seeded,
     target_of,
     twin_q,
@@ -142,7 +141,9 @@ class ActorState(offpolicy.ActorState):
             self.log_alpha.copy_(sd["log_alpha"])
         self.alpha_optimizer.load_state_dict(sd["alpha_opt"])
         super().load_state_dict(sd)
-        restored(self.cfg, self.device, [self.alpha_optimizer])
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer, self.alpha_optimizer]
 
 
 @role("sampler", many=True)

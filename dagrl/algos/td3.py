@@ -29,7 +29,6 @@ from dagrl.algos.common.offpolicy import (
     new_sampler,
     policy_maker,
     polyak,
-    restored,
     seeded,
     target_of,
     twin_q,
@@ -117,7 +116,9 @@ class CriticState(offpolicy.CriticState):
         self.target_policy.load_state_dict(sd["target_policy"])
         super().load_state_dict(sd)
         self.synced = True
-        restored(self.cfg, self.device, [], self.step_and_polyak)
+
+    def captured_steps(self) -> list[CapturedStep | None]:
+        return [self.step, self.step_and_polyak]
 
 
 ActorState = offpolicy.ActorState

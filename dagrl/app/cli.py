@@ -315,7 +315,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dagrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="train the algorithm of a graph file")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        """A subcommand: its line in ``dagrl -h``, the same as its ``-h`` description, and an example."""
+        return sub.add_parser(name, help=help, description=help, epilog=f"example: {EXAMPLES[name]}")
+
+    run = command("run", help="train the algorithm of a graph file")
     run.add_argument("graph", nargs="?", help="a graph file or name (`dagrl graphs`; optional with --resume)")
     run.add_argument(
         "--set",
@@ -331,22 +335,22 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress line, warnings only")
     run.add_argument("--run-dir", help="write into this existing run directory (used by dagrl submit)")
 
-    submit = sub.add_parser("submit", help="train on SLURM in the background: returns a job id and run directory")
+    submit = command("submit", help="train on SLURM in the background: returns a job id and run directory")
     submit.add_argument("graph", help="a graph file or name")
     submit.add_argument("--cluster", required=True, help="a cluster file or name of kind slurm (e.g. slurm)")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     submit.add_argument("--dry-run", action="store_true", help="print every sbatch script; submit nothing")
 
-    status = sub.add_parser("status", help="state, progress and dashboard tunnel of a submitted run")
+    status = command("status", help="state, progress and dashboard tunnel of a submitted run")
     status.add_argument("run", metavar="RUN_DIR")
-    logs = sub.add_parser("logs", help="follow the driver log of a submitted run")
+    logs = command("logs", help="follow the driver log of a submitted run")
     logs.add_argument("run", metavar="RUN_DIR")
     logs.add_argument("--no-follow", dest="follow", action="store_false", help="print what is there and exit")
     logs.add_argument("--workers", action="store_true", help="print the worker jobs' logs instead")
-    cancel = sub.add_parser("cancel", help="cancel every SLURM job of a submitted run")
+    cancel = command("cancel", help="cancel every SLURM job of a submitted run")
     cancel.add_argument("run", metavar="RUN_DIR")
 
-    sweep = sub.add_parser("sweep", help="run hyperparameter settings x seeds side by side, a whole run per task")
+    sweep = command("sweep", help="run hyperparameter settings x seeds side by side, a whole run per task")
     sweep.add_argument("graph", help="a graph file or name")
     sweep.add_argument(
         "--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -364,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
 
-    ev = sub.add_parser("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
+    ev = command("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
     ev.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
     ev.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
     ev.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's)")
@@ -374,14 +378,14 @@ def parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
-    ex = sub.add_parser("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
+    ex = command("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
     ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
     ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2)")
     ex.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
     )
 
-    graph = sub.add_parser("graph", help="print a graph's spaces and encoder, roles, replicas, fragments and edges")
+    graph = command("graph", help="print a graph's spaces and encoder, roles, replicas, fragments and edges")
     graph.add_argument("graph", help="a graph file or name (`dagrl graphs`)")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
@@ -389,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
     )
 
-    tune = sub.add_parser("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
+    tune = command("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
     tune.add_argument("graph", help="a graph file or name")
     tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     where = tune.add_mutually_exclusive_group()
@@ -407,21 +411,18 @@ def parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--quiet", action="store_true")
 
-    sub.add_parser("graphs", help="list the graph files usable by name (dagrl run NAME)")
-    sub.add_parser("clusters", help="list the cluster files usable by name (--cluster NAME)")
+    command("graphs", help="list the graph files usable by name (dagrl run NAME)")
+    command("clusters", help="list the cluster files usable by name (--cluster NAME)")
 
-    worker = sub.add_parser(
+    worker = command(
         "worker", help="a Dask worker for a scheduler you started, set up as dagrl's own (no malloc trim, preload)"
     )
     worker.add_argument("--no-quiet", dest="quiet", action="store_false", help="keep Dask's periodic callbacks")
     worker.add_argument("scheduler", help="the scheduler's address, e.g. tcp://10.0.0.1:8786")
     worker.add_argument("dask_args", nargs=argparse.REMAINDER, help="passed to `dask worker` as they are")
 
-    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/; without a name, list them")
+    bench = command("bench", help="run a benchmark from benchmarks/; without a name, list them")
     bench.add_argument("name", nargs="?")
-    for name, command in sub.choices.items():
-        command.description = next(a.help for a in sub._choices_actions if a.dest == name)
-        command.epilog = f"example: {EXAMPLES[name]}"
     return p
 
 

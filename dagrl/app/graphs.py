@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dagrl.app.tensorboard import available as tensorboard_available
+from dagrl.app.wandb_log import available as wandb_available
 from dagrl.core import distribution
 from dagrl.core.fragment import Algorithm, load_algorithm
 from dagrl.core.graph import NAME, EnvSpec, Graph, GraphSpec, RoleSpec
@@ -18,10 +20,6 @@ from dagrl.core.schema import ConfigError, apply_overrides, from_dict, read_yaml
 from dagrl.replay.spill import CODECS
 
 __all__ = ["load_graph", "resolve_graph", "validate_device_request"]
-
-
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
 
 
 def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
@@ -91,9 +89,9 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         raise ConfigError(where, "torch_threads", f"must be >= 1, got {spec.torch_threads}")
     if spec.seed < 0:
         raise ConfigError(where, "seed", f"must be >= 0 (numpy seeds are unsigned), got {spec.seed}")
-    if spec.tensorboard and not _installed("tensorboard"):
+    if spec.tensorboard and not tensorboard_available():
         raise ConfigError(where, "tensorboard", "true needs the tensorboard package: pip install 'dagrl[tensorboard]'")
-    if spec.wandb.project is not None and not _installed("wandb"):
+    if spec.wandb.project is not None and not wandb_available():
         raise ConfigError(where, "wandb.project", "set, but the wandb package is missing: pip install 'dagrl[wandb]'")
     if spec.name and not NAME.fullmatch(spec.name):  # "": a graph built in code, not read from a file
         raise ConfigError(

@@ -28,7 +28,7 @@ WORKER_ENVIRON_NOTE = """Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOL
 freed memory back to the system eagerly); torch then pays for it on every allocation: a SAC update of
 16 gradient steps took 110 ms in such a worker and 53 ms without it (or in the driver process) on the
 2-core reference machine. dagrl's workers start without it (the thread caps stay): local ones through
-the nanny config :func:`untrimmed` sets, SLURM ones through the job script (``slurm.UNSET_TRIM``: a
+the nanny config :func:`untrimmed` sets, SLURM and ``dagrl worker`` ones through :data:`STARTED_WORKER_ENVIRON` (a
 pre-spawn variable set to None in Dask's config is left out)."""
 
 
@@ -46,6 +46,15 @@ def trim_warning(actors: list[dict[str, Any]]) -> str | None:
         "to ~2 x slower. Start workers with `dagrl worker SCHEDULER` (or a cluster from Python inside "
         "`with dagrl.clusters.local.untrimmed():`), as dagrl's own clusters are."
     )
+
+
+STARTED_WORKER_ENVIRON = {
+    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+}
+"""The environment of a worker dagrl does not start itself (a SLURM job, ``dagrl worker``): its nanny
+starts it without ``MALLOC_TRIM_THRESHOLD_`` (Dask leaves out a pre-spawn variable whose value is None;
+this one merges into Dask's defaults), and Dask's profiler is off (as :class:`LocalClusterSpec`'s default)."""
 
 
 def worker_environ(quiet: bool = False) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from dask_jobqueue.slurm import SLURMJob
 
-from dagrl.clusters.local import QUIET_CONFIG, config_environ, quiet_here
+from dagrl.clusters.local import QUIET_CONFIG, STARTED_WORKER_ENVIRON, config_environ, quiet_here
 from dagrl.clusters.spec import PoolSpec, SlurmError, SlurmSpec
 from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError
@@ -93,11 +93,6 @@ def worker_jobs(spec: SlurmSpec, graph: Graph, pools: dict[str, str]) -> list[tu
     return [(f"{role}-{i}", pool) for role, pool in pools.items() for i in range(graph.spec.roles[role].replicas)]
 
 
-UNSET_TRIM = "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON=\"{'MALLOC_TRIM_THRESHOLD_': None}\""
-"""The worker's nanny starts it without ``MALLOC_TRIM_THRESHOLD_`` (``clusters.WORKER_ENVIRON_NOTE``): a
-pre-spawn variable whose config value is None is not set, and this value merges into Dask's defaults."""
-
-
 def config_exports(config: dict[str, Any]) -> list[str]:
     """Shell lines that give a job's Dask processes ``config`` (Dask reads ``DASK_A__B_C`` as ``a.b-c``)."""
     return [f"export {name}={shlex.quote(value)}" for name, value in config_environ(config).items()]
@@ -125,8 +120,7 @@ def worker_job_options(
         job_extra_directives=directives,
         job_script_prologue=[
             *spec.prologue,
-            "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
-            UNSET_TRIM,
+            *(f"export {name}={shlex.quote(value)}" for name, value in STARTED_WORKER_ENVIRON.items()),
             *config_exports(QUIET_CONFIG if spec.quiet else {}),
         ],
         worker_extra_args=[

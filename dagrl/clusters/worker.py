@@ -19,11 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dagrl.clusters.local import QUIET_CONFIG, config_environ, cuda_count
-
-UNSET_TRIM = {"DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}"}
-"""Dask reads a pre-spawn variable set to None as one to leave out: the nanny then starts its worker
-without the trim threshold (the same line SLURM job scripts export)."""
+from dagrl.clusters.local import QUIET_CONFIG, STARTED_WORKER_ENVIRON, config_environ, cuda_count
 
 
 def worker_command(args: list[str], quiet: bool = True, gpus: int | None = None) -> tuple[list[str], dict[str, str]]:
@@ -46,7 +42,7 @@ def worker_command(args: list[str], quiet: bool = True, gpus: int | None = None)
             args[i + 1] = f"{args[i + 1]},GPU={gpus}"
         else:
             args[-2:-2] = ["--resources", f"GPU={gpus}"]
-    env = {**os.environ, **UNSET_TRIM, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+    env = {**os.environ, **STARTED_WORKER_ENVIRON}
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     if quiet:
         env.update(config_environ(QUIET_CONFIG))

@@ -351,15 +351,17 @@ def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units: ``format_bytes(3 * 2**30)`` is ``'3.00 GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} PiB"
+
+
 def widths_fit(obj: Any, *names: str) -> None:
     """Refuse a layer width whose networks could not be allocated here (``hidden: 100000000``)."""
-
-    def format_bytes(n: float) -> str:
-        for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-            if n < 1024 or unit == "PiB":
-                return f"{n:.2f} {unit}"
-            n /= 1024
-        return f"{n:.2f} PiB"
 
     ram = memory_bytes()
     for name in names:

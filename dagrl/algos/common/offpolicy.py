@@ -218,7 +218,11 @@ class CriticState:
         self.target.load_state_dict(sd["target"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
-        restored(self.cfg, self.device, [self.optimizer], self.step)
+        restored(self.cfg, self.device, [self.optimizer], *self.captured_steps())
+
+    def captured_steps(self) -> list[CapturedStep | None]:
+        """The gradient steps replayed from CUDA graphs (an algorithm's critic may have more)."""
+        return [self.step]
 
 
 @dataclass(kw_only=True)
@@ -243,7 +247,11 @@ class ActorState:
         self.policy.load_state_dict(sd["policy"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
-        restored(self.cfg, self.device, [self.optimizer], self.step)
+        restored(self.cfg, self.device, self.optimizers(), self.step)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """What the actor's steps update (an algorithm's actor may have more: SAC's temperature)."""
+        return [self.optimizer]
 
 
 def actor_networks(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> tuple[nn.Module, TwinQ, list]:
