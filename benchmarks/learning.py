@@ -1,6 +1,6 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
+    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
 Each graph runs for its budget of env steps once per seed (``single`` graphs in this process;
@@ -50,6 +50,8 @@ PRESETS = {
     ],
     "cartpole": ["ppo-cartpole-single:50000", "dqn-cartpole-single:50000"],
     "recurrent": ["ppo-lstm-cartpole-novel:100000"],
+    # a central critic against independent ones, the same budget and seeds (no published figure in these units)
+    "multiagent": ["mappo-spread-single:300000", "ippo-spread-single:300000"],
 }
 
 CLEANRL_SAC = "docs.cleanrl.dev/rl-algorithms/sac (sac_continuous_action.py, training return, MuJoCo v2)"

@@ -222,3 +222,18 @@ def test_the_page_follows_the_newest_run_and_plots_every_run_side_by_side():
     events.rows(4.0 + QUIET_S + 1, "trial-a", (4, 16.0))  # trial-b ended: the one still running is followed
     page.update()
     assert page.run == "trial-a" and page.curve.data["ret"] == [16.0]
+
+
+def test_the_page_plots_each_agents_and_groups_return_of_a_multiagent_run():
+    from dagrl.dashboard.page import RLPage
+
+    events = Events()
+    page = RLPage(events)
+    row = {"iteration": 1, "env_steps": 400, "charts/episode_return_mean": -20.0}
+    row |= {"agents/agent_0/episode_return": -19.0, "agents/agent_1/episode_return": -21.0}
+    row |= {"groups/agent/episode_return": -20.0, "losses/policy": 0.1}
+    events.log[METRICS].append((1.0, {"run": "ma", "rows": [{"row": row}]}))
+    page.update()
+    got = dict(zip(page.agents.data["label"], page.agents.data["ret"], strict=True))
+    assert got == {"agents/agent_0": -19.0, "agents/agent_1": -21.0, "groups/agent": -20.0}
+    assert page.agents.data["steps"] == [400] * 3

@@ -9,7 +9,7 @@ import pytest
 from dagrl.app.graphs import load_graph
 
 GRAPHS = sorted((pathlib.Path(__file__).resolve().parent.parent / "graphs").glob("*.yaml"))
-NEEDS = {"halfcheetah": "mujoco", "hopper": "mujoco", "atari": "ale_py"}  # extras ([mujoco], [atari]) the env needs
+NEEDS = {"halfcheetah": "mujoco", "hopper": "mujoco", "atari": "ale_py", "spread": "mpe2"}  # extras the env needs
 
 
 @pytest.mark.parametrize("path", GRAPHS, ids=lambda p: p.name)
@@ -25,3 +25,5 @@ def test_shipped_graph_validates(path):
 def test_every_algorithm_has_a_graph():
     algos = {load_graph(p).spec.algorithm for p in GRAPHS if not any(word in p.name for word in NEEDS)}
     assert algos == {"ppo", "ppo_lstm", "dqn", "sac", "td3", "impala", "impala_lstm", "r2d2"}
+    with_extras = {load_graph(p).spec.algorithm for p in GRAPHS if "spread" in p.name}
+    assert with_extras == {"mappo", "ippo"}

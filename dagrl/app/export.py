@@ -131,7 +131,7 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     info = {
         "format": 1,
         "algorithm": graph.spec.algorithm,
-        "env": {"id": graph.env_id, "kwargs": graph.spec.env.kwargs, "wrappers": graph.spec.env.wrappers},
+        "env": {"id": graph.env_id, "kwargs": graph.env_kwargs, "wrappers": graph.spec.env.wrappers},
         "observation": {"shape": list(space.shape), "dtype": str(space.dtype)},
         "action": {"space": str(graph.action_space)},
         "checkpoint": ckpt["path"],

@@ -98,6 +98,18 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             where, "name", f"letters, digits, '.', '-' and '_' only (it names a directory), got {spec.name!r}"
         )
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
+    if spec.env.groups is not None and spec.env.api != "pettingzoo":
+        raise ConfigError(where, "env.groups", "groups agents of a multi-agent env: set env.api: pettingzoo")
+    multi = bool(getattr(algo.module, "MULTI_AGENT", False))
+    if multi != (spec.env.api == "pettingzoo"):
+        problem = (
+            f"{spec.env.api}: algorithm {spec.algorithm} trains the agents of a multi-agent game; set env.api: "
+            "pettingzoo and a PettingZoo env id"
+            if multi
+            else f"pettingzoo: algorithm {spec.algorithm} trains one agent; a PettingZoo game needs a multi-agent "
+            "algorithm (mappo, ippo)"
+        )
+        raise ConfigError(where, "env.api", problem)
     obs_space, act_space, env_obs_space = _probe_env(spec.env, where)
     if spec.policy != "single":
         _check_workers_can_make(spec.env, where)
@@ -109,6 +121,10 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             f"{spec.env.id}'s action space is {act_space}; algorithm {spec.algorithm} acts in {kinds} spaces",
         )
     for name, rspec in spec.roles.items():
+        if rspec.vector == "envpool" and name in algo.roles and spec.env.api == "pettingzoo":
+            raise ConfigError(
+                where, f"roles.{name}.vector", "envpool: EnvPool has no PettingZoo envs (sync, async or threads)"
+            )
         if rspec.vector == "envpool" and name in algo.roles:
             _check_envpool(spec.env, (obs_space, act_space), where, f"roles.{name}.vector")
     check = getattr(config, "check_spaces", None)  # hyperparameters that depend on the env's spaces
@@ -176,6 +192,8 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:
     wrapped env gives before :func:`dagrl.envs.vector.vector_observations`."""
     import gymnasium as gym
 
+    if env.api == "pettingzoo":
+        return _probe_game(env, where)
     module, _, name = env.id.rpartition(":")
     if module:  # gymnasium's "package.module:Env-v0": importing the module registers the env
         try:
@@ -209,6 +227,25 @@ def _probe_env(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:
         probe.close()
         raise ConfigError(where, "env.id", f"{env.id}: {err}") from None
     spaces = probe.observation_space, probe.action_space, own
+    probe.close()
+    return spaces
+
+
+def _probe_game(env: EnvSpec, where: str) -> tuple[Any, Any, Any]:
+    """:func:`_probe_env` for ``env.api: pettingzoo``: the game's spaces (:mod:`dagrl.envs.agents`)."""
+    from dagrl.envs.agents import GroupError, PettingZooGame
+
+    if env.wrappers:
+        raise ConfigError(where, "env.wrappers", "api: pettingzoo takes no gymnasium wrappers (they wrap one agent)")
+    try:
+        probe = PettingZooGame(env.id, env.groups, env.kwargs)
+    except GroupError as err:
+        raise ConfigError(where, "env.groups", str(err)) from None
+    except TypeError as err:
+        raise ConfigError(where, "env.kwargs", f"{env.kwargs!r}: {err}") from None
+    except ValueError as err:
+        raise ConfigError(where, "env.id", f"{env.id}: {err}") from None
+    spaces = probe.observation_space, probe.action_space, probe.observation_space
     probe.close()
     return spaces
 

@@ -103,7 +103,8 @@ def plan(graph_path: str | Path, sets: list[str], grid_items: list[str], seeds: 
             except ConfigError as err:
                 where = ", ".join(f"{k}={v}" for k, v in setting)
                 raise ConfigError(err.where, err.key, f"{err.problem} (in the trial {where}, seed {seed})") from None
-            if graph.env_id != graph.spec.env.id:  # registered by a module this process imported: name it
+            named = graph.spec.env.api == "gymnasium" and graph.env_id != graph.spec.env.id
+            if named:  # registered by a module this process imported: name it
                 overrides = (*overrides, f"env.id={graph.env_id}")
             trials.append(Trial(setting, seed, overrides))
     return base, trials

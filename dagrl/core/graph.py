@@ -40,6 +40,20 @@ class EnvSpec:
     wrappers: list[Any] = field(default_factory=list)
     """Gymnasium wrappers around each env, innermost first: import paths, or one-key mappings of an
     import path to its keyword arguments (:mod:`dagrl.envs.wrappers`)."""
+    api: Literal["gymnasium", "pettingzoo"] = "gymnasium"
+    """``pettingzoo``: ``id`` names a PettingZoo parallel env (``"mpe2:simple_spread_v3"``), made a
+    gymnasium env with a row per agent (:mod:`dagrl.envs.agents`); ``kwargs`` are its own."""
+    groups: dict[str, list[str]] | None = None
+    """``api: pettingzoo``: agents that share one policy, by group name (default: by their name before
+    the last ``_``). Within a group, every agent's spaces must be equal."""
+
+    def made_as(self) -> tuple[str, dict[str, Any]]:
+        """The gymnasium id and ``gymnasium.make`` keywords samplers make this env with."""
+        if self.api == "pettingzoo":
+            from dagrl.envs.agents import GAME_ID
+
+            return GAME_ID, {"env": self.id, "groups": self.groups, "kwargs": dict(self.kwargs)}
+        return self.id, dict(self.kwargs)
 
 
 VECTOR_MODES = ("sync", "async", "threads", "envpool")
@@ -300,7 +314,12 @@ class Graph:
         (:func:`dagrl.envs.vector.importable_env_id`)."""
         from dagrl.envs.vector import importable_env_id
 
-        return importable_env_id(self.spec.env.id)
+        return importable_env_id(self.spec.env.made_as()[0])
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """The keywords ``gymnasium.make`` gets for :attr:`env_id`."""
+        return self.spec.env.made_as()[1]
 
     def role(self, name: str) -> RoleSpec:
         return self.spec.roles[name]

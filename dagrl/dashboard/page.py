@@ -10,7 +10,7 @@ from dagrl.dashboard.topics import ACTORS, METRICS
 INTERVAL_MS = 1000
 ROLLOVER = {
     "episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000,
-    "inference": 5_000,
+    "inference": 5_000, "agents": 5_000,
 }  # fmt: skip
 """Points kept per plot: the browser redraws them all on every update."""
 SAMPLER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -53,6 +53,7 @@ class RLPage:
         self.stale = source("dagrl-staleness", t=[], staleness=[])
         self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
         self.inference = source("dagrl-inference", t=[], latency_ms=[], forward_ms=[], rows=[], busy_pct=[])
+        self.agents = source("dagrl-agents", steps=[], ret=[], label=[], color=[])  # multi-agent runs only
         self.runs = source("dagrl-runs", run=[], steps=[], ret=[], color=[])  # one row per run: a multi-line
         self.table = source(
             "dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[], in_env=[]
@@ -94,6 +95,9 @@ class RLPage:
         every.multi_line("steps", "ret", source=self.runs, line_color="color", line_width=2)
         every.add_tools(HoverTool(tooltips=[("run", "@run")]))
 
+        per_agent = figure(title="Return per agent and group (multi-agent runs)", x_axis_label="env steps", **kw)
+        per_agent.scatter("steps", "ret", source=self.agents, size=4, color="color", legend_field="label")
+
         columns = [
             TableColumn(field="role", title="role"),
             TableColumn(field="index", title="#"),
@@ -109,7 +113,7 @@ class RLPage:
         )
         self.root = column(
             self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"),
-            row(inf, every, sizing_mode="stretch_width"), actors,
+            row(inf, every, sizing_mode="stretch_width"), row(per_agent, sizing_mode="stretch_width"), actors,
             sizing_mode="stretch_width",
         )  # fmt: skip
 
@@ -167,7 +171,9 @@ class RLPage:
 
     def _start(self, run: str | None) -> None:
         self.run = run
-        for src in (self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay, self.inference):
+        for src in (
+            self.episodes, self.curve, self.evals, self.rates, self.stale, self.replay, self.inference, self.agents
+        ):  # fmt: skip
             src.data = {k: [] for k in src.data}
 
     def _metrics(self, msg: dict, batch: dict[str, dict[str, list]]) -> None:
@@ -200,6 +206,11 @@ class RLPage:
                 forward_ms=row["inference/forward_ms"], rows=row["inference/batch_rows"],
                 busy_pct=100.0 * row["inference/utilisation"],
             )  # fmt: skip
+        for key, value in row.items():  # agents/<agent>/episode_return, groups/<group>/episode_return
+            if key.endswith("/episode_return") and key.startswith(("agents/", "groups/")) and value is not None:
+                name = key.removesuffix("/episode_return")
+                color = RUN_COLORS[sum(map(ord, name)) % len(RUN_COLORS)]
+                add("agents", steps=steps, ret=value, label=name, color=color)
         ret = row.get("charts/episode_return_mean")
         restarts = int(row.get("sup/restarts", 0))
         self.header.text = (

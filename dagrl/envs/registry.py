@@ -333,3 +333,6 @@ if "Combination-v0" not in gym.registry:
 
 if "LaterPayoff-v0" not in gym.registry:
     gym.register("LaterPayoff-v0", entry_point=LaterPayoff)
+
+if "PettingZoo-v0" not in gym.registry:  # a graph's env.api: pettingzoo (dagrl.envs.agents)
+    gym.register("PettingZoo-v0", entry_point="dagrl.envs.agents:PettingZooGame", disable_env_checker=True)

@@ -186,7 +186,7 @@ def role_context(
         replicas=rspec.replicas,
         seed=role_seed(graph, role, index, seed_offset),
         env_id=graph.env_id,  # importable in a fresh worker
-        env_kwargs=dict(graph.spec.env.kwargs),
+        env_kwargs=graph.env_kwargs,
         env_wrappers=parse_wrappers(graph.spec.env.wrappers),
         num_envs=rspec.envs,
         vector=rspec.vector,

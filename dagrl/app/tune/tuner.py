@@ -291,7 +291,7 @@ def measure(
     worker = sorted(live_workers(client))[:1]
     points = probe_envs(shape)
     each = max(2.0, 0.65 * seconds / len(points))
-    env_id, kwargs, wrappers = graph.env_id, graph.spec.env.kwargs, graph.spec.env.wrappers
+    env_id, kwargs, wrappers = graph.env_id, graph.env_kwargs, graph.spec.env.wrappers
     probes: dict[str, list[dict[str, Any]]] = {}
     for backend in backends if len(backends) > 1 else [shape.vector]:
         probes[backend] = []
