@@ -1,6 +1,7 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent] [--graphs G[:STEPS] ...] [--seeds 1 2 3]
+    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent]
+                         [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
 Each graph runs for its budget of env steps once per seed (``single`` graphs in this process;
@@ -318,7 +319,8 @@ def main() -> None:
     (args.out / "results.md").write_text("\n".join(md) + "\n")
     for p in plots(runs, args.out):
         print(f"wrote {p}")
-    emit("learning", {"table": rows, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs]})
+    name = "learning" if args.graphs or args.preset == "mujoco" else f"learning-{args.preset}"
+    emit(name, {"table": rows, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs]})
 
 
 def _cell(v: Any) -> str:

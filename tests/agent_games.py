@@ -56,3 +56,55 @@ class Relay(ParallelEnv):
             self.agents.insert(1, "runner_1")
             obs["runner_1"] = self._obs("runner_1")
         return obs, rewards, terminated, truncated, infos
+
+
+class Lottery(ParallelEnv):
+    """A cooperative game where only the global state explains the return. Each step every agent sees a
+    cue naming the action that scores; the team's reward is the share of agents that took it, plus a
+    jackpot drawn once per episode (mean 0, std ``spread``) that no agent sees, only the state. A critic
+    that reads the state (MAPPO's) can take the jackpot out of the advantages; one that reads only the
+    agent's observation (IPPO's) cannot, and its advantages drown in it. Best return ``length``, random
+    ``length / 2``."""
+
+    metadata = {"name": "lottery_v0"}
+
+    def __init__(self, agents: int = 2, length: int = 10, spread: float = 2.0):
+        self.possible_agents = [f"player_{i}" for i in range(agents)]
+        self.length, self.spread = length, spread
+        self.state_space = spaces.Box(-np.inf, np.inf, (2 + agents,), np.float32)
+        self.rng = np.random.default_rng()
+        self.agents: list[str] = []
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        return spaces.Box(0.0, 1.0, (3,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return spaces.Discrete(2)
+
+    def _observe(self) -> dict:
+        return {a: np.array([c == 0, c == 1, self.t / self.length], np.float32) for a, c in zip(self.agents, self.cues)}
+
+    def state(self) -> np.ndarray:
+        return np.array([self.jackpot, self.t / self.length, *self.cues], np.float32)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        self.jackpot = float(self.rng.normal(0.0, self.spread))
+        self.cues = self.rng.integers(0, 2, len(self.agents))
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        scored = np.mean([actions[a] == c for a, c in zip(self.agents, self.cues)])
+        reward = float(scored) + self.jackpot
+        self.cues = self.rng.integers(0, 2, len(self.agents))
+        over = self.t >= self.length
+        obs = self._observe()
+        done = {a: over for a in self.agents}
+        rewards = {a: reward for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if over:
+            self.agents = []
+        return obs, rewards, {a: False for a in done}, done, infos

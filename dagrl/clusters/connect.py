@@ -13,6 +13,9 @@ from dagrl.core.graph import Graph
 
 CONNECT_TIMEOUT_S = 10
 """How long ``--scheduler ADDRESS`` waits for the scheduler to answer before a one-line error."""
+WORKERS_TIMEOUT_S = 120
+"""How long ``--scheduler ADDRESS`` waits for a first worker to join (workers started at the same time
+as the run, by hand or by a job script, take some seconds)."""
 
 
 @contextlib.contextmanager
@@ -22,6 +25,7 @@ def connect(spec: ClusterSpec, graph: Graph, run_dir: str | Path | None = None) 
 
     if isinstance(spec, SchedulerSpec):
         with Client(spec.address, direct_to_workers=True, timeout=CONNECT_TIMEOUT_S) as client:
+            _wait_for_a_worker(client, spec.address)
             yield client
         return
     if isinstance(spec, SlurmSpec):
@@ -36,3 +40,20 @@ def connect(spec: ClusterSpec, graph: Graph, run_dir: str | Path | None = None) 
             yield client
     finally:
         cluster.close()
+
+
+def _wait_for_a_worker(client: Any, address: str, timeout: float = WORKERS_TIMEOUT_S) -> None:
+    """Return once the scheduler has a worker; a one-line error after ``timeout`` seconds without one."""
+    import logging
+
+    from dagrl.runtime.placement import PlacementError
+
+    if client.scheduler_info(n_workers=-1).get("workers"):
+        return
+    logging.getLogger("dagrl").info("waiting up to %.0f s for a worker to join %s", timeout, address)
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except TimeoutError:
+        raise PlacementError(
+            f"no worker joined {address} in {timeout:.0f} s: start workers with `dagrl worker {address}`"
+        ) from None

@@ -1,0 +1,205 @@
+"""Hosts emulated on this machine with Linux namespaces, for tests that cross a host boundary.
+
+Each host is a network namespace with its own address in 198.18.0.0/15 (the range reserved for
+benchmarking), joined to the others by a bridge, with its own hostname (a UTS namespace) and its own
+``/dev/shm`` and ``/tmp`` (a mount namespace with fresh tmpfs mounts); every other folder is shared, as
+a cluster shares home. A process on a host is started inside all three namespaces of that host's
+*holder*, a process that only keeps them alive.
+
+* :meth:`EmulatedHosts.crash` SIGKILLs every process of a host at once (its holder too): a power cut.
+  :meth:`EmulatedHosts.revive` gives it a fresh holder, with an empty ``/dev/shm`` and ``/tmp``.
+* :meth:`EmulatedHosts.partition` takes the host's link down: packets are dropped silently (no RST),
+  so its sockets hang as a cut cable leaves them; :meth:`EmulatedHosts.heal` brings it back.
+
+The namespaces have no route anywhere but the bridge and their loopback, so traffic goes only
+between the hosts a test made. Where the namespaces cannot be made (not root, no ``ip``, a kernel or a
+container that refuses), :func:`require` skips the test and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SUBNET = "198.18.0"
+"""Hosts get ``198.18.0.10``, ``.11``, ...: inside 198.18.0.0/15, reserved for benchmarking (RFC 2544)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def why_not() -> str | None:
+    """Why emulated hosts cannot be made here; ``None`` if they can (tried, then removed)."""
+    if os.geteuid() != 0:
+        return "emulated hosts need root (network, mount and UTS namespaces)"
+    for tool in ("ip", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"emulated hosts need the {tool} command (iproute2, util-linux)"
+    probe = f"dgp{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+        _ip("link", "add", f"{probe}b", "type", "bridge")
+    except subprocess.CalledProcessError as err:
+        return f"cannot make a network namespace and a bridge here: {err.stderr.strip()}"
+    finally:
+        _ip("netns", "del", probe, check=False)
+        _ip("link", "del", f"{probe}b", check=False)
+    out = subprocess.run(
+        ["unshare", "--mount", "--uts", "sh", "-c", "mount -t tmpfs none /mnt && hostname probe"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    if out.returncode != 0:
+        return f"cannot make mount and UTS namespaces here: {out.stderr.strip()}"
+    return None
+
+
+def require() -> None:
+    """Skip the calling test, with the reason, where emulated hosts cannot be made."""
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@dataclass
+class Host:
+    name: str
+    """Its hostname, e.g. ``host1``."""
+    address: str
+    ns: str
+    """Its network namespace."""
+    link: str
+    """The bridge's end of its link (down: a partition)."""
+    holder: subprocess.Popen | None = None
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+
+class EmulatedHosts:
+    """``n`` hosts on one bridge (module docstring); a context manager that removes everything it made."""
+
+    def __init__(self, n: int, shared: Path):
+        tag = uuid.uuid4().hex[:5]
+        self.bridge = f"dgb{tag}"
+        self.shared = shared
+        self.hosts = [Host(f"host{i}", f"{SUBNET}.{10 + i}", f"dagrl-{tag}-{i}", f"dg{tag}{i}r") for i in range(n)]
+
+    def __enter__(self) -> EmulatedHosts:
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("link", "set", self.bridge, "up")
+            for host in self.hosts:
+                self._make(host)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _make(self, host: Host) -> None:
+        inside = host.link[:-1] + "h"
+        _ip("netns", "add", host.ns)
+        _ip("link", "add", host.link, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", inside, "netns", host.ns)
+        _ip("link", "set", host.link, "master", self.bridge)
+        _ip("link", "set", host.link, "up")
+        for args in (("addr", "add", f"{host.address}/24", "dev", inside), ("link", "set", inside, "up"),
+                     ("link", "set", "lo", "up")):  # fmt: skip
+            _ip("netns", "exec", host.ns, "ip", *args)
+        self._hold(host)
+
+    def _hold(self, host: Host) -> None:
+        script = (
+            "mount -t tmpfs -o size=1g dagrl-shm /dev/shm && mount -t tmpfs dagrl-tmp /tmp && "
+            f"hostname {host.name} && echo ready && exec sleep infinity"
+        )
+        host.holder = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, "unshare", "--mount", "--uts", "--propagation", "private",
+             "sh", "-c", script],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        line = host.holder.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"{host.name}'s namespaces: {host.holder.stderr.read().strip()}")
+
+    def spawn(self, host: Host, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` on ``host`` (in the shared folder), its output to ``log``."""
+        out = open(log, "ab")  # noqa: SIM115 (the child keeps it; closed with the process)
+        proc = subprocess.Popen(
+            ["nsenter", "-t", str(host.holder.pid), "-n", "-m", "-u", "--", *argv],
+            cwd=self.shared, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        out.close()
+        host.procs.append(proc)
+        return proc
+
+    def pids(self, host: Host) -> list[int]:
+        """Every process in the host's network namespace."""
+        out = _ip("netns", "pids", host.ns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def crash(self, host: Host) -> None:
+        """SIGKILL every process of ``host`` at once, its holder too (its tmpfs go with it)."""
+        for pid in self.pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in [*host.procs, host.holder]:
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+        host.procs.clear()
+        host.holder = None
+
+    def revive(self, host: Host) -> None:
+        """A crashed host boots again: fresh ``/dev/shm`` and ``/tmp``, nothing running."""
+        self._hold(host)
+
+    def partition(self, host: Host) -> None:
+        _ip("link", "set", host.link, "down")
+
+    def heal(self, host: Host) -> None:
+        _ip("link", "set", host.link, "up")
+
+    def close(self) -> None:
+        for host in self.hosts:
+            with contextlib.suppress(Exception):
+                self.crash(host)
+            _ip("netns", "del", host.ns, check=False)
+            _ip("link", "del", host.link, check=False)
+        _ip("link", "del", self.bridge, check=False)
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(every)
+
+
+@contextlib.contextmanager
+def shared_folder(name: str) -> Iterator[Path]:
+    """A folder every host sees (outside ``/tmp``, which each host has its own of), removed after."""
+    path = Path("/var/tmp") / f"dagrl-{name}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
