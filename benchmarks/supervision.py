@@ -1,6 +1,6 @@
 """Time from a SIGKILL of a role's worker to a working replacement, and the work lost, per role.
 
-    dagrl bench supervision [--repeats 3]
+    dagrl bench supervision [--repeats 3] [--hosts]
 
 Each case trains a graph on a LocalCluster (worker processes under nannies), kills the worker
 hosting one role replica with SIGKILL at iteration 6, and lets the run finish. Measured:
@@ -12,6 +12,13 @@ hosting one role replica with SIGKILL at iteration 6, and lets the run finish. M
   the kill, plus, for async/apex, the collects still in flight when the run stopped);
   learner: iterations and env steps rolled back to the checkpoint; replay: rows acknowledged by
   ``add`` but not yet flushed (RAM) when the worker died, against the store reopened from zarr.
+
+``--hosts`` measures what a lost *host* costs instead, on hosts emulated with Linux namespaces
+(``tests/hosts.py``; needs root): PPO ``async`` with its learner on one of two hosts that can hold it,
+a third host sampling, the scheduler and the driver on a fourth. At the 12th metrics row the learner's
+host crashes (every process SIGKILLed: sockets close, the loss is seen at once) or is cut off (its link
+down: nothing closes, the loss is seen when its heartbeats stop, ``supervision.unreachable_s``). Measured
+as above, to the learner restored on the other host; every run must still reach the graph's target.
 """
 
 from __future__ import annotations
@@ -88,6 +95,38 @@ def one(client, role: str, graph_file: str, root: str) -> dict:
     return row
 
 
+def host_case(fault: str) -> dict:
+    """One lost host (module docstring): kill or cut -> noticed -> learner restored elsewhere."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests/hosts.py
+    from tests.hosts import QUICK, actors, cluster, wait_for, why_not
+
+    reason = why_not()
+    if reason is not None:
+        raise SystemExit(f"--hosts: {reason}")
+    movable = [("host1", "LEARN=1"), ("host2", "LEARN=1"), ("host3", "SAMPLE=1")]
+    overrides = ["roles.learner.resources={LEARN: 1}", "roles.sampler.replicas=2", "checkpoint.every=5"]
+    overrides += ["stop.wall_time_s=200", *QUICK]
+    with cluster(movable) as c:
+        proc = c.start_run("ppo-cartpole-async", overrides)
+        wait_for(lambda: c.rows() >= 12, 120, "12 metrics rows before the fault")
+        (first,) = [a["host"] for a in actors(c.run_dir()) if a["role"] == "learner"]
+        at = time.time()
+        (c.hosts.crash if fault == "crash" else c.hosts.partition)(c.host(first))
+        summary, run = c.finish(proc, 300)
+    restart = next(e for e in run.events if e["event"] == "restart" and e["role"] == "learner")
+    rollback = next(e for e in run.events if e["event"] == "rollback")
+    row = {"role": f"learner's host ({fault})", "graph": "ppo-cartpole-async", "notice_s": restart["time"] - at}
+    row["total_s"] = rollback["time"] - at
+    row["replace_s"] = row["total_s"] - row["notice_s"]
+    row["lost"] = f"{rollback['iterations_lost']} it / {rollback['env_steps_lost']} steps"
+    if summary["stop_reason"] != "mean_return":
+        row["lost"] += f" (ended on {summary['stop_reason']})"
+    return row
+
+
 def steps_per_collect(graph) -> int:
     hp, envs = graph.spec.hyperparameters, graph.role("sampler").envs
     return int(hp.get("num_steps", hp.get("steps", 0))) * envs
@@ -96,10 +135,22 @@ def steps_per_collect(graph) -> int:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hosts", action="store_true", help="a crashed and a cut-off host (emulated; needs root)")
     args = p.parse_args()
     from distributed import Client, LocalCluster
 
     rows = []
+    if args.hosts:
+        for fault in ("crash", "partition"):
+            runs = [host_case(fault) for _ in range(args.repeats)]
+            row = {k: statistics.median(r[k] for r in runs) for k in ("notice_s", "replace_s", "total_s")}
+            rows.append(
+                {"role": runs[0]["role"], "graph": runs[0]["graph"], **row, "lost": "; ".join(r["lost"] for r in runs)}
+            )
+            print(table(rows[-1:], ["role", "graph", "notice_s", "replace_s", "total_s", "lost"]), flush=True)
+        print(table(rows, ["role", "graph", "notice_s", "replace_s", "total_s", "lost"]))
+        emit("supervision-hosts", {"repeats": args.repeats, "rows": rows})
+        return
     with (
         tempfile.TemporaryDirectory() as root,
         LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as lc,

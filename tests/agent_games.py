@@ -82,7 +82,10 @@ class Lottery(ParallelEnv):
         return spaces.Discrete(2)
 
     def _observe(self) -> dict:
-        return {a: np.array([c == 0, c == 1, self.t / self.length], np.float32) for a, c in zip(self.agents, self.cues)}
+        return {
+            a: np.array([c == 0, c == 1, self.t / self.length], np.float32)
+            for a, c in zip(self.agents, self.cues, strict=True)
+        }
 
     def state(self) -> np.ndarray:
         return np.array([self.jackpot, self.t / self.length, *self.cues], np.float32)
@@ -97,7 +100,7 @@ class Lottery(ParallelEnv):
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         self.t += 1
-        scored = np.mean([actions[a] == c for a, c in zip(self.agents, self.cues)])
+        scored = np.mean([actions[a] == c for a, c in zip(self.agents, self.cues, strict=True)])
         reward = float(scored) + self.jackpot
         self.cues = self.rng.integers(0, 2, len(self.agents))
         over = self.t >= self.length

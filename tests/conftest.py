@@ -17,14 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_collection_finish(session):
     """Start the Debian installs the collected tests need (a fresh CI machine has none of them) while the
-    tests before them run: SLURM and munge, chromium, EGL."""
-    from tests import debian, slurm_node
+    tests before them run: SLURM and munge, chromium, EGL, iproute2 for the emulated hosts."""
+    from tests import debian, hosts, slurm_node
 
     files = {item.path.name for item in session.items}
     needs = [
         ({"test_slurm.py", "test_notebooks.py"}, debian.missing, (slurm_node.BINARIES, slurm_node.PACKAGES)),
         ({"test_dashboard.py"}, debian.missing, debian.CHROMIUM),
         ({"test_eval_command.py"}, debian.missing_libraries, debian.EGL),
+        ({"test_hosts.py"}, debian.missing, hosts.TOOLS),
     ]
     packages = [p for users, absent, (have, pkgs) in needs if files & users and absent(have) for p in pkgs]
     debian.install_early(packages)

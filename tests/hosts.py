@@ -19,11 +19,13 @@ container that refuses), :func:`require` skips the test and says why.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+TOOLS = (["ip", "unshare", "nsenter"], ["iproute2", "util-linux"])
+"""What the hosts are made with: binaries, then the Debian packages that hold them."""
 SUBNET = "198.18.0"
 """Hosts get ``198.18.0.10``, ``.11``, ...: inside 198.18.0.0/15, reserved for benchmarking (RFC 2544)."""
 
@@ -44,7 +48,11 @@ def why_not() -> str | None:
     """Why emulated hosts cannot be made here; ``None`` if they can (tried, then removed)."""
     if os.geteuid() != 0:
         return "emulated hosts need root (network, mount and UTS namespaces)"
-    for tool in ("ip", "unshare", "nsenter"):
+    from tests.debian import ensure
+
+    with contextlib.suppress(Exception):  # a machine without apt: said below
+        ensure(*TOOLS)
+    for tool in TOOLS[0]:
         if shutil.which(tool) is None:
             return f"emulated hosts need the {tool} command (iproute2, util-linux)"
     probe = f"dgp{uuid.uuid4().hex[:6]}"
@@ -203,3 +211,111 @@ def shared_folder(name: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A Dask cluster over the hosts, and dagrl runs on it
+# ---------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: graph files are taken from its ``graphs/``."""
+PORT = 8786
+QUICK = ["supervision.poll_s=0.5", "supervision.respawn_after_s=5"]
+
+
+@dataclass
+class Run:
+    """What a finished run wrote: ``actors.json``, ``metrics.jsonl``, ``events.jsonl`` (restarts)."""
+
+    actors: list[dict]
+    rows: list[dict]
+    events: list[dict]
+
+
+@dataclass
+class Cluster:
+    hosts: EmulatedHosts
+    shared: Path
+    address: str
+
+    @property
+    def head(self) -> Host:
+        return self.hosts.hosts[0]
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts.hosts if h.name == name)
+
+    def start_run(self, graph: str, overrides: list[str]):
+        args = ["-m", "dagrl", "run", str(ROOT / "graphs" / f"{graph}.yaml"), "--scheduler", self.address, "--quiet"]
+        for item in [f"runs_dir={self.shared / 'runs'}", *overrides]:
+            args += ["--set", item]
+        return self.hosts.spawn(self.head, python(*args), self.shared / "driver.log")
+
+    def run(self, graph: str, overrides: list[str], timeout: float = 240) -> tuple[dict, Run]:
+        proc = self.start_run(graph, overrides)
+        return self.finish(proc, timeout)
+
+    def finish(self, proc, timeout: float = 240) -> tuple[dict, Run]:
+        """The run's summary and what it wrote (read now: the shared folder goes with the cluster)."""
+        rc = proc.wait(timeout)
+        log = (self.shared / "driver.log").read_text()
+        if rc != 0:
+            raise AssertionError(f"dagrl run exited {rc}:\n{log[-3000:]}")
+        path = self.run_dir()
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        events_file = path / "events.jsonl"
+        events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+        return json.loads((path / "summary.json").read_text()), Run(actors(path), rows, events)
+
+    def run_dir(self) -> Path:
+        (run,) = list((self.shared / "runs").iterdir())
+        return run
+
+    def rows(self) -> int:
+        with contextlib.suppress(StopIteration, FileNotFoundError, ValueError):
+            return len((self.run_dir() / "metrics.jsonl").read_text().splitlines())
+        return 0
+
+    def on_workers(self, source: str) -> dict:
+        """``source`` (defining ``probe() -> JSON-able``) run on every worker; by worker name."""
+        script = self.shared / "probe.py"
+        script.write_text(
+            textwrap.dedent(source)
+            + textwrap.dedent(f"""
+            import json
+            from distributed import Client
+            with Client({self.address!r}, timeout=20) as client:
+                named = {{a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}}
+                out = client.run(probe)
+            print(json.dumps({{named[a]: v for a, v in out.items()}}))
+            """)
+        )
+        proc = self.hosts.spawn(self.head, python(str(script)), self.shared / "probe.log")
+        assert proc.wait(60) == 0, (self.shared / "probe.log").read_text()[-2000:]
+        return json.loads((self.shared / "probe.log").read_text().strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def cluster(workers: list[tuple[str, str]]) -> Iterator[Cluster]:
+    """Hosts ``host0`` (the scheduler and the driver) to ``host3``, and ``dagrl worker`` processes:
+    ``(host name, resources)`` each, named ``<host>-w<k>``."""
+    require()
+    with shared_folder("hosts") as shared, EmulatedHosts(4, shared) as hosts:
+        setup = Cluster(hosts, shared, f"tcp://{hosts.hosts[0].address}:{PORT}")
+        scheduler = ["-m", "distributed.cli.dask_scheduler", "--host", setup.head.address, "--port", str(PORT)]
+        hosts.spawn(setup.head, python(*scheduler, "--dashboard-address", ":0", "--no-show"), shared / "scheduler.log")
+        logs = []
+        for k, (name, resources) in enumerate(workers):
+            host = setup.host(name)
+            log = shared / f"{name}-w{k}.log"
+            cmd = ["-m", "dagrl", "worker", setup.address, "--nworkers", "1", "--nthreads", "2", "--host", host.address]
+            cmd += ["--resources", resources, "--no-dashboard", "--name", f"{name}-w{k}", "--death-timeout", "60"]
+            hosts.spawn(host, python(*cmd), log)
+            logs.append(log)
+        for log in logs:
+            wait_for(lambda log=log: "Registered to:" in log.read_text(), 90, f"{log.stem} to join the scheduler")
+        yield setup
+
+
+def actors(run: Path) -> list[dict]:
+    return json.loads((run / "actors.json").read_text())

@@ -5,113 +5,9 @@ or is cut off mid-run has its roles moved, and the run still reaches its target.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import textwrap
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
-from tests.hosts import EmulatedHosts, Host, python, require, shared_folder, wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
-PORT = 8786
-QUICK = ["supervision.poll_s=0.5", "supervision.respawn_after_s=5"]
-
-
-@dataclass
-class Run:
-    actors: list[dict]
-    rows: list[dict]
-
-
-@dataclass
-class Cluster:
-    hosts: EmulatedHosts
-    shared: Path
-    address: str
-
-    @property
-    def head(self) -> Host:
-        return self.hosts.hosts[0]
-
-    def host(self, name: str) -> Host:
-        return next(h for h in self.hosts.hosts if h.name == name)
-
-    def start_run(self, graph: str, overrides: list[str]):
-        args = ["-m", "dagrl", "run", str(ROOT / "graphs" / f"{graph}.yaml"), "--scheduler", self.address, "--quiet"]
-        for item in [f"runs_dir={self.shared / 'runs'}", *overrides]:
-            args += ["--set", item]
-        return self.hosts.spawn(self.head, python(*args), self.shared / "driver.log")
-
-    def run(self, graph: str, overrides: list[str], timeout: float = 240) -> tuple[dict, Run]:
-        proc = self.start_run(graph, overrides)
-        return self.finish(proc, timeout)
-
-    def finish(self, proc, timeout: float = 240) -> tuple[dict, Run]:
-        """The run's summary and what it wrote (read now: the shared folder goes with the cluster)."""
-        rc = proc.wait(timeout)
-        log = (self.shared / "driver.log").read_text()
-        assert rc == 0, log[-3000:]
-        path = self.run_dir()
-        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-        return json.loads((path / "summary.json").read_text()), Run(actors(path), rows)
-
-    def run_dir(self) -> Path:
-        (run,) = list((self.shared / "runs").iterdir())
-        return run
-
-    def rows(self) -> int:
-        with contextlib.suppress(StopIteration, FileNotFoundError, ValueError):
-            return len((self.run_dir() / "metrics.jsonl").read_text().splitlines())
-        return 0
-
-    def on_workers(self, source: str) -> dict:
-        """``source`` (defining ``probe() -> JSON-able``) run on every worker; by worker name."""
-        script = self.shared / "probe.py"
-        script.write_text(
-            textwrap.dedent(source)
-            + textwrap.dedent(f"""
-            import json
-            from distributed import Client
-            with Client({self.address!r}, timeout=20) as client:
-                named = {{a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}}
-                out = client.run(probe)
-            print(json.dumps({{named[a]: v for a, v in out.items()}}))
-            """)
-        )
-        proc = self.hosts.spawn(self.head, python(str(script)), self.shared / "probe.log")
-        assert proc.wait(60) == 0, (self.shared / "probe.log").read_text()[-2000:]
-        return json.loads((self.shared / "probe.log").read_text().strip().splitlines()[-1])
-
-
-@contextlib.contextmanager
-def cluster(workers: list[tuple[str, str]]) -> Iterator[Cluster]:
-    """Hosts ``host0`` (the scheduler and the driver) to ``host3``, and ``dagrl worker`` processes:
-    ``(host name, resources)`` each, named ``<host>-w<k>``."""
-    require()
-    with shared_folder("hosts") as shared, EmulatedHosts(4, shared) as hosts:
-        setup = Cluster(hosts, shared, f"tcp://{hosts.hosts[0].address}:{PORT}")
-        scheduler = ["-m", "distributed.cli.dask_scheduler", "--host", setup.head.address, "--port", str(PORT)]
-        hosts.spawn(setup.head, python(*scheduler, "--dashboard-address", ":0", "--no-show"), shared / "scheduler.log")
-        logs = []
-        for k, (name, resources) in enumerate(workers):
-            host = setup.host(name)
-            log = shared / f"{name}-w{k}.log"
-            cmd = ["-m", "dagrl", "worker", setup.address, "--nworkers", "1", "--nthreads", "2", "--host", host.address]
-            cmd += ["--resources", resources, "--no-dashboard", "--name", f"{name}-w{k}", "--death-timeout", "60"]
-            hosts.spawn(host, python(*cmd), log)
-            logs.append(log)
-        for log in logs:
-            wait_for(lambda log=log: "Registered to:" in log.read_text(), 90, f"{log.stem} to join the scheduler")
-        yield setup
-
-
-def actors(run: Path) -> list[dict]:
-    return json.loads((run / "actors.json").read_text())
-
+from tests.hosts import QUICK, actors, cluster, wait_for
 
 SPREAD = [("host1", "CPU=2"), ("host2", "CPU=2"), ("host3", "CPU=2")]
 
@@ -183,3 +79,41 @@ def test_a_host_lost_mid_run_has_its_learner_moved_and_the_run_reaches_its_targe
     assert [a["host"] for a in run.actors if a["role"] == "learner"] == [other], run.actors
     assert first not in {a["host"] for a in run.actors}, run.actors
     assert max(r.get("sup/restarts", 0) for r in run.rows) >= 1
+
+
+NAMES = """
+def probe():
+    return 1
+"""
+
+
+@pytest.mark.slow
+def test_a_host_back_from_a_partition_is_restarted_and_serves_as_spare_capacity():
+    """The learner's host is cut off, its roles are replaced on the others, then its link comes back
+    while the run goes on. The scheduler no longer knows its worker, which shuts down with what it ran
+    (nothing of it reaches the run: one learner, every iteration once, in order); `dagrl worker` starts
+    a fresh one, which joins as a spare worker."""
+    overrides = ["roles.learner.resources={LEARN: 1}", "roles.sampler.replicas=2", "checkpoint.every=5"]
+    overrides += ["stop.iterations=400", "stop.mean_return=null", "stop.wall_time_s=200", *QUICK]
+    with cluster(LEARNER_MAY_MOVE) as c:
+        proc = c.start_run("ppo-cartpole-async", overrides)
+        wait_for(lambda: c.rows() >= 12, 120, "12 metrics rows before the partition")
+        (first,) = [a["host"] for a in actors(c.run_dir()) if a["role"] == "learner"]
+        lost = c.host(first)
+        c.hosts.partition(lost)
+        log = c.shared / "driver.log"
+        wait_for(lambda: "restored from the checkpoint" in log.read_text(), 90, "the learner restored elsewhere")
+        c.hosts.heal(lost)
+        worker_log = next(p for p in c.shared.iterdir() if p.name.startswith(f"{first}-w"))
+        wait_for(lambda: "joining again" in worker_log.read_text(), 60, f"{first}'s dagrl worker to start a new one")
+        summary, run = c.finish(proc, 300)
+        wait_for(lambda: len(c.on_workers(NAMES)) == 3, 60, "three workers again", every=2.0)
+        workers = c.on_workers(NAMES)
+    assert summary["stop_reason"] == "iterations", summary
+    assert sorted(workers) == ["host1-w0", "host2-w1", "host3-w2"], workers  # back, as a worker like the others
+    assert first not in {a["host"] for a in run.actors}, run.actors  # and nothing of the run on it any more
+    iterations = [r["iteration"] for r in run.rows]
+    assert iterations == list(range(1, len(iterations) + 1)), "an iteration missing or filed twice"
+    steps = [r["env_steps"] for r in run.rows]
+    assert steps == sorted(steps)
+    assert [e["role"] for e in run.events if e["event"] == "restart"].count("learner") == 1

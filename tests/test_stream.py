@@ -197,3 +197,20 @@ def test_a_hung_sampler_loop_under_async_is_replaced_and_the_other_keeps_the_lea
     summary = run.finish()
     assert summary["iterations"] == 150
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("sampler", "hung")]
+
+
+def test_a_replaced_samplers_loop_is_told_to_stop_and_nothing_of_it_is_taken():
+    """A sampler's loop on a host cut off and back speaks with its old token after the driver started
+    a replacement loop for the same index: the hub takes the new loop's rollouts and ends the old one."""
+
+    async def main():
+        hub = _hub(capacity=4)
+        await hub.own(0, "old")
+        assert (await hub.put(0, 0, 0, "a", Report(env_steps=4), "old"))[0] == "ok"
+        await hub.own(0, "new")  # the driver replaced sampler 0
+        assert await hub.put(0, 0, 0, "late", Report(env_steps=4), "old") == ("stop",)
+        assert await hub.begin(0, "old") == ("stop",)
+        assert (await hub.put(0, 0, 0, "b", Report(env_steps=4), "new"))[0] == "ok"
+        assert [a.value for a in hub.queue] == ["a", "b"] and hub.refused == 2
+
+    asyncio.run(main())

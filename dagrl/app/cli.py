@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             from dagrl.clusters.worker import run_worker
 
-            run_worker([args.scheduler, *args.dask_args], args.quiet)
+            return run_worker([args.scheduler, *args.dask_args], args.quiet)
         if args.command == "graph":
             return cmd_graph(args)
         if args.command == "eval":

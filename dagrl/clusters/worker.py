@@ -8,7 +8,11 @@ What it adds to ``dask worker``:
 * ``--preload dagrl.runtime.preload`` (workers ignore a terminal's Ctrl-C, which is for the driver);
 * Dask's profiler off, and the quieter periodic callbacks of :data:`dagrl.clusters.local.QUIET_CONFIG`
   (``--no-quiet`` keeps Dask's own);
-* ``--resources GPU=<devices>`` where this machine has CUDA devices and no ``--resources`` names GPU.
+* ``--resources GPU=<devices>`` where this machine has CUDA devices and no ``--resources`` names GPU;
+* it joins again when the scheduler dropped it for missing heartbeats (a host cut off by a partition
+  and back: dagrl replaced its roles meanwhile, and Dask's worker shuts itself down then). The worker
+  it starts is fresh, spare capacity for the run. Any other end of the worker ends ``dagrl worker``
+  with the worker's exit status.
 
 Everything else is passed to ``dask worker`` as it is (``--nworkers``, ``--nthreads``, ``--name``,
 ``--resources``, ``--memory-limit``, ...).
@@ -49,7 +53,36 @@ def worker_command(args: list[str], quiet: bool = True, gpus: int | None = None)
     return [sys.executable, "-m", "distributed.cli.dask_worker", *args], env
 
 
-def run_worker(args: list[str], quiet: bool = True) -> None:
-    """Replace this process with the worker (signals, exit status and output are the worker's own)."""
+DROPPED = "worker-heartbeat-missing"
+"""How Dask's worker and nanny say the scheduler no longer knew the worker (they then shut down)."""
+REJOIN_PAUSE_S = 2.0
+
+
+def run_worker(args: list[str], quiet: bool = True, rejoin: int = 100) -> int:
+    """Run the worker; start it again (up to ``rejoin`` times) when the scheduler dropped it for missing
+    heartbeats. Its output passes through; SIGINT and SIGTERM go to it. Returns its exit status."""
+    import signal
+    import subprocess
+    import time
+
     cmd, env = worker_command(args, quiet)
-    os.execve(cmd[0], cmd, env)
+    child: subprocess.Popen | None = None
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+    for attempt in range(rejoin + 1):
+        child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        dropped = False
+        for line in child.stderr:  # Dask logs to stderr: pass it on, and hear why the worker ends
+            sys.stderr.write(line)
+            dropped |= DROPPED in line
+        status = child.wait()
+        if not dropped or attempt == rejoin:
+            return status
+        sys.stderr.write(f"dagrl worker: the scheduler dropped this worker ({DROPPED}); joining again\n")
+        time.sleep(REJOIN_PAUSE_S)
+    return status

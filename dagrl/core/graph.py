@@ -196,11 +196,16 @@ class SupervisionSpec:
     few seconds) before, on a cluster object this process holds (dagrl's LocalCluster), a fresh
     worker is started in place of the dead one; elsewhere the replacement then shares the least
     loaded worker that fits."""
+    unreachable_s: float = 10.0
+    """A worker whose heartbeats stop reaching the scheduler for this long, while others' arrive, is
+    treated as lost (a host cut off by a partition, or frozen): dagrl removes it from the scheduler and
+    replaces its roles. Dask's own worker TTL is 5 minutes. When it comes back it is restarted (what it
+    ran is stale) and joins as spare capacity."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for key in ("window_s", "hang_timeout_s", "poll_s", "respawn_after_s"):
+        for key in ("window_s", "hang_timeout_s", "poll_s", "respawn_after_s", "unreachable_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
 

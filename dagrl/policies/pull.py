@@ -89,6 +89,8 @@ class Stream(Policy):
         self.loop_started = [0.0] * self.samplers
         """When each loop was (re)started: a new loop is not hung for its predecessor's silence."""
         self.loop_peers: list[dict[tuple[str, int], Handle]] = [{} for _ in range(self.samplers)]
+        self.loop_tokens: dict[int, str] = {}
+        """Per sampler index, the token its current loop speaks to the hub with (:meth:`Hub.own`)."""
         """The other roles' hosts each loop calls (a replay shard), as they were when it started."""
         self.learner_peers: dict[tuple[str, int], Handle] = {}
         self.queue: collections.deque[Learned] = collections.deque()
@@ -129,6 +131,8 @@ class Stream(Policy):
         )  # fmt: skip
         self.hub = self.hub_future.result()
         self.hub_key, self.hub_address, self.delivered = key, home.address, 0
+        for i, token in self.loop_tokens.items():  # loops moving over from the retired hub keep their word
+            self.hub.own(i, token).result(timeout=CALL_TIMEOUT_S)
         self._start_learner()
 
     def _start_learner(self) -> None:
@@ -164,10 +168,12 @@ class Stream(Policy):
         self.loop_generation[i] = self.generation
         self.loop_started[i] = time.monotonic()
         self.loop_peers[i] = peers
+        token = self.loop_tokens[i] = uuid.uuid4().hex
+        self._answer(self.hub.own(i, token), self.hosts[self.learner_role][0])  # before the loop's first word
         self.loops[i] = self.client.submit(
             sampler_loop, (self.hub_address, self.hub_key), h.host_id, i, stream.name, spec(stream),
-            self.generation, inserts, workers=[h.address], allow_other_workers=False, pure=False,
-            key=f"{stream.name}-loop-{h.role}-{i}-{uuid.uuid4().hex[:8]}",
+            self.generation, inserts, token, workers=[h.address], allow_other_workers=False, pure=False,
+            key=f"{stream.name}-loop-{h.role}-{i}-{token[:8]}",
         )  # fmt: skip
 
     # -- the driver's iteration --------------------------------------------------------------------
@@ -194,12 +200,27 @@ class Stream(Policy):
 
     def _poll(self) -> None:
         """One look at the stream: its finished rounds, then the loops' health."""
+        learner = self.hosts[self.learner_role][0]
         try:
-            status = self.hub.drain(self._allow(), POLL_S, MIN_POLL_S).result(timeout=CALL_TIMEOUT_S)
+            status = self._answer(self.hub.drain(self._allow(), POLL_S, MIN_POLL_S), learner)
         except Exception as err:  # the hub's worker: the learner's
-            raise RoleFailure(self.hosts[self.learner_role][0], "lost", err) from None
+            raise RoleFailure(learner, "lost", err) from None
         self._take_status(status)
         self._check(status)
+
+    def _answer(self, future: Any, handle: Any) -> Any:
+        """``future``'s result, from a hub on ``handle``'s worker: raises ``TimeoutError`` after
+        ``CALL_TIMEOUT_S``, or as soon as the supervisor counts that worker lost (a host cut off does not
+        close its sockets: without this, the call would wait out the whole timeout)."""
+        sup, end = self.supervisor, time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            try:
+                return future.result(timeout=min(1.0, max(0.01, end - time.monotonic())))
+            except TimeoutError:
+                if time.monotonic() >= end:
+                    raise
+                if sup is not None and not sup.alive(handle.address):
+                    raise TimeoutError(f"{handle.address} is lost") from None
 
     def _take_status(self, status: Status) -> None:
         self.status = status

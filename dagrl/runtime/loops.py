@@ -189,6 +189,7 @@ def sampler_loop(
     inputs: list[tuple[str, Any]],
     generation: int,
     inserts: list[tuple[int, str, str, int, str, str, list[tuple[str, Any]]]] = (),  # type: ignore[assignment]
+    token: str = "",
 ) -> int:
     """One sampler's stream, as one long-running task on its worker (see :mod:`dagrl.runtime.stream`):
     collect, hand the rollout on, take newer weights when there are some, until the hub says stop.
@@ -198,8 +199,10 @@ def sampler_loop(
     its single-instance role), ``("value", v)`` for a constant. ``inserts`` (with replay): for each
     insert fragment, ``(node id, fragment, role, shard, host id, address, inputs)``, its inputs as
     ``inputs`` plus ``("stream", None)`` for this sampler's rollout; the rollout is stored there and
-    the hub gets its report only. Raises :class:`~dagrl.runtime.stream.HubGone` when the hub cannot be
-    reached (the driver restarts the loop on the next hub) and
+    the hub gets its report only. ``token`` names this loop to the hub, which tells a loop it no longer
+    owns its sampler index (the driver replaced it) to stop. Raises
+    :class:`~dagrl.runtime.stream.HubGone` when the hub cannot be reached (the driver restarts the loop
+    on the next hub) and
     :class:`~dagrl.runtime.stream.PeerFailed` when a shard fails."""
     from distributed import secede
 
@@ -211,7 +214,7 @@ def sampler_loop(
     have, newest, args, values, collects = -1, 0, None, {}, 0
 
     def begin() -> tuple:
-        return ask("begin", source) if shards else ("ok", newest)
+        return ask("begin", source, token) if shards else ("ok", newest)
 
     reply = begin()
     while True:
@@ -237,7 +240,7 @@ def sampler_loop(
         collects += 1
         if not shards:
             sent = wrap(out) if host.shared_memory else out
-            reply = ask("put", source, generation, have, sent, report(out))
+            reply = ask("put", source, generation, have, sent, report(out), token)
             continue
         stored = {}
         for node_id, name, shard, remote, spec in shards:
@@ -250,4 +253,4 @@ def sampler_loop(
                 shard,
                 local.traced(name, *node_args) if local is not None else remote("traced", name, *node_args),
             )
-        reply = ask("inserted", source, generation, have, report(out), stored)
+        reply = ask("inserted", source, generation, have, report(out), stored, token)

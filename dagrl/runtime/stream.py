@@ -207,6 +207,9 @@ class Hub:
         """(address, key, generation) of the hub that replaced this one."""
         self.refused = self.dropped = self.arrived = 0
         self.last_put = [float("inf")] * samplers
+        self.owner: dict[int, str] = {}
+        """Per sampler index, the token of its current loop (:meth:`own`): a loop the driver replaced,
+        say on a host cut off and back, is told to stop instead of being taken."""
         self.blocked = [False] * samplers
         self.round_started: float | None = None
         self.error: BaseException | None = None
@@ -257,8 +260,19 @@ class Hub:
 
     # -- samplers (event loop) ---------------------------------------------------------------------------
 
-    def _refusal(self, source: int, generation: int) -> tuple | None:
+    async def own(self, source: int, token: str) -> None:
+        """From now on only the loop holding ``token`` speaks for sampler ``source``."""
+        with self.cond:
+            self.owner[source] = token
+
+    def _replaced(self, source: int, token: str) -> bool:
+        return bool(token) and self.owner.get(source, token) != token
+
+    def _refusal(self, source: int, generation: int, token: str = "") -> tuple | None:
         """Why a rollout from ``source`` is not taken (the answer to give), or ``None``; the condition held."""
+        if self._replaced(source, token):  # a loop that was replaced: it ends
+            self.refused += 1
+            return ("stop",)
         self.last_put[source] = time.monotonic()
         if self.retired is not None:
             self.refused += 1
@@ -270,16 +284,16 @@ class Hub:
             return ("refused", self.generation)
         return None
 
-    async def put(self, source: int, generation: int, version: int, value: Any, rep: Report) -> tuple:
+    async def put(self, source: int, generation: int, version: int, value: Any, rep: Report, token: str = "") -> tuple:
         """A rollout from sampler ``source``, made with weights ``version`` of ``generation``.
 
         Answers ``("ok", newest version)`` once there is room for the sampler's next rollout: a sampler
         waits *before* collecting, not with a rollout in hand, so what it collects next is made with
         the weights current when the learner freed the room. Answers ``("moved", address, key,
         generation)`` from a retired hub, ``("refused", generation)`` for weights of another
-        generation, and ``("stop",)`` once stopped."""
+        generation, and ``("stop",)`` once stopped or to a loop the driver replaced (``token``)."""
         with self.cond:
-            refusal = self._refusal(source, generation)
+            refusal = self._refusal(source, generation, token)
             if refusal is not None:
                 return refusal
             self.queue.append(Arrival(source, version, value, rep))
@@ -300,10 +314,13 @@ class Hub:
             return True
         return self.started - self.offset < math.ceil((self.learnt + 1) / lim.ratio - 1e-9) + lim.max_lead
 
-    async def begin(self, source: int) -> tuple:
+    async def begin(self, source: int, token: str = "") -> tuple:
         """With replay: wait until sampler ``source`` may start a collect, and count it started.
         Answers as :meth:`put`."""
         with self.cond:
+            if self._replaced(source, token):
+                self.refused += 1
+                return ("stop",)
             self.blocked[source] = True
         while not await self._until(lambda: self._may_start() or self._ended(self.generation), 60.0):
             pass
@@ -318,12 +335,18 @@ class Hub:
             return ("ok", self.version)
 
     async def inserted(
-        self, source: int, generation: int, version: int, rep: Report, stored: dict[int, tuple[int, Any]]
+        self,
+        source: int,
+        generation: int,
+        version: int,
+        rep: Report,
+        stored: dict[int, tuple[int, Any]],
+        token: str = "",
     ) -> tuple:
         """With replay: sampler ``source`` stored a rollout (``stored``: insert node id -> (shard, its
         answer)); then as :meth:`begin` for its next collect."""
         with self.cond:
-            refusal = self._refusal(source, generation)
+            refusal = self._refusal(source, generation, token)
             if refusal is not None:
                 return refusal
             for node_id, (shard, value) in stored.items():
@@ -338,7 +361,7 @@ class Hub:
             else:
                 self.reports.append((source, version, rep))
             self.cond.notify_all()
-        return await self.begin(source)
+        return await self.begin(source, token)
 
     async def weights(self, have: int) -> tuple[int, int, dict[int, list[Any]]] | None:
         """``(generation, version, values)`` of the newest weights if newer than ``have`` (waiting for the

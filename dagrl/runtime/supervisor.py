@@ -140,6 +140,9 @@ class Supervisor:
         self._workers: tuple[float, dict[str, Any]] = (0.0, {})
         self.names: dict[str, Any] = {}
         """Worker address -> Dask worker name (a cluster's spec key), of every worker seen alive."""
+        self.cut_off: dict[str, float] = {}
+        """Workers taken for lost because their heartbeats stopped (:meth:`_unreachable`): address ->
+        the scheduler's ``last_seen`` of it then. They count as dead until restarted on their return."""
         self.listeners: list[Any] = []
         for handles in hosts.values():
             for h in handles:
@@ -155,9 +158,51 @@ class Supervisor:
                 workers = live_workers(self.client)
             except OSError:  # a client reconnecting, or closed under a thread still watching: the last list stands
                 return workers
+            workers = self._unreachable(workers)
             self._workers = (time.monotonic(), workers)
             self.names.update((addr, w.get("name")) for addr, w in workers.items())
         return workers
+
+    def _unreachable(self, workers: dict[str, Any]) -> dict[str, Any]:
+        """``workers`` less those cut off: a worker whose last heartbeat lags the newest by more than
+        ``unreachable_s`` is cut off now (removed from the scheduler, so that Dask too stops counting on
+        it). One cut off earlier that the scheduler hears from again has healed: it is restarted, since
+        what it still runs belongs to roles replaced meanwhile, and then serves as spare capacity."""
+        seen = {a: float(w.get("last_seen") or 0.0) for a, w in workers.items()}
+        newest = max(seen.values(), default=0.0)  # the scheduler's clock on both sides: no skew
+        hosts = {w.get("host") for w in workers.values()}
+        spans_hosts = len(hosts) > 1  # one host's workers (a LocalCluster) cannot be cut off from each other
+        for addr, last in seen.items():
+            if addr in self.cut_off:
+                if last > self.cut_off[addr]:  # heard from again
+                    del self.cut_off[addr]
+                    log.warning("worker %s is reachable again: restarting it (its roles were replaced)", addr)
+                    self.cut_off[addr] = float("inf")  # until the restart is through
+                    threading.Thread(target=self._restart_returned, args=(addr,), daemon=True).start()
+            elif spans_hosts and newest - last > self.spec.unreachable_s:
+                self.cut_off[addr] = last
+                log.warning(
+                    "worker %s: no heartbeat for %.0f s while others' arrive (unreachable_s %g): taken for lost",
+                    addr, newest - last, self.spec.unreachable_s,
+                )  # fmt: skip
+                threading.Thread(target=self._remove_worker, args=(addr,), daemon=True).start()
+        return {a: w for a, w in workers.items() if a not in self.cut_off}
+
+    def _restart_returned(self, address: str) -> None:
+        self._restart_worker(address)
+        self.cut_off.pop(address, None)
+
+    def _remove_worker(self, address: str) -> None:
+        """Tell the scheduler to forget ``address`` (without reaching it: it cannot be reached)."""
+
+        async def remove(dask_scheduler: Any) -> None:
+            if address in dask_scheduler.workers:
+                await dask_scheduler.remove_worker(address, stimulus_id="dagrl-unreachable", close=False)
+
+        try:
+            self.client.run_on_scheduler(remove)
+        except Exception as err:  # noqa: BLE001 (the roles are replaced either way)
+            log.warning("could not remove unreachable worker %s from the scheduler: %s", address, err)
 
     def alive(self, address: str | None, fresh: bool = False) -> bool:
         return address is None or address in self.workers(max_age=0.0 if fresh else 0.5)
@@ -235,11 +280,13 @@ class Supervisor:
 
         Waits up to ``respawn_after_s`` for such a worker (the nanny restarts a killed worker within a
         few seconds); then, if the dead worker's cluster runs in this process, starts a fresh worker
-        in its place (:meth:`_respawn`) and waits for that one; else shares the least loaded one.
+        in its place (:meth:`_respawn`) and waits for that one; else shares the least loaded one. It
+        does not wait where no nanny can be restarting the worker: its host was cut off, or no worker
+        of its host is left (a host that crashed).
         """
         from dagrl.runtime.placement import place_one
 
-        end = time.monotonic() + self.spec.respawn_after_s
+        end = time.monotonic() + (0.0 if self._host_gone(old.address) else self.spec.respawn_after_s)
         give_up = end + 120.0
         respawned = False
         while True:
@@ -263,6 +310,19 @@ class Supervisor:
             if time.monotonic() > give_up:
                 raise RuntimeError(f"no live worker can host {old.role} (needs {role.resources})")
             time.sleep(0.25)
+
+    def _host_gone(self, address: str | None) -> bool:
+        """Whether the host of the lost worker ``address`` is gone: the worker was cut off, or the
+        scheduler has no worker left on its host (while it has some elsewhere)."""
+        if address is None:
+            return False
+        if address in self.cut_off:
+            return True
+        from distributed.comm.addressing import get_address_host
+
+        workers = self.workers(max_age=0.0)
+        host = get_address_host(address)
+        return bool(workers) and all(get_address_host(a) != host for a in workers)
 
     def _respawn(self, address: str | None) -> bool:
         """Start a fresh worker in place of the dead one at ``address`` whose nanny did not bring it
