@@ -95,7 +95,7 @@ def one(client, role: str, graph_file: str, root: str) -> dict:
     return row
 
 
-def host_case(fault: str) -> dict:
+def host_case(fault: str, unreachable_s: float | None = None) -> dict:
     """One lost host (module docstring): kill or cut -> noticed -> learner restored elsewhere."""
     import sys
     from pathlib import Path
@@ -109,6 +109,8 @@ def host_case(fault: str) -> dict:
     movable = [("host1", "LEARN=1"), ("host2", "LEARN=1"), ("host3", "SAMPLE=1")]
     overrides = ["roles.learner.resources={LEARN: 1}", "roles.sampler.replicas=2", "checkpoint.every=5"]
     overrides += ["stop.wall_time_s=200", *QUICK]
+    if unreachable_s is not None:
+        overrides.append(f"supervision.unreachable_s={unreachable_s}")
     with cluster(movable) as c:
         proc = c.start_run("ppo-cartpole-async", overrides)
         wait_for(lambda: c.rows() >= 12, 120, "12 metrics rows before the fault")
@@ -136,13 +138,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hosts", action="store_true", help="a crashed and a cut-off host (emulated; needs root)")
+    p.add_argument("--unreachable-s", type=float, help="--hosts: supervision.unreachable_s (default: the graph's)")
     args = p.parse_args()
     from distributed import Client, LocalCluster
 
     rows = []
     if args.hosts:
         for fault in ("crash", "partition"):
-            runs = [host_case(fault) for _ in range(args.repeats)]
+            runs = [host_case(fault, args.unreachable_s) for _ in range(args.repeats)]
             row = {k: statistics.median(r[k] for r in runs) for k in ("notice_s", "replace_s", "total_s")}
             rows.append(
                 {"role": runs[0]["role"], "graph": runs[0]["graph"], **row, "lost": "; ".join(r["lost"] for r in runs)}
