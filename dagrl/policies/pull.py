@@ -89,9 +89,9 @@ class Stream(Policy):
         self.loop_started = [0.0] * self.samplers
         """When each loop was (re)started: a new loop is not hung for its predecessor's silence."""
         self.loop_peers: list[dict[tuple[str, int], Handle]] = [{} for _ in range(self.samplers)]
+        """The other roles' hosts each loop calls (a replay shard), as they were when it started."""
         self.loop_tokens: dict[int, str] = {}
         """Per sampler index, the token its current loop speaks to the hub with (:meth:`Hub.own`)."""
-        """The other roles' hosts each loop calls (a replay shard), as they were when it started."""
         self.learner_peers: dict[tuple[str, int], Handle] = {}
         self.queue: collections.deque[Learned] = collections.deque()
         self.delivered = 0

@@ -15,10 +15,11 @@ from torch import nn
 
 from dagrl.algos.common.distributions import MultiCategorical, action_heads
 from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.algos.common.hyperparameters import ClippedPPO
 from dagrl.algos.common.rollouts import Rollout, Steps
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
-from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+from dagrl.core.schema import at_least
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.envs.images import is_image
 from dagrl.envs.mixed import MixedBox
@@ -30,37 +31,10 @@ ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Multi
 
 
 @dataclass
-class Config:
-    num_steps: int = 32
-    """Env steps per env per rollout (a sampler collects ``num_steps * envs`` transitions a call)."""
-    gamma: float = 0.98
-    """Discount factor."""
-    gae_lambda: float = 0.8
-    """Lambda of generalised advantage estimation."""
-    lr: float = 1e-3
-    """Adam learning rate."""
-    anneal_lr: bool = False
-    """Decay the learning rate linearly from ``lr`` towards 0 over the run's ``stop.env_steps``,
-    counted in the env steps the learner has trained on (CleanRL's and rl-zoo's MuJoCo setting);
-    logged as ``losses/lr``. Needs ``stop.env_steps``."""
-    clip_coef: float = 0.2
-    """PPO ratio clipping."""
-    update_epochs: int = 20
-    """Passes over each batch of rollouts."""
-    minibatch_size: int = 256
-    """Transitions per gradient step (the batch is split into as many minibatches as fit)."""
-    ent_coef: float = 0.0
-    """Entropy bonus weight."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    norm_adv: bool = True
-    """Normalise advantages per minibatch."""
-    target_kl: float | None = None
-    """Stop an update's epochs early when the approximate KL exceeds this."""
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic."""
+class Config(ClippedPPO):
+    """PPO's and IMPALA's hyperparameters: :class:`~dagrl.algos.common.hyperparameters.ClippedPPO`'s,
+    and these."""
+
     cnn: CNN = "nature"
     """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.encoders.CNNS`)."""
     norm_obs: bool = False
@@ -75,22 +49,14 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes")
-        widths_fit(self, "hidden")
-        at_least(self, 0, "ent_coef", "vf_coef")
-        positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
-        unit_interval(self, "gamma", "gae_lambda")
+        super().__post_init__()
+        at_least(self, 1, "eval_episodes")
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, what the env's spaces rule out."""
         if self.norm_obs:
             check_norm_obs(obs_space)
         action_heads(act_space)  # a MultiDiscrete space it cannot act in
-
-    def check_budget(self, env_steps: int | None) -> None:
-        """Refuse, before any cluster starts, what the run's ``stop.env_steps`` (``None``: none) rules out."""
-        if self.anneal_lr and env_steps is None:
-            raise ValueError("anneal_lr: true needs stop.env_steps (the rate falls to 0 there)")
 
 
 def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:

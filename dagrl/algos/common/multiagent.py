@@ -22,16 +22,30 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.algos.common.actor_critic import LearnerState, Metrics, Weights, end_update, new_learner, start_update
+from dagrl.algos.common.actor_critic import (
+    LearnerState,
+    Metrics,
+    Weights,
+    end_update,
+    new_learner,
+    publish,
+    start_update,
+)
 from dagrl.algos.common.epochs import clipped_loss, train_epochs
 from dagrl.algos.common.evaluation import EpisodeRunner
+from dagrl.algos.common.hyperparameters import ClippedPPO
 from dagrl.algos.common.rollouts import gae
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import fragment, role
-from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.schema import at_least
 from dagrl.envs.agents import AgentsBox, agent_step
 from dagrl.envs.episodes import Episodes, EpisodeTracker
 from dagrl.nn.networks import RunningNorm
+
+__all__ = [  # what a multi-agent algorithm module is made of (mappo.py, ippo.py: a star import)
+    "ACTION_SPACES", "MULTI_AGENT", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner",
+    "publish", "sampler", "train_iteration", "update",
+]  # fmt: skip
 
 ACTION_SPACES = (gym.spaces.MultiDiscrete, gym.spaces.Box)
 """A game's joint action: one ``Discrete`` choice per agent, or a ``Box`` row per agent."""
@@ -41,35 +55,20 @@ MULTI_AGENT = True
 
 
 @dataclass
-class Config:
+class Config(ClippedPPO):
+    """MAPPO's and IPPO's hyperparameters: :class:`~dagrl.algos.common.hyperparameters.ClippedPPO`'s,
+    with the MAPPO paper's MPE settings as defaults (25 env steps per game per rollout, ``gamma`` 0.99,
+    ``gae_lambda`` 0.95, ``lr`` 7e-4, 10 epochs, entropy 0.01, gradient norm 10), and these.
+    ``minibatch_size`` counts agent-steps."""
+
     num_steps: int = 25
-    """Env steps per game per rollout (MPE's episodes are 25 steps)."""
     gamma: float = 0.99
-    """Discount factor."""
     gae_lambda: float = 0.95
-    """Lambda of generalised advantage estimation."""
     lr: float = 7e-4
-    """Adam learning rate (MAPPO's for MPE)."""
-    anneal_lr: bool = False
-    """Decay the learning rate linearly to 0 over ``stop.env_steps`` (as PPO's ``anneal_lr``)."""
-    clip_coef: float = 0.2
-    """PPO ratio clipping."""
     update_epochs: int = 10
-    """Passes over each batch of rollouts."""
     minibatch_size: int = 1024
-    """Agent-steps per gradient step."""
     ent_coef: float = 0.01
-    """Entropy bonus weight."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
     max_grad_norm: float = 10.0
-    """Global gradient-norm clip (MAPPO's)."""
-    norm_adv: bool = True
-    """Normalise advantages per minibatch."""
-    target_kl: float | None = None
-    """Stop an update's epochs early when the approximate KL exceeds this."""
-    hidden: int = 64
-    """Width of the two hidden layers of every policy and critic."""
     share_parameters: bool = True
     """Agents of one group (``env.groups``) share one policy and one critic; ``false``: a network per agent."""
     norm_value: bool = False
@@ -84,20 +83,13 @@ class Config:
     """Episodes per evaluation (graph ``evaluate.every``), every agent acting greedily."""
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden", "eval_episodes")
-        widths_fit(self, "hidden")
-        at_least(self, 0, "ent_coef", "vf_coef")
-        positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
-        unit_interval(self, "gamma", "gae_lambda")
+        super().__post_init__()
+        at_least(self, 1, "eval_episodes")
 
     def check_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Refuse, before any cluster starts, an env that is not a multi-agent game."""
         if not isinstance(obs_space, AgentsBox):
             raise ValueError("a multi-agent algorithm needs a PettingZoo env: set env.api: pettingzoo")
-
-    def check_budget(self, env_steps: int | None) -> None:
-        if self.anneal_lr and env_steps is None:
-            raise ValueError("anneal_lr: true needs stop.env_steps (the rate falls to 0 there)")
 
 
 def _mlp(n_in: int, hidden: int, n_out: int, gain: float) -> nn.Sequential:
@@ -438,3 +430,15 @@ def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
     """``eval_episodes`` whole games, every agent acting greedily; the return is the agents' mean."""
     _load(state.net, weights)
     return state.run(state.net.greedy)
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    rollouts = collect(weights)
+    return update(rollouts)
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())

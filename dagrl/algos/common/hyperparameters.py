@@ -1,0 +1,55 @@
+"""The hyperparameters every PPO-style algorithm has (PPO, IMPALA, MAPPO, IPPO): rollouts, advantages
+and the clipped update. Each algorithm's ``Config`` extends :class:`ClippedPPO` with its own, and may
+give these other defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+
+
+@dataclass
+class ClippedPPO:
+    num_steps: int = 32
+    """Env steps per env per rollout (a sampler collects ``num_steps * envs`` transitions a call)."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """Lambda of generalised advantage estimation."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly from ``lr`` towards 0 over the run's ``stop.env_steps``,
+    counted in the env steps the learner has trained on (CleanRL's and rl-zoo's MuJoCo setting);
+    logged as ``losses/lr``. Needs ``stop.env_steps``."""
+    clip_coef: float = 0.2
+    """PPO ratio clipping."""
+    update_epochs: int = 20
+    """Passes over each batch of rollouts."""
+    minibatch_size: int = 256
+    """Transitions per gradient step (the batch is split into as many minibatches as fit)."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    target_kl: float | None = None
+    """Stop an update's epochs early when the approximate KL exceeds this."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden")
+        widths_fit(self, "hidden")
+        at_least(self, 0, "ent_coef", "vf_coef")
+        positive(self, "lr", "clip_coef", "max_grad_norm", "target_kl")
+        unit_interval(self, "gamma", "gae_lambda")
+
+    def check_budget(self, env_steps: int | None) -> None:
+        """Refuse, before any cluster starts, what the run's ``stop.env_steps`` (``None``: none) rules out."""
+        if self.anneal_lr and env_steps is None:
+            raise ValueError("anneal_lr: true needs stop.env_steps (the rate falls to 0 there)")
