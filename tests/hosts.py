@@ -245,6 +245,15 @@ class Cluster:
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts.hosts if h.name == name)
 
+    def start_worker(self, name: str, resources: str, k: int) -> Path:
+        """``dagrl worker`` on host ``name``, named ``<name>-w<k>``; its log."""
+        host = self.host(name)
+        log = self.shared / f"{name}-w{k}.log"
+        cmd = ["-m", "dagrl", "worker", self.address, "--nworkers", "1", "--nthreads", "2", "--host", host.address]
+        cmd += ["--resources", resources, "--no-dashboard", "--name", f"{name}-w{k}", "--death-timeout", "60"]
+        self.hosts.spawn(host, python(*cmd), log)
+        return log
+
     def start_run(self, graph: str, overrides: list[str]):
         args = ["-m", "dagrl", "run", str(ROOT / "graphs" / f"{graph}.yaml"), "--scheduler", self.address, "--quiet"]
         for item in [f"runs_dir={self.shared / 'runs'}", *overrides]:
@@ -304,14 +313,7 @@ def cluster(workers: list[tuple[str, str]]) -> Iterator[Cluster]:
         setup = Cluster(hosts, shared, f"tcp://{hosts.hosts[0].address}:{PORT}")
         scheduler = ["-m", "distributed.cli.dask_scheduler", "--host", setup.head.address, "--port", str(PORT)]
         hosts.spawn(setup.head, python(*scheduler, "--dashboard-address", ":0", "--no-show"), shared / "scheduler.log")
-        logs = []
-        for k, (name, resources) in enumerate(workers):
-            host = setup.host(name)
-            log = shared / f"{name}-w{k}.log"
-            cmd = ["-m", "dagrl", "worker", setup.address, "--nworkers", "1", "--nthreads", "2", "--host", host.address]
-            cmd += ["--resources", resources, "--no-dashboard", "--name", f"{name}-w{k}", "--death-timeout", "60"]
-            hosts.spawn(host, python(*cmd), log)
-            logs.append(log)
+        logs = [setup.start_worker(name, resources, k) for k, (name, resources) in enumerate(workers)]
         for log in logs:
             wait_for(lambda log=log: "Registered to:" in log.read_text(), 90, f"{log.stem} to join the scheduler")
         yield setup

@@ -22,6 +22,18 @@ def s(*pairs: str) -> list[str]:
 
 
 GRAPH_CASES = [
+    # elastic samplers
+    ("max-replicas-under-sync", s("roles.sampler.max_replicas=8"), ["roles.sampler.max_replicas", "async only"]),
+    (
+        "max-replicas-learner",
+        s("policy.max_staleness=2", "roles.learner.max_replicas=2"),
+        ["roles.learner.max_replicas", "many replicas"],
+    ),
+    (
+        "max-replicas-below",
+        s("policy.max_staleness=2", "roles.sampler.max_replicas=1"),
+        ["roles.sampler.max_replicas", "below"],
+    ),
     # stop
     ("stop-window-zero", s("stop.window=0"), ["stop", "window", "0"]),
     ("stop-window-negative", s("stop.window=-3"), ["stop", "window", "-3"]),

@@ -231,9 +231,10 @@ def test_the_page_plots_each_agents_and_groups_return_of_a_multiagent_run():
     page = RLPage(events)
     row = {"iteration": 1, "env_steps": 400, "charts/episode_return_mean": -20.0}
     row |= {"agents/agent_0/episode_return": -19.0, "agents/agent_1/episode_return": -21.0}
-    row |= {"groups/agent/episode_return": -20.0, "losses/policy": 0.1}
+    row |= {"groups/agent/episode_return": -20.0, "losses/policy": 0.1, "samplers/active": 3.0}
     events.log[METRICS].append((1.0, {"run": "ma", "rows": [{"row": row}]}))
     page.update()
     got = dict(zip(page.agents.data["label"], page.agents.data["ret"], strict=True))
     assert got == {"agents/agent_0": -19.0, "agents/agent_1": -21.0, "groups/agent": -20.0}
     assert page.agents.data["steps"] == [400] * 3
+    assert "3 samplers" in page.header.text  # a stream's sampler count (it grows under max_replicas)

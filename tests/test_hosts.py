@@ -117,3 +117,24 @@ def test_a_host_back_from_a_partition_is_restarted_and_serves_as_spare_capacity(
     steps = [r["env_steps"] for r in run.rows]
     assert steps == sorted(steps)
     assert [e["role"] for e in run.events if e["event"] == "restart"].count("learner") == 1
+
+
+@pytest.mark.slow
+def test_samplers_are_added_on_workers_that_join_during_the_run():
+    """``max_replicas``: the run starts with one sampler; a host joins mid-run (its `dagrl worker`
+    started then) and gets a sampler of its own, which streams from then on; the count is in the rows."""
+    overrides = ["roles.learner.resources={LEARN: 1}", "roles.sampler.resources={SAMPLE: 1}"]
+    overrides += ["roles.sampler.replicas=1", "roles.sampler.max_replicas=3", "stop.iterations=250"]
+    overrides += ["stop.mean_return=null", "stop.wall_time_s=200"]
+    with cluster([("host1", "LEARN=1"), ("host2", "SAMPLE=1")]) as c:
+        proc = c.start_run("ppo-cartpole-async", overrides)
+        wait_for(lambda: c.rows() >= 10, 120, "10 metrics rows with one sampler")
+        joined = c.start_worker("host3", "SAMPLE=1", 2)
+        wait_for(lambda: "Registered to:" in joined.read_text(), 90, "host3's worker to join")
+        summary, run = c.finish(proc, 300)
+    assert summary["stop_reason"] == "iterations", summary
+    counts = [r["samplers/active"] for r in run.rows]
+    assert counts[0] == 1 and counts[-1] == 2 and counts == sorted(counts), counts
+    samplers = sorted((a["index"], a["host"]) for a in run.actors if a["role"] == "sampler")
+    assert samplers == [(0, "host2"), (1, "host3")], samplers
+    assert all(a["calls"] > 0 for a in run.actors if a["role"] == "sampler"), run.actors  # both collected

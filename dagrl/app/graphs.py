@@ -110,6 +110,18 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             "algorithm (mappo, ippo)"
         )
         raise ConfigError(where, "env.api", problem)
+    for name, rspec in spec.roles.items():
+        if rspec.max_replicas is None:
+            continue
+        key = f"roles.{name}.max_replicas"
+        if name in algo.roles and not algo.roles[name].many:
+            raise ConfigError(where, key, f"{rspec.max_replicas}: only a role of many replicas (samplers) grows")
+        if spec.policy != "async":
+            raise ConfigError(
+                where, key, f"{rspec.max_replicas}: samplers grow under policy async only, not {spec.policy}"
+            )
+        if rspec.max_replicas < rspec.replicas:
+            raise ConfigError(where, key, f"{rspec.max_replicas} is below roles.{name}.replicas ({rspec.replicas})")
     obs_space, act_space, env_obs_space = _probe_env(spec.env, where)
     if spec.policy != "single":
         _check_workers_can_make(spec.env, where)

@@ -65,6 +65,10 @@ MAX_ENVS = {"sync": 4096, "async": 256, "threads": 256, "envpool": 4096}
 class RoleSpec:
     replicas: int = 1
     """How many instances of the role run (each a persistent actor under distributed policies)."""
+    max_replicas: int | None = None
+    """Samplers under ``async``: start ``replicas``, and add one on each worker that joins during the run
+    and hosts nothing yet (a new host, SLURM granting more jobs), up to this many. The metrics'
+    ``samplers/active`` counts them."""
     envs: int = 1
     """Environments stepped by each replica (sampler roles)."""
     resources: dict[str, float] = field(default_factory=dict)

@@ -216,6 +216,7 @@ class RLPage:
         self.header.text = (
             f"<b>dagrl</b> run <code>{self.run}</code>: iteration {row.get('iteration')}, {steps:,} env steps, "
             f"mean return {'-' if ret is None else f'{ret:.1f}'}, {t:.0f} s"
+            + (f", {int(row['samplers/active'])} samplers" if "samplers/active" in row else "")
             + (f", <b>{restarts} restart(s)</b>" if restarts else "")
         )
         self._last_t = t

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import time
 import uuid
 from typing import Any
@@ -51,7 +52,10 @@ POLL_S = 0.5
 """The longest the driver's call to the hub waits for a round (it returns as soon as one is there)."""
 MIN_POLL_S = 0.05
 """The shortest interval between two of the driver's calls: its cost per env step falls as rounds grow."""
+log = logging.getLogger("dagrl")
 CALL_TIMEOUT_S = 30.0
+GROW_EVERY_S = 2.0
+"""How often a stream below ``max_replicas`` looks for workers that joined."""
 """How long a call to the hub may take before its worker is judged gone."""
 
 
@@ -66,6 +70,9 @@ class Stream(Policy):
         algo = graph.algorithm
         self.shape = stream_shape(algo)
         self.samplers = len(hosts[self.shape.stream.role])
+        self.most = max(graph.role(self.shape.stream.role).max_replicas or 0, self.samplers)
+        """The most samplers the stream may grow to (``max_replicas``); the hub is sized for them."""
+        self.next_growth = 0.0
         learn_roles = [n.role for n in self.shape.learn if not algo.roles[n.role].many]
         if not learn_roles:
             raise TypeError(f"{self.name}: the iteration has no learner fragment after {self.shape.stream.name}")
@@ -126,7 +133,7 @@ class Stream(Policy):
         key = f"stream-hub-{self.generation}-{uuid.uuid4().hex}"
         self.starts[self.generation] = self.version + (self.generation > 0)
         self.hub_future = self.client.submit(
-            Hub, key, self.generation, self.starts[self.generation], samplers=self.samplers, **self.hub_options(),
+            Hub, key, self.generation, self.starts[self.generation], samplers=self.most, **self.hub_options(),
             actor=True, workers=[home.address], allow_other_workers=False, key=key,
         )  # fmt: skip
         self.hub = self.hub_future.result()
@@ -277,6 +284,41 @@ class Stream(Policy):
             if failure is not None:
                 self.replace_in_place(failure)
                 self._start_sampler(i)
+        self._grow()
+
+    def _grow(self) -> None:
+        """Below ``max_replicas``: a sampler on every worker that fits it and hosts nothing (one that
+        joined during the run), each streaming from then on; the hub's budget follows their count."""
+        sup, role = self.supervisor, self.shape.stream.role
+        if sup is None or self.samplers >= self.most or time.monotonic() < self.next_growth:
+            return
+        self.next_growth = time.monotonic() + GROW_EVERY_S
+        from dagrl.runtime.placement import place_one
+
+        workers = sup.workers(max_age=0.0)
+        load = collections.Counter(h.address for hs in self.hosts.values() for h in hs if h.address in workers)
+        rspec = self.graph.role(role)
+        while self.samplers < self.most:
+            addr = place_one(role, rspec, workers, load, self.graph.spec.gpu_fallback, frozenset())
+            if addr is None or load[addr] > 0:
+                return
+            i = self.samplers
+            handle = sup.start(role, i, addr, sup.seed_offset, sup.env_steps)
+            handle.supervisor = sup
+            self.hosts[role].append(handle)
+            load[addr] += 1
+            self.samplers += 1
+            self.loops.append(None)
+            self.loop_generation.append(self.generation)
+            self.loop_started.append(time.monotonic())
+            self.loop_peers.append({})
+            options = self.hub_options()
+            self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), self._home())
+            self._start_sampler(i)
+            log.info("%s[%d] added on %s, a worker that joined: %d of at most %d", role, i, addr, i + 1, self.most)
+
+    def _home(self) -> Handle:
+        return self.hosts[self.learner_role][0]
 
     def _peer_replaced(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> bool:
         """Replace the host a loop failed on (a replay shard: ``recover: replace``), unless that is done
@@ -300,6 +342,7 @@ class Stream(Policy):
         res.metrics["stream/version"] = float(r.version)
         res.metrics["stream/oldest_version"] = float(r.oldest)
         res.metrics["perf/collects"] = float(r.collects)
+        res.metrics["samplers/active"] = float(self.samplers)
         if s is not None:
             res.metrics["perf/dropped_rollouts"] = float(self.dropped_before + s.dropped)
             res.metrics["stream/refused"] = float(self.refused_before + s.refused)

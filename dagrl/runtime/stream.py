@@ -260,6 +260,14 @@ class Hub:
 
     # -- samplers (event loop) ---------------------------------------------------------------------------
 
+    async def resize(self, budget: int, capacity: int, least: int) -> None:
+        """Samplers were added: the learner's budget per round and the queue's room follow their count."""
+        with self.cond:
+            self.budget, self.capacity = budget, max(capacity, budget, 1)
+            self.least = max(1, min(least, budget))
+            self.cond.notify_all()
+        self._wake()
+
     async def own(self, source: int, token: str) -> None:
         """From now on only the loop holding ``token`` speaks for sampler ``source``."""
         with self.cond:
