@@ -22,10 +22,14 @@ def pytest_collection_finish(session):
 
     files = {item.path.name for item in session.items}
     needs = [
-        ({"test_slurm.py", "test_notebooks.py"}, debian.missing, (slurm_node.BINARIES, slurm_node.PACKAGES)),
+        (
+            {"test_slurm.py", "test_slurm_hosts.py", "test_notebooks.py"},
+            debian.missing,
+            (slurm_node.BINARIES, slurm_node.PACKAGES),
+        ),
         ({"test_dashboard.py"}, debian.missing, debian.CHROMIUM),
         ({"test_eval_command.py"}, debian.missing_libraries, debian.EGL),
-        ({"test_hosts.py"}, debian.missing, hosts.TOOLS),
+        ({"test_hosts.py", "test_slurm_hosts.py"}, debian.missing, hosts.TOOLS),
     ]
     packages = [p for users, absent, (have, pkgs) in needs if files & users and absent(have) for p in pkgs]
     debian.install_early(packages)

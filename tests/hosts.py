@@ -2,7 +2,8 @@
 
 Each host is a network namespace with its own address in 198.18.0.0/15 (the range reserved for
 benchmarking), joined to the others by a bridge, with its own hostname (a UTS namespace) and its own
-``/dev/shm`` and ``/tmp`` (a mount namespace with fresh tmpfs mounts); every other folder is shared, as
+``/dev/shm`` and ``/tmp`` (a mount namespace with fresh tmpfs mounts; ``/tmp`` stays shared where the
+checkout or Python lives under it: :func:`private_tmp`); every other folder is shared, as
 a cluster shares home. A process on a host is started inside all three namespaces of that host's
 *holder*, a process that only keeps them alive.
 
@@ -37,11 +38,23 @@ import pytest
 TOOLS = (["ip", "unshare", "nsenter"], ["iproute2", "util-linux"])
 """What the hosts are made with: binaries, then the Debian packages that hold them."""
 SUBNET = "198.18.0"
+IFACE = "eth0"
+"""Every host's link is named alike inside its namespace, as a cluster's nodes share an interface name
+(``interface: eth0`` in a cluster file)."""
 """Hosts get ``198.18.0.10``, ``.11``, ...: inside 198.18.0.0/15, reserved for benchmarking (RFC 2544)."""
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def private_tmp(shared: Path) -> bool:
+    """Whether each host may get a ``/tmp`` of its own: not where this checkout, the Python running it,
+    a ``PYTHONPATH`` entry or the shared folder lives under ``/tmp`` (a host would not see them). Where
+    one does, the hosts share ``/tmp``, as hosts that mount it from one server would."""
+    places = [Path(__file__).resolve(), Path(sys.prefix), Path(sys.executable), shared, Path.cwd()]
+    places += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return not any(str(p.resolve()).startswith("/tmp/") or str(p.resolve()) == "/tmp" for p in places)
 
 
 def why_not() -> str | None:
@@ -123,18 +136,20 @@ class EmulatedHosts:
         _ip("link", "set", inside, "netns", host.ns)
         _ip("link", "set", host.link, "master", self.bridge)
         _ip("link", "set", host.link, "up")
-        for args in (("addr", "add", f"{host.address}/24", "dev", inside), ("link", "set", inside, "up"),
-                     ("link", "set", "lo", "up")):  # fmt: skip
+        for args in (("link", "set", inside, "name", IFACE), ("addr", "add", f"{host.address}/24", "dev", IFACE),
+                     ("link", "set", IFACE, "up"), ("link", "set", "lo", "up")):  # fmt: skip
             _ip("netns", "exec", host.ns, "ip", *args)
         self._hold(host)
 
     def _hold(self, host: Host) -> None:
+        tmp = "mount -t tmpfs dagrl-tmp /tmp && " if private_tmp(self.shared) else ""
         script = (
-            "mount -t tmpfs -o size=1g dagrl-shm /dev/shm && mount -t tmpfs dagrl-tmp /tmp && "
+            f"mount -t tmpfs -o size=1g dagrl-shm /dev/shm && {tmp}"
             f"hostname {host.name} && echo ready && exec sleep infinity"
         )
         host.holder = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, "unshare", "--mount", "--uts", "--propagation", "private",
+            # nsenter, not `ip netns exec`: that one remounts /sys, and cgroups with it (slurmd needs them)
+            ["nsenter", f"--net=/run/netns/{host.ns}", "unshare", "--mount", "--uts", "--propagation", "private",
              "sh", "-c", script],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -153,6 +168,13 @@ class EmulatedHosts:
         out.close()
         host.procs.append(proc)
         return proc
+
+    def run(self, host: Host, argv: Sequence[str], timeout: float = 60, env: dict[str, str] | None = None):
+        """Run ``argv`` on ``host`` to its end; its ``CompletedProcess`` (output captured as text)."""
+        return subprocess.run(
+            ["nsenter", "-t", str(host.holder.pid), "-n", "-m", "-u", "--", *argv],
+            cwd=self.shared, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
 
     def pids(self, host: Host) -> list[int]:
         """Every process in the host's network namespace."""

@@ -1,4 +1,5 @@
-"""A real single-node SLURM for the tests: Debian's slurm-wlm and munge, on loopback, as root.
+"""A real SLURM for the tests, Debian's slurm-wlm and munge as root: one node on loopback
+(:class:`SlurmNode`), or one node per emulated host (:class:`SlurmOnHosts`).
 
 ``SlurmNode(tmp).start()`` installs the packages where they are missing, writes a configuration
 (one node, more CPUs than the machine has through ``config_overrides``, one fake GPU backed by
@@ -13,6 +14,7 @@ Also usable by hand to try ``dagrl submit`` on one machine::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -153,6 +155,116 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         self.procs.clear()
+
+
+class SlurmOnHosts:
+    """A SLURM cluster over emulated hosts (``tests/hosts.py``): slurmctld on the first host, one slurmd
+    per other host (its NodeName is its hostname, its NodeAddr its address), munged's socket in the
+    shared folder. SLURM's commands run on the first host (:meth:`run`); ``SlurmdTimeout`` is short,
+    so a node that dies is marked down, and its jobs failed, within seconds."""
+
+    def __init__(self, hosts, cpus: int = 4, slurmd_timeout: int = 10):
+        self.hosts, self.cpus, self.timeout = hosts, cpus, slurmd_timeout
+        self.root = hosts.shared / "slurm"
+        self.conf = self.root / "slurm.conf"
+        self.head, self.nodes = hosts.hosts[0], hosts.hosts[1:]
+        self.munged: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def write_config(self, sock: Path) -> None:
+        for d in ("state", "spool", "log", "munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        r, names = self.root, ",".join(n.name for n in self.nodes)
+        nodes = "\n".join(
+            f"NodeName={n.name} NodeAddr={n.address} CPUs={self.cpus} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
+            for n in self.nodes
+        )
+        self.conf.write_text(
+            f"""ClusterName=dagrlhosts
+SlurmctldHost={self.head.name}({self.head.address})
+SlurmctldPort=6817
+SlurmdPort=6818
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool/%n
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd-%n.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout={self.timeout}
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP LLN=YES
+"""
+        )
+
+    def start(self, timeout: float = 90.0) -> SlurmOnHosts:
+        install()
+        sock = self.root / "munge" / "munge.socket.2"
+        self.write_config(sock)
+        m = self.root / "munge"
+        log = open(self.root / "log" / "munged.out", "ab")  # noqa: SIM115 (lives with the daemon)
+        self.munged = subprocess.Popen(
+            ["munged", "--force", "--foreground", f"--socket={sock}", f"--pid-file={m}/munged.pid",
+             f"--log-file={self.root}/log/munged.log", f"--seed-file={m}/munged.seed"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        SlurmNode._wait(lambda: sock.exists(), 10, "munged did not create its socket")
+        out = self.root / "log"
+        self.hosts.spawn(self.head, ["slurmctld", "-D", "-i", "-f", str(self.conf)], out / "slurmctld.out", self.env)
+        for node in self.nodes:
+            (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+            cmd = ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)]
+            self.hosts.spawn(node, cmd, out / f"slurmd-{node.name}.out", self.env)
+        SlurmNode._wait(self._idle, timeout, f"the SLURM nodes did not become idle; see {out}")
+        return self
+
+    def run(self, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+        """A command on the head host, where slurmctld answers."""
+        return self.hosts.run(self.head, argv, timeout, self.env)
+
+    def states(self) -> dict[str, str]:
+        """Node name -> its state as ``sinfo`` says it (``idle``, ``alloc``, ``down*``...)."""
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def _idle(self) -> bool:
+        states = self.states()
+        return len(states) == len(self.nodes) and all(s in ("idle", "mix", "alloc") for s in states.values())
+
+    def jobs(self) -> dict[str, tuple[str, str, str]]:
+        """Job id -> (name, state, node list), pending and running."""
+        out = self.run(["squeue", "-h", "-o", "%i %j %T %N"]).stdout
+        return {
+            p[0]: (p[1], p[2], p[3] if len(p) > 3 else "") for p in (line.split() for line in out.splitlines()) if p
+        }
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run(["scancel", "--full", "--user=root"], timeout=20)
+        if self.munged is not None and self.munged.poll() is None:
+            os.killpg(self.munged.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.munged.wait(10)
 
 
 if __name__ == "__main__":
