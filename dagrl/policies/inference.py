@@ -11,12 +11,13 @@ worker). Two things change:
   from one forward pass over all samplers' observations (:mod:`dagrl.runtime.inference`); TLS with
   the cluster's own certificates where Dask's comms are TLS.
 
-With ``asynchronous: true`` the samplers stream as under ``async`` (SEED RL's shape): the learner
-updates on arrived rollouts while the samplers go on, and each new weights version is loaded into the
-inference role as soon as it is published, without waiting for the samplers; an env step is acted on
-with whatever version the role holds then. A rollout's version (what ``max_staleness`` judges) is the
-newest one published when its collect was submitted; its actions may come from that version or a newer
-one, never an older one once the load has run. PPO's ratio uses the log-probabilities recorded with
+With ``asynchronous: true`` the samplers stream exactly as under ``async`` (SEED RL's shape;
+:mod:`dagrl.policies.pull`): each loops on its own worker and hands its rollouts to the learner's hub,
+with neither the driver nor the scheduler on a rollout's path, and the learner takes what has arrived.
+A loop beside the inference role (:func:`~dagrl.runtime.loops.inference_loop`) loads each weights
+version into it as soon as the learner publishes it on the hub; an env step is acted on with whatever
+version the role holds then. A rollout's version (what ``max_staleness`` judges) is the one its
+sampler took before collecting; its actions may come from that version or a newer one. PPO's ratio uses the log-probabilities recorded with
 each action, so the correction holds step by step.
 
 A sampler that cannot reach the inference role fails its fragment; if the inference host does not
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
+import uuid
 from typing import Any
 
 from dagrl.core.distribution import INFERENCE_ROLE
@@ -38,10 +39,11 @@ from dagrl.core.fragment import Node
 from dagrl.core.graph import Graph
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
-from dagrl.policies.streaming import Rounds
+from dagrl.policies.pull import Async
 from dagrl.runtime.executor import Call
 from dagrl.runtime.host import load_acting
 from dagrl.runtime.inference import InferenceUnavailable
+from dagrl.runtime.loops import inference_loop
 from dagrl.runtime.supervisor import RoleFailure
 
 log = logging.getLogger("dagrl")
@@ -135,82 +137,69 @@ class CentralInference(Acting, Lockstep):
         return res
 
 
-class StreamingCentralInference(Acting, Rounds):
-    """``central-inference`` with ``asynchronous: true`` (module docstring)."""
+class StreamingCentralInference(Acting, Async):
+    """``central-inference`` with ``asynchronous: true`` (module docstring): ``async``'s streams, the
+    samplers acting through the inference role, which a loop beside it keeps on the newest weights."""
 
     name = "central-inference"
 
     def __init__(self, graph: Graph, hosts: dict[str, list[Any]], executor: Any = None):
         super().__init__(graph, hosts, executor)
-        self.loaded: Call | None = None
-        """The newest ``load`` of weights into the inference role (every stream call watches it)."""
-        self.excused: set[Any] = set()
-        """Samplers that acted through an inference role when it was replaced: their failure to reach
-        it, arriving after the replacement, is not theirs."""
-        self.attach_lock = threading.Lock()
-        """One sampler thread at a time judges a failure and re-attaches (several fail at once when
-        the inference role dies)."""
+        self.loading: Any = None
+        """The inference role's weights loop (:func:`~dagrl.runtime.loops.inference_loop`) on this hub."""
 
     @property
     def stream_options(self) -> Any:
         return self.options.streaming
 
-    def start(self) -> None:
-        self._attach()
-        super().start()
+    def _open_hub(self) -> None:
+        super()._open_hub()
+        self._start_loading()
 
-    def _use(self, calls: dict[int, list[Call]], new_version: bool = False) -> None:
-        super()._use(calls, new_version)
-        self._load(wait=self.loaded is None)  # the first version before any sampler acts
+    def _start_loading(self) -> None:
+        """The loop that loads each published version into the inference role (one per hub and role)."""
+        if self.loading is not None:
+            with contextlib.suppress(Exception):
+                self.client.cancel([self.loading], force=True)
+        server = self.server
+        spec = [("node", a.id) if isinstance(a, Node) else ("value", a) for a in self.shape.stream.inputs]
+        self.loading = self.client.submit(
+            inference_loop, (self.hub_address, self.hub_key), server.host_id, spec,
+            workers=[server.address], allow_other_workers=False, pure=False,
+            key=f"inference-load-{self.generation}-{uuid.uuid4().hex[:8]}",
+        )  # fmt: skip
 
-    def _load(self, wait: bool) -> None:
-        """Give the inference role the weights of the newest version (``self.current``)."""
-        with self.cond:
-            current = self.current
-        weights = [current[a.id][0] for a in self.shape.stream.inputs if isinstance(a, Node)]
-        call = self._submit_load(weights)
-        self.loaded = call
-        if wait:
-            self.executor.wait([call], [call, *weights])
+    def _start_sampler(self, i: int) -> None:
+        self._attach()  # a replaced sampler, or all of them after the inference role was replaced
+        super()._start_sampler(i)
 
-    def _submit_one(self, i: int, previous: Any, seen: int) -> Any:
-        pending = super()._submit_one(i, previous, seen)
-        if self.loaded is not None:
-            pending.watch.append(self.loaded)  # a load that failed: the inference role is lost
-        return pending
+    def _sampler_failed(self, i: int, failure: RoleFailure) -> None:
+        """A sampler that cannot reach the inference role: the role's loss if it does not answer either
+        (replaced, every sampler pointed at the new one), else the sampler's own."""
+        if isinstance(failure.cause, InferenceUnavailable) or not self._server_answers():
+            if not self._server_answers():
+                self._replace_server(RoleFailure(self.server, "lost", failure.cause))
+            self._start_sampler(i)  # its own host is fine: only its loop starts again
+            return
+        super()._sampler_failed(i, failure)
 
-    def _on_failure(self, failure: RoleFailure) -> None:
-        role = failure.handle.role
-        if role not in (self.actors_role, INFERENCE_ROLE):
-            return super()._on_failure(failure)
-        with self.attach_lock:
-            server = self.server
-            if role == INFERENCE_ROLE:
-                if failure.handle is server:  # else: already replaced by another sampler's thread
-                    if failure.kind == "raised" and not self._server_answers():
-                        # an error seen on a call of a role that no longer answers is its loss, not its
-                        # own: it may be a sampler's report of the loss, inherited by the call
-                        failure = RoleFailure(server, "lost", failure.cause)
-                    self._replace_server(failure)
-            elif not isinstance(failure.cause, InferenceUnavailable):
-                super()._on_failure(failure)  # the sampler's own: replaced
-            elif failure.handle in self.excused:
-                pass  # it asked an inference role that another sampler's thread has replaced since
-            elif not self._server_answers():
-                self._replace_server(RoleFailure(server, "lost", failure.cause))
-            else:  # the role answers, this sampler cannot reach it: the sampler's (a crash loop stops it)
-                super()._on_failure(failure)
-            self.excused.discard(failure.handle)
-            self._attach()
+    def _check(self, status: Any) -> None:
+        super()._check(status)
+        if self.loading is not None and self.loading.status in ("error", "lost"):
+            cause = self.loading.exception() if self.loading.status == "error" else OSError("worker gone")
+            if not self._server_answers():
+                self._replace_server(RoleFailure(self.server, "lost", cause))
+            else:
+                self._start_loading()
 
     def _replace_server(self, failure: RoleFailure) -> None:
-        old = self.server
-        self.excused = {h for h, s in self.attached.items() if s is old}
         self.replace_in_place(failure)
         self._serve()
-        self._load(wait=True)
+        self.attached = {}  # every sampler acts through the new role from its next step
+        self._attach()
+        self._start_loading()
 
-    def step(self, ahead: bool = False) -> StepResult:
-        res = super().step(ahead)
+    def _result(self, r: Any) -> StepResult:
+        res = super()._result(r)
         res.metrics.update(self._stats())
         return res

@@ -282,9 +282,13 @@ class Stream(Policy):
                     h, "hung", TimeoutError(f"no rollout for {silent:.0f} s (hang_timeout_s {hang:g})")
                 )
             if failure is not None:
-                self.replace_in_place(failure)
-                self._start_sampler(i)
+                self._sampler_failed(i, failure)
         self._grow()
+
+    def _sampler_failed(self, i: int, failure: RoleFailure) -> None:
+        """Sampler ``i``'s loop failed with ``failure`` (its own): replace it, start its loop again."""
+        self.replace_in_place(failure)
+        self._start_sampler(i)
 
     def _grow(self) -> None:
         """Below ``max_replicas``: a sampler on every worker that fits it and hosts nothing (one that

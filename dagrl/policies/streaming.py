@@ -1,4 +1,5 @@
-"""The round engine behind ``split-learner`` and ``central-inference``'s asynchronous form.
+"""The round engine behind ``split-learner`` (and, as ``async-before``, the benchmarks' baseline of the
+engine ``async`` and ``apex`` replaced).
 
 The iteration is split at its stream (:func:`dagrl.core.distribution.stream_shape`):
 

@@ -254,3 +254,25 @@ def sampler_loop(
                 local.traced(name, *node_args) if local is not None else remote("traced", name, *node_args),
             )
         reply = ask("inserted", source, generation, have, report(out), stored, token)
+
+
+def inference_loop(hub: tuple[str, str], host_id: str, inputs: list[tuple[str, Any]]) -> int:
+    """``central-inference``'s asynchronous form: a long-running task beside the inference role that
+    loads each weights version into it as soon as the learner publishes it on the hub (``inputs``: the
+    stream fragment's arguments, as :func:`sampler_loop` takes them). Samplers act on the version the role
+    holds at each env step. Returns the loads made, once the hub stops or is retired."""
+    from distributed import secede
+
+    from dagrl.runtime.host import load_acting
+
+    secede()
+    ask, have, loads = hub_of(*hub), -1, 0
+    while True:
+        got = ask("newer", have, 1.0)
+        if got is None:
+            continue
+        if got[0] == "stop":
+            return loads
+        _, _, have, values = got
+        load_acting(host_id, *[values[v][0] for kind, v in inputs if kind == "node"])
+        loads += 1

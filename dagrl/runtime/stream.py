@@ -380,6 +380,21 @@ class Hub:
                 return None
             return self.generation, self.version, self.published
 
+    async def newer(self, have: int, wait_s: float) -> tuple | None:
+        """For the loop that loads the inference role: ``("ok", generation, version, values)`` once weights
+        newer than ``have`` are published, ``("stop",)`` once this hub stopped or was retired, ``None``
+        after ``wait_s`` without either."""
+        await self._until(
+            lambda: self.stopped or self.retired is not None or (self.published is not None and self.version > have),
+            wait_s,
+        )
+        with self.cond:
+            if self.stopped or self.retired is not None:
+                return ("stop",)
+            if self.published is None or self.version <= have:
+                return None
+            return ("ok", self.generation, self.version, self.published)
+
     # -- the driver (event loop) ---------------------------------------------------------------------
 
     async def drain(self, allow: int, wait_s: float, min_s: float = 0.05) -> Status:
