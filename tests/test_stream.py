@@ -214,3 +214,52 @@ def test_a_replaced_samplers_loop_is_told_to_stop_and_nothing_of_it_is_taken():
         assert [a.value for a in hub.queue] == ["a", "b"] and hub.refused == 2
 
     asyncio.run(main())
+
+
+def test_split_learner_rounds_update_critic_and_actor_at_once_the_actor_on_the_last_critic():
+    """``split-learner`` on the streams: in a round the actor's update takes the critic's weights of the
+    round before (its delayed edge), so the two updates run at the same time; the first round, having no
+    round before, waits for the critic."""
+    import threading
+    import time
+
+    from dagrl.core.distribution import delayed_edges, stream_shape
+    from dagrl.core.fragment import load_algorithm
+    from dagrl.runtime.host import HOSTS
+    from dagrl.runtime.loops import Caller
+
+    algo = load_algorithm("sac")
+    shape, roles = stream_shape(algo), algo.roles
+    spans, seen, lock = {}, {}, threading.Lock()
+
+    class Host:
+        def __init__(self, role):
+            self.role, self.rounds = role, 0
+
+        def traced(self, name, *args):
+            t0 = time.perf_counter()
+            if name.startswith("update"):
+                time.sleep(0.3)
+            with lock:
+                self.rounds += name.startswith("update")
+                spans.setdefault(name, []).append((t0, time.perf_counter()))
+                seen.setdefault(name, []).append(args)
+            return f"{name}-{self.rounds}"
+
+    hosts, kept = {}, [Host(role) for role in ("replay", "critic", "actor")]  # HOSTS holds them weakly
+    for host in kept:
+        HOSTS[f"test-split-{host.role}"] = host
+        hosts[host.role] = [(f"test-split-{host.role}", "tcp://nowhere:1")]
+    try:
+        caller = Caller(hosts)
+        caller.delayed = frozenset(delayed_edges(algo))
+        given = {a.id: ["outside"] for n in shape.learn for a in n.inputs if hasattr(a, "id") and a not in shape.learn}
+        for _ in range(2):
+            caller.learn(shape.learn, given, roles)
+    finally:
+        for role in ("replay", "critic", "actor"):
+            HOSTS.pop(f"test-split-{role}")
+    (first_critic, second_critic), (first_actor, second_actor) = spans["update_critic"], spans["update_actor"]
+    assert first_actor[0] >= first_critic[1]  # round 1: no critic of a round before, it waits
+    assert second_actor[0] < second_critic[1] and second_critic[0] < second_actor[1]  # round 2: at once
+    assert seen["update_actor"][1][-1] == "update_critic-1"  # round 2's actor: round 1's critic

@@ -20,9 +20,8 @@ from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult
 from dagrl.policies.dataparallel import DataParallel
 from dagrl.policies.inference import CentralInference, StreamingCentralInference
-from dagrl.policies.pull import Apex, Async
+from dagrl.policies.pull import Apex, Async, SplitLearner
 from dagrl.policies.single import Single
-from dagrl.policies.streaming import SplitLearner
 from dagrl.policies.sync import Sync
 from dagrl.runtime.executor import Executor
 from dagrl.runtime.hosts import Start, start_actors, start_local, start_one

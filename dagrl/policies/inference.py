@@ -17,8 +17,8 @@ with neither the driver nor the scheduler on a rollout's path, and the learner t
 A loop beside the inference role (:func:`~dagrl.runtime.loops.inference_loop`) loads each weights
 version into it as soon as the learner publishes it on the hub; an env step is acted on with whatever
 version the role holds then. A rollout's version (what ``max_staleness`` judges) is the one its
-sampler took before collecting; its actions may come from that version or a newer one. PPO's ratio uses the log-probabilities recorded with
-each action, so the correction holds step by step.
+sampler took before collecting; its actions may come from that version or a newer one. PPO's ratio
+uses the log-probabilities recorded with each action, so the correction holds step by step.
 
 A sampler that cannot reach the inference role fails its fragment; if the inference host does not
 answer a heartbeat either, the failure is the inference role's: it is replaced in place (its state is

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.core.distribution import stream_shape, warmup_steps
+from dagrl.core.distribution import delayed_edges, stream_shape, warmup_steps
 from dagrl.core.fragment import Node
 from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult
@@ -100,6 +100,8 @@ class Stream(Policy):
         self.loop_tokens: dict[int, str] = {}
         """Per sampler index, the token its current loop speaks to the hub with (:meth:`Hub.own`)."""
         self.learner_peers: dict[tuple[str, int], Handle] = {}
+        self.delayed: set[tuple[int, int]] = set()
+        """``split-learner``: learn-side edges carrying the previous round's value (:class:`SplitLearner`)."""
         self.queue: collections.deque[Learned] = collections.deque()
         self.delivered = 0
         """Rounds of the current hub handed to the driver."""
@@ -151,7 +153,7 @@ class Stream(Policy):
         }
         self.learner_peers = {(h.role, h.index): h for role in hosts for h in self.hosts[role]}
         self.learner = self.client.submit(
-            learner_loop, self.hub_key, self.graph.spec.algorithm, hosts, self.generation,
+            learner_loop, self.hub_key, self.graph.spec.algorithm, hosts, self.generation, sorted(self.delayed),
             workers=[home.address], allow_other_workers=False, pure=False,
             key=f"learn-loop-{self.learner_role}-{self.generation}-{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
@@ -440,3 +442,16 @@ class Apex(Stream):
         )  # fmt: skip
         shards = {n.id: len(self.hosts[n.role]) for n in self.shape.insert}
         return {"budget": 1, "capacity": 1, "max_staleness": None, "limit": limit, "shards": shards}
+
+
+class SplitLearner(Apex):
+    """``split-learner``: as ``apex``, but a value passed between two single-instance learner roles in a
+    round (SAC: the critic's new weights to the actor) arrives one round late, so both learner roles
+    update at once, on their own workers and devices (Spreeze's dual-GPU idea). The learner loop calls
+    the two updates of a round together (:meth:`~dagrl.runtime.loops.Caller.run`)."""
+
+    name = "split-learner"
+
+    def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
+        super().__init__(graph, hosts, executor)
+        self.delayed = delayed_edges(graph.algorithm)

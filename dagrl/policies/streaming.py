@@ -1,5 +1,6 @@
-"""The round engine behind ``split-learner`` (and, as ``async-before``, the benchmarks' baseline of the
-engine ``async`` and ``apex`` replaced).
+"""The round engine ``async``, ``apex`` and ``split-learner`` ran on before the streams
+(:mod:`dagrl.policies.pull`): what the benchmarks run as ``async-before`` and ``apex-before``, to
+measure the streams against it in the same run.
 
 The iteration is split at its stream (:func:`dagrl.core.distribution.stream_shape`):
 
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.core.distribution import delayed_edges, stream_shape, warmup_steps
+from dagrl.core.distribution import stream_shape, warmup_steps
 from dagrl.core.fragment import Node
 from dagrl.core.graph import Graph
 from dagrl.policies.base import Policy, StepResult, learn_time
@@ -503,8 +504,8 @@ class Rounds(Streaming):
     """Samplers collect continuously with the weights they have; the learner updates on each
     ``rollouts_per_update`` arrivals; rollouts staler than ``max_staleness`` updates are dropped (their
     env steps and episodes still count). The algorithm corrects for what remains (PPO: the ratio against
-    the behaviour log-probs in the rollout). The engine of ``central-inference``'s asynchronous form;
-    ``async`` itself runs without the driver in the rollout's path (:mod:`dagrl.policies.pull`)."""
+    the behaviour log-probs in the rollout). What ``async`` was before the streams (the benchmarks'
+    ``async-before``); ``async`` itself runs without the driver in the rollout's path (:mod:`dagrl.policies.pull`)."""
 
     name = "async-rounds"
 
@@ -538,15 +539,3 @@ class RoundsApex(Streaming):
         self.ratio = o.update_ratio if o.update_ratio is not None else 1.0 / samplers
         self.max_lead = o.max_lead if o.max_lead is not None else 2 * samplers
         self.limited, self.publish_every, self.in_flight = o.rate_limit, o.publish_every, o.in_flight
-
-
-class SplitLearner(RoundsApex):
-    """``split-learner``: as ``apex``, but a value passed between two single-instance learner roles in a
-    round (SAC: the critic's new weights to the actor) arrives one round late, so both learner roles
-    update at once, on their own workers and devices (Spreeze's dual-GPU idea)."""
-
-    name = "split-learner"
-
-    def configure(self) -> None:
-        super().configure()
-        self.delayed = delayed_edges(self.graph.algorithm)

@@ -8,6 +8,7 @@ worker (:class:`Remote`). Nothing here goes through the scheduler or the driver.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,17 @@ class Caller:
     def __init__(self, hosts: dict[str, list[tuple[str, str]]]):
         self.hosts = hosts
         self.remotes: dict[str, Remote] = {}
+        self.delayed: frozenset[tuple[int, int]] = frozenset()
+        """``split-learner``'s delayed edges (:meth:`learn`)."""
+        self.previous: dict[int, list[Any]] = {}
+        """The delayed edges' values of the last round."""
+
+    def learn(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
+        """A round's learn fragments (:meth:`run`); with delayed edges, their ends take the last round's
+        values, and this round's are kept for the next."""
+        out = self.run(nodes, values, roles, self.delayed, self.previous)
+        self.previous = {src: out[src] for src, _ in self.delayed}
+        return out
 
     def call(self, role: str, replica: int, fragment: str, *args: Any) -> Any:
         host_id, address = self.hosts[role][replica]
@@ -80,25 +92,71 @@ class Caller:
             remote = self.remotes[host_id] = host_of(role, replica, host_id, address)
         return unwrap(remote("traced", fragment, *args))
 
-    def run(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
-        """Each node on every replica of its role, inputs routed as the executor routes them."""
-        for node in nodes:
-            n = len(self.hosts[node.role])
-            row = []
-            for r in range(n):
-                args = [
-                    route(values[a.id], a.role, node.role, roles, r, n) if isinstance(a, Node) else a
-                    for a in node.inputs
-                ]
-                row.append(self.call(node.role, r, node.name, *args))
-            values[node.id] = row
+    def run(
+        self,
+        nodes: list[Node],
+        values: dict[int, list[Any]],
+        roles: Any,
+        delayed: frozenset[tuple[int, int]] = frozenset(),
+        previous: dict[int, list[Any]] | None = None,
+    ) -> dict[int, list[Any]]:
+        """Each node on every replica of its role, inputs routed as the executor routes them.
+
+        ``delayed`` (``split-learner``): edges ``(src, dst)`` whose ``dst`` takes ``src``'s value of the
+        previous round (``previous``, when there is one). Nodes run in waves, each as soon as its inputs
+        are there; the nodes of one wave (an actor update beside the critic update it no longer waits
+        for) run at once, each on its own role's host."""
+        values = dict(values)
+        previous = previous or {}
+
+        def late(a: Node, node: Node) -> bool:
+            return (a.id, node.id) in delayed and a.id in previous
+
+        pending = list(nodes)
+        while pending:
+            wave = [
+                n for n in pending if all(not isinstance(a, Node) or a.id in values or late(a, n) for a in n.inputs)
+            ]
+            if not wave:
+                raise RuntimeError(f"learn fragments wait on each other: {[n.name for n in pending]}")
+            if len(wave) == 1 or not delayed:
+                wave = wave[:1]
+                rows = [self._node(wave[0], values, previous, roles, late)]
+            else:
+                with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
+                    rows = list(pool.map(lambda n: self._node(n, values, previous, roles, late), wave))
+            for node, row in zip(wave, rows, strict=True):
+                values[node.id] = row
+            pending = [n for n in pending if n not in wave]
         return values
 
+    def _node(
+        self, node: Node, values: dict[int, list[Any]], previous: dict[int, list[Any]], roles: Any, late: Callable
+    ) -> list[Any]:
+        n = len(self.hosts[node.role])
+        row = []
+        for r in range(n):
+            args = [
+                route((previous if late(a, node) else values)[a.id], a.role, node.role, roles, r, n)
+                if isinstance(a, Node)
+                else a
+                for a in node.inputs
+            ]
+            row.append(self.call(node.role, r, node.name, *args))
+        return row
 
-def learner_loop(hub_id: str, algorithm: str, hosts: dict[str, list[tuple[str, str]]], generation: int) -> int:
+
+def learner_loop(
+    hub_id: str,
+    algorithm: str,
+    hosts: dict[str, list[tuple[str, str]]],
+    generation: int,
+    delayed: list[tuple[int, int]] = (),  # type: ignore[assignment]
+) -> int:
     """The learner side of a stream, as one long-running task on the hub's worker (see
     :mod:`dagrl.runtime.stream`): publish, then take, learn, publish, until the hub stops. Returns the
-    rounds it ran."""
+    rounds it ran. ``delayed`` (``split-learner``): learn-side edges that carry the previous round's
+    value, so that the two learner roles at their ends update at once (:meth:`Caller.run`)."""
     from distributed import secede
 
     secede()
@@ -106,6 +164,7 @@ def learner_loop(hub_id: str, algorithm: str, hosts: dict[str, list[tuple[str, s
     algo = load_algorithm(algorithm)
     shape, roles = stream_shape(algo), algo.roles
     caller = Caller(hosts)
+    caller.delayed, caller.previous = frozenset(map(tuple, delayed)), {}
     step = _replay_round if hub.limit is not None else _round
     rounds = 0
     try:
@@ -144,7 +203,7 @@ def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, pub
     t0 = time.perf_counter()
     values = dict(published)
     values[shape.stream.id] = [a.value for a in taken]
-    values = caller.run(shape.learn, values, algo.roles)
+    values = caller.learn(shape.learn, values, algo.roles)
     update_s = time.perf_counter() - t0
     new = caller.run(shape.before, {}, algo.roles)
     item = Learned(
@@ -170,7 +229,7 @@ def _replay_round(hub: Any, generation: int, caller: Caller, shape: Any, algo: A
     t0 = time.perf_counter()
     values = {**published, **stored}
     try:
-        values = caller.run(shape.learn, values, algo.roles)
+        values = caller.learn(shape.learn, values, algo.roles)
     except PeerFailed:
         hub.untake(reports)  # counted by the next round, once the driver replaced the peer
         raise
