@@ -280,3 +280,30 @@ def test_a_central_critic_learns_what_independent_critics_cannot(tmp_path):
         assert summary["env_steps"] >= 30000
         taken[algorithm] = _cue_taken(rundir, critic)
     assert taken["mappo"] > 0.95 and taken["ippo"] < 0.75, taken
+
+
+def test_each_group_is_exported_as_a_policy_of_its_own_agents_rows(tmp_path, capsys):
+    """``dagrl export --group``: a group's policy takes its agents' rows and acts as the whole game's
+    policy does for them; a name that is no group is one line."""
+    from dagrl.app.cli import main
+
+    runs = tmp_path / "runs"
+    graph = _graph(tmp_path, BASE % "")
+    assert main(["run", graph, "--quiet", "--set", "stop.iterations=3", "--set", f"runs_dir={runs}"]) == 0
+    (run,) = list(runs.iterdir())
+    paths = {name: tmp_path / f"{name}.pt2" for name in ("all", "runner", "scout")}
+    assert main(["export", str(run), "--out", str(paths["all"])]) == 0
+    for group in ("runner", "scout"):
+        assert main(["export", str(run), "--group", group, "--out", str(paths[group])]) == 0
+    extra = {"dagrl.json": ""}
+    policies = {n: torch.export.load(str(p), extra_files=extra).module() for n, p in paths.items()}
+    game = PettingZooGame(RELAY)
+    rows = torch.as_tensor(np.stack([game.reset(seed=s)[0] for s in range(4)]))
+    joint = policies["all"](rows)
+    assert torch.equal(policies["runner"](rows[:, :2]), joint[:, :2])
+    assert torch.equal(policies["scout"](rows[:, 2:]), joint[:, 2:])
+    assert json.loads(extra["dagrl.json"])["agents"] == ["scout_0"]  # the last one read: scout's
+    capsys.readouterr()
+    assert main(["export", str(run), "--group", "scouts"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--group" in err and "did you mean scout" in err and "\n" not in err

@@ -201,7 +201,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from dagrl.app.export import export_policy
 
-    print(export_policy(args.run, args.out, args.set).line())
+    print(export_policy(args.run, args.out, args.set, args.group).line())
     return 0
 
 
@@ -381,6 +381,7 @@ def parser() -> argparse.ArgumentParser:
     ex = command("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
     ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
     ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2)")
+    ex.add_argument("--group", metavar="NAME", help="a multi-agent run: only this group's policy (its agents' rows in)")
     ex.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
     )

@@ -91,10 +91,15 @@ class Exported:
         )
 
 
-def export_policy(run: str | Path, out: str | Path | None = None, overrides: list[str] | None = None) -> Exported:
+def export_policy(
+    run: str | Path, out: str | Path | None = None, overrides: list[str] | None = None, group: str | None = None
+) -> Exported:
     """Write the greedy policy of the checkpoint ``run`` names (a run directory's newest, or one file) to
     ``out`` (default ``<run>/export/<checkpoint>.pt2``); check that the file read back acts as the
-    evaluator does on observations from the env."""
+    evaluator does on observations from the env.
+
+    ``group`` (a multi-agent run): only that group's policy, taking the rows of its agents ``[B, k, W]``
+    and returning their actions ``[B, k]`` (``dagrl.json`` names the agents, in order)."""
     from dagrl.algos.common.evaluation import EpisodeRunner
     from dagrl.app.evaluate import _hosts, eval_graph, load_run
     from dagrl.runtime.executor import Executor
@@ -116,8 +121,13 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         recurrent = getattr(runner.captured, "recurrent", False)
         kind = RecurrentGreedyPolicy if recurrent else GreedyPolicy
         policy = kind(runner.net, runner.captured, runner.envs.single_action_space)
-        policy.eval().requires_grad_(False)
         obs = _observations(runner.envs, 32)
+        agents = None
+        if group is not None:
+            policy, members = _group_policy(runner.net, group, graph.spec.algorithm)
+            agents = [graph.observation_space.agents[a] for a in members]
+            obs = obs[:, members]
+        policy.eval().requires_grad_(False)
     finally:
         close_all([h for handles in hosts.values() for h in handles])
     args = (obs, *runner.captured.initial_state(len(obs))) if recurrent else (obs,)
@@ -138,6 +148,9 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
         "iteration": int(counters.get("iteration", 0)),
         "env_steps": int(counters.get("env_steps", 0)),
     }
+    if agents is not None:  # one group's policy: its agents' rows in, their actions out
+        info["group"], info["agents"] = group, agents
+        info["observation"]["shape"] = [len(agents), *space.shape[1:]]
     if recurrent:  # what to pass besides the observations: each entry zeros of [batch, *shape] at first
         info["state"] = [{"shape": list(s.shape[1:]), "dtype": str(s.dtype).removeprefix("torch.")} for s in args[1:]]
     path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}.pt2"
@@ -149,6 +162,28 @@ def export_policy(run: str | Path, out: str | Path | None = None, overrides: lis
     tmp.replace(path)
     _check(path, policy, args)
     return Exported(path, info)
+
+
+class GroupPolicy(nn.Module):
+    """One group's greedy policy of a multi-agent network (:meth:`AgentsActorCritic.group_greedy`)."""
+
+    def __init__(self, net: nn.Module, group: str):
+        super().__init__()
+        self.net, self.group = net, group
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net.group_greedy(obs.to(torch.float32), self.group)
+
+
+def _group_policy(net: nn.Module, group: str, algorithm: str) -> tuple[nn.Module, list[int]]:
+    from dagrl.core.schema import closest
+
+    names = getattr(net, "names", None)
+    if names is None or not hasattr(net, "group_greedy"):
+        raise ConfigError("--group", "", f"{group}: algorithm {algorithm} has no agent groups (a multi-agent run has)")
+    if group not in names:
+        raise ConfigError("--group", "", f"{group}: no such group in this run ({closest(group, names, 'groups')})")
+    return GroupPolicy(net, group), net.members(group)
 
 
 def _observations(envs: Any, steps: int) -> torch.Tensor:

@@ -251,6 +251,18 @@ class AgentsActorCritic(nn.Module):
             actions.append(out if self.box else out.argmax(-1))
         return torch.stack(actions, 1)
 
+    def members(self, group: str) -> list[int]:
+        """The agents (their indices in a game's rows) of the group named ``group``."""
+        g = self.names.index(group)
+        return [a for a in range(self.A) if self.group_of[a] == g]
+
+    def group_greedy(self, obs: torch.Tensor, group: str) -> torch.Tensor:
+        """The most likely actions of one group's agents, for their rows ``[N, k, W]`` in the game's
+        order (what ``dagrl export --group`` exports: the policy one kind of agent deploys with)."""
+        g = self.names.index(group)
+        out = [self.actors[g](self._own(g, obs[:, j])) for j in range(len(self.members(group)))]
+        return torch.stack(out if self.box else [o.argmax(-1) for o in out], 1)
+
     def agent_index(self, n_games: int, device: Any = "cpu") -> torch.Tensor:
         """The agent of each row of ``n_games`` games' rows, flattened game-major."""
         return torch.arange(self.A, device=device).repeat(n_games)
