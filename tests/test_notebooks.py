@@ -33,11 +33,31 @@ def python_processes(marker: str | None = None) -> set[int]:
     return mine
 
 
-def run_notebook(name: str, tmp_path: Path, **env: str) -> nbformat.NotebookNode:
+QUICK = {  # per notebook, what the tests set after its parameters cell: small budgets, runs under tmp_path
+    "01-quickstart": {"SETTINGS": ["stop.iterations=6", "stop.mean_return=null"]},
+    "02-distribution-policies": {"SETTINGS": ["stop.iterations=8", "stop.mean_return=null"]},
+    "03-slurm": {"SETTINGS": ["stop.iterations=4", "stop.mean_return=null"]},
+    "04-your-own-algorithm": {"ENV_STEPS": 4_000},
+}
+
+
+def with_parameters(nb: nbformat.NotebookNode, values: dict) -> nbformat.NotebookNode:
+    """``nb`` with a cell setting ``values`` right after its cell tagged ``parameters`` (as papermill
+    injects parameters): the notebook holds what a reader runs, the tests only override it."""
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    source = "\n".join(f"{k} = {v!r}" for k, v in values.items())
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
+    return nb
+
+
+def run_notebook(name: str, tmp_path: Path, params: dict | None = None, **env: str) -> nbformat.NotebookNode:
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    runs = str(tmp_path / "runs")
+    where = {"WORK": runs} if name.startswith("04") else {"RUNS": runs}
+    nb = with_parameters(nb, {**QUICK[name], **where, **(params or {})})
     before = python_processes()
     old = dict(os.environ)
-    os.environ.update({"DAGRL_NOTEBOOK_QUICK": "1", "DAGRL_NOTEBOOK_RUNS": str(tmp_path / "runs"), **env})
+    os.environ.update({"DAGRL_NOTEBOOK_RUNS": runs, **env})  # marks the kernel and what it starts
     try:
         NotebookClient(
             nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
@@ -80,7 +100,7 @@ def test_distribution_policies(tmp_path):
 def test_slurm_notebook_submits_to_a_real_slurm(slurm, tmp_path):
     cluster = tmp_path / "slurm.yaml"
     cluster.write_text(CLUSTER.format(partition="debug"))
-    text = outputs(run_notebook("03-slurm", tmp_path, DAGRL_SLURM_CLUSTER=str(cluster)))
+    text = outputs(run_notebook("03-slurm", tmp_path, {"CLUSTER": str(cluster)}))
     assert "SLURM controller reachable: True" in text
     assert "(worker job)" in text and "#SBATCH --gres=gpu:1" in text
     assert "COMPLETED" in text and "done (iterations)" in text
