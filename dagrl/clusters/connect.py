@@ -48,7 +48,9 @@ def _wait_for_a_worker(client: Any, address: str, timeout: float = WORKERS_TIMEO
 
     from dagrl.runtime.placement import PlacementError
 
-    if client.scheduler_info(n_workers=-1).get("workers"):
+    from dagrl.runtime.workers import workers
+
+    if workers(client):
         return
     logging.getLogger("dagrl").info("waiting up to %.0f s for a worker to join %s", timeout, address)
     try:
