@@ -47,7 +47,6 @@ def _wait_for_a_worker(client: Any, address: str, timeout: float = WORKERS_TIMEO
     import logging
 
     from dagrl.runtime.placement import PlacementError
-
     from dagrl.runtime.workers import workers
 
     if workers(client):
