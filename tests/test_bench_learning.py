@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ def test_parallel_runs_each_reach_their_budget_and_land_in_one_table(tmp_path):
     out = tmp_path / "learning"
     cmd = [sys.executable, "-m", "dagrl", "bench", "learning", "--graphs", "ppo-cartpole-single:1000",
            "--seeds", "1", "2", "--jobs", "2", "--final-eval", "3", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "DAGRL_BENCH_RESULTS": str(tmp_path / "results")}  # not the checkout's results
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert sorted(r["seed"] for r in runs) == [1, 2]
@@ -23,6 +25,7 @@ def test_parallel_runs_each_reach_their_budget_and_land_in_one_table(tmp_path):
         assert len(returns) == 3 and r["final_eval"] == sum(returns) / 3 and r["final_eval_episodes"] == 3
     for seed in (1, 2):  # each ran in its own process, its output in its own log
         assert "env steps" in (out / f"ppo-cartpole-single-s{seed}.log").read_text()
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # finished runs are read back
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)  # finished runs are read back
     assert again.returncode == 0 and "started" not in again.stdout
     assert json.loads((out / "results.json").read_text())["runs"] == runs  # the evaluations too
+    assert (tmp_path / "results" / "learning.json").exists()
