@@ -29,6 +29,39 @@ NODE_CPUS = 8
 NODE_MEMORY_MB = 16000
 
 
+SETTINGS = """ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+"""
+TAIL = """JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+"""
+"""slurm.conf lines both test clusters share (processes tracked without cgroups, cores as the unit, no
+accounting); a node's own lines go between them."""
+
+
+def start_munged(root: Path) -> tuple[subprocess.Popen, Path]:
+    """munged with its socket, keys and log under ``root``; the process and its socket, once it exists."""
+    sock, m = root / "munge" / "munge.socket.2", root / "munge"
+    log = open(root / "log" / "munged.out", "ab")  # noqa: SIM115 (lives with the daemon)
+    proc = subprocess.Popen(
+        ["munged", "--force", "--foreground", f"--socket={sock}", f"--pid-file={m}/munged.pid",
+         f"--log-file={root}/log/munged.log", f"--seed-file={m}/munged.seed"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    SlurmNode._wait(lambda: sock.exists(), 10, "munged did not create its socket")
+    return proc, sock
+
+
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
@@ -72,22 +105,8 @@ SlurmctldPidFile={r}/slurmctld.pid
 SlurmdPidFile={r}/slurmd.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-GresTypes=gpu
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MinJobAge=600
-KillWait=5
-InactiveLimit=0
-SlurmdTimeout=60
+{SETTINGS}GresTypes=gpu
+{TAIL}SlurmdTimeout=60
 NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={NODE_MEMORY_MB} Gres=gpu:1 State=UNKNOWN
 PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
 """
@@ -98,19 +117,8 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
         install()
         self.write_config()
         os.environ.update(self.env)
-        sock = self.root / "munge" / "munge.socket.2"
-        self._spawn(
-            [
-                "munged",
-                "--force",
-                "--foreground",
-                f"--socket={sock}",
-                f"--pid-file={self.root}/munge/munged.pid",
-                f"--log-file={self.root}/log/munged.log",
-                f"--seed-file={self.root}/munge/munged.seed",
-            ]
-        )
-        self._wait(lambda: sock.exists(), 10, "munged did not create its socket")
+        munged, sock = start_munged(self.root)
+        self.procs.append(munged)
         # slurm's auth plugin finds munged through AuthInfo; point it at our socket
         text = self.conf.read_text().replace("AuthType=auth/munge", f"AuthType=auth/munge\nAuthInfo=socket={sock}")
         self.conf.write_text(text)
@@ -197,21 +205,7 @@ SlurmctldPidFile={r}/slurmctld.pid
 SlurmdPidFile={r}/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MinJobAge=600
-KillWait=5
-InactiveLimit=0
-SlurmdTimeout={self.timeout}
+{SETTINGS}{TAIL}SlurmdTimeout={self.timeout}
 {nodes}
 PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP LLN=YES
 """
@@ -219,16 +213,8 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP LLN=YES
 
     def start(self, timeout: float = 90.0) -> SlurmOnHosts:
         install()
-        sock = self.root / "munge" / "munge.socket.2"
-        self.write_config(sock)
-        m = self.root / "munge"
-        log = open(self.root / "log" / "munged.out", "ab")  # noqa: SIM115 (lives with the daemon)
-        self.munged = subprocess.Popen(
-            ["munged", "--force", "--foreground", f"--socket={sock}", f"--pid-file={m}/munged.pid",
-             f"--log-file={self.root}/log/munged.log", f"--seed-file={m}/munged.seed"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        SlurmNode._wait(lambda: sock.exists(), 10, "munged did not create its socket")
+        self.write_config(self.root / "munge" / "munge.socket.2")
+        self.munged, _ = start_munged(self.root)
         out = self.root / "log"
         self.hosts.spawn(self.head, ["slurmctld", "-D", "-i", "-f", str(self.conf)], out / "slurmctld.out", self.env)
         for node in self.nodes:
