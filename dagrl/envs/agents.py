@@ -75,13 +75,6 @@ class AgentsBox(gym.spaces.Box):
     def width(self) -> int:
         return int(self.shape[1])
 
-    def group_of(self) -> np.ndarray:
-        """Per agent, the index of its group in ``groups``' order."""
-        out = np.zeros(self.n_agents, np.int64)
-        for g, members in enumerate(self.groups.values()):
-            out[list(members)] = g
-        return out
-
     def __repr__(self) -> str:
         return f"AgentsBox({self.n_agents} agents x {self.width}: groups {dict(self.groups)})"
 

@@ -174,14 +174,15 @@ class StreamingCentralInference(Acting, Async):
         super()._start_sampler(i)
 
     def _sampler_failed(self, i: int, failure: RoleFailure) -> None:
-        """A sampler that cannot reach the inference role: the role's loss if it does not answer either
-        (replaced, every sampler pointed at the new one), else the sampler's own."""
-        if isinstance(failure.cause, InferenceUnavailable) or not self._server_answers():
-            if not self._server_answers():
-                self._replace_server(RoleFailure(self.server, "lost", failure.cause))
-            self._start_sampler(i)  # its own host is fine: only its loop starts again
+        """A sampler that could not reach the inference role: the role's loss if it does not answer
+        either (replaced, every sampler pointed at the new one); else it asked one replaced meanwhile.
+        Either way only its loop starts again. Any other failure is the sampler's own."""
+        if not isinstance(failure.cause, InferenceUnavailable):
+            super()._sampler_failed(i, failure)
             return
-        super()._sampler_failed(i, failure)
+        if not self._server_answers():
+            self._replace_server(RoleFailure(self.server, "lost", failure.cause))
+        self._start_sampler(i)
 
     def _check(self, status: Any) -> None:
         super()._check(status)

@@ -319,12 +319,10 @@ class Stream(Policy):
             self.loop_started.append(time.monotonic())
             self.loop_peers.append({})
             options = self.hub_options()
-            self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), self._home())
+            learner = self.hosts[self.learner_role][0]
+            self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), learner)
             self._start_sampler(i)
             log.info("%s[%d] added on %s, a worker that joined: %d of at most %d", role, i, addr, i + 1, self.most)
-
-    def _home(self) -> Handle:
-        return self.hosts[self.learner_role][0]
 
     def _peer_replaced(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> bool:
         """Replace the host a loop failed on (a replay shard: ``recover: replace``), unless that is done

@@ -431,7 +431,7 @@ def agent_metrics(rollouts: list[AgentsRollout], net: AgentsActorCritic) -> Metr
         got = np.concatenate([r.agent_returns[name] for r in rollouts])
         if len(got):
             out[f"agents/{name}/episode_return"] = float(got.mean())
-            by_group.setdefault(net.names[int(net.group[i])], []).append(got)
+            by_group.setdefault(net.names[net.group_of[i]], []).append(got)
     for group, parts in by_group.items():
         out[f"groups/{group}/episode_return"] = float(np.concatenate(parts).mean())
     return out
