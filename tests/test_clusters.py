@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,7 @@ def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_pat
     from distributed import get_task_stream
 
     from dagrl.policies import build_policy
+    from dagrl.runtime import spans
 
     graph = load_graph(
         "graphs/sac-pendulum-split.yaml",
@@ -260,6 +262,7 @@ def test_roles_sharing_a_gpu_worker_run_their_fragments_at_the_same_time(tmp_pat
             with get_task_stream(client) as ts:
                 for _ in range(40):  # 16 of warm-up (256 env steps), then rounds that learn
                     policy.step()
+                time.sleep(2 * spans.EVERY_S)  # a loop sends its spans at most every EVERY_S: the last ones
         finally:
             policy.close()
     assert where["critic"] == where["actor"] == gpu

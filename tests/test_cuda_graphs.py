@@ -192,7 +192,7 @@ def test_td3_with_cuda_graphs_captures_both_critic_steps_and_learns_like_the_eag
         m_graphs, m_eager = one_round(*graphs, seed, td3), one_round(*eager, seed, td3)
     crit, act = graphs
     assert crit.step.captured and crit.step_and_polyak.captured and act.step.captured
-    for p, q in zip(crit.target_policy.parameters(), eager[0].target_policy.parameters(), strict=True):
+    for p, q in zip(crit.policy.parameters(), eager[0].policy.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5)
     assert m_graphs["losses/q"] == pytest.approx(m_eager["losses/q"], rel=1e-3)
     assert m_graphs["losses/policy"] == pytest.approx(m_eager["losses/policy"], rel=1e-3, abs=1e-4)

@@ -260,8 +260,7 @@ def test_an_actor_with_share_encoder_trains_its_head_on_the_critics_cnn(tmp_path
         sent = actor.policy.trunk.state_dict()
         assert all(torch.equal(sent[k], v) for k, v in critic.q.trunk.state_dict().items())  # the critic's CNN
         assert not all(torch.equal(sent[k], v) for k, v in before.items())  # which its losses trained
-        published = policy.hosts["actor"][0].call("publish").result()  # what samplers act with
-        weights = published.policy if algo == "sac" else published
+        weights = policy.hosts["actor"][0].call("publish").result().policy  # what samplers act with
         assert all(np.array_equal(weights[f"trunk.{k}"], v.numpy()) for k, v in sent.items())
     finally:
         policy.close()

@@ -165,7 +165,7 @@ def test_a_sampler_started_late_in_a_run_goes_on_with_the_runs_schedules(graphs_
     g = load_graph(f"{graphs_dir}/td3-pendulum-single.yaml", ["hyperparameters.exploration_noise=0"])
     weights = td3.publish(td3.actor(role_context(g, "actor", 0), g.config))
     deterministic = td3.Policy(g.observation_space, g.action_space, g.config.hidden)
-    deterministic.load_state_dict(td3.as_tensors(weights))
+    deterministic.load_state_dict(td3.as_tensors(weights.policy))
     acted = {}
     for at in (0, 2 * g.config.learning_starts):
         state = td3.sampler(role_context(g, "sampler", 0, env_steps=at), g.config)

@@ -17,36 +17,14 @@ import numpy as np
 import torch
 
 from dagrl.algos.common import offpolicy
-from dagrl.algos.common.evaluation import EpisodeRunner
-from dagrl.algos.common.offpolicy import (
-    ACTION_SPACES,
-    CriticOut,
-    Metrics,
-    SamplerState,
-    actor_networks,
-    actor_steps,
-    collect_steps,
-    episode_runner,
-    new_sampler,
-    policy_maker,
-    polyak,
-    seeded,
-    target_of,
-    twin_q,
-)
+from dagrl.algos.common.offpolicy import *  # noqa: F403 (the fragments and the iteration SAC and TD3 share)
+from dagrl.algos.common.offpolicy import Published, polyak
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.fragment import role
 from dagrl.core.schema import positive
-from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
-from dagrl.nn.encoders import CNN, encoder, image_shift
-from dagrl.nn.networks import Weights, as_tensors, minibatches, mlp, to_numpy
-from dagrl.replay import Sample, Transitions
-from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
-
-__all__ = [
-    "ACTION_SPACES", "Config", "actor", "collect", "critic", "eval_iteration", "evaluate", "evaluator", "publish",
-    "replay", "sampler", "train_iteration", "update_actor", "update_critic",
-]  # fmt: skip
+from dagrl.nn.cuda_graphs import wants_graphs
+from dagrl.nn.encoders import CNN, encoder
+from dagrl.nn.networks import as_tensors, mlp
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -91,6 +69,10 @@ class Policy(offpolicy.BoundedPolicy):
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.act(self.trunk(obs), gen)
 
+    def explore(self, obs: torch.Tensor, sampler: offpolicy.SamplerState) -> np.ndarray:
+        """A sampled action (a sampler's, from its generator)."""
+        return self(obs, sampler.gen)[0].numpy()
+
     def act(self, features: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action and its log-probability from the trunk's ``features``."""
         mean, log_std = self.net(features).chunk(2, dim=-1)
@@ -104,12 +86,6 @@ class Policy(offpolicy.BoundedPolicy):
         return self.scaled(squashed), log_prob
 
 
-@dataclass
-class ActorWeights:
-    policy: Weights
-    alpha: float
-
-
 # ---------------------------------------------------------------------------------------------------
 # Role states
 # ---------------------------------------------------------------------------------------------------
@@ -117,7 +93,15 @@ class ActorWeights:
 
 @dataclass(kw_only=True)
 class CriticState(offpolicy.CriticState):
-    policy: Policy  # the actor's, as of the last exchange: the soft targets' next actions
+    alpha: torch.Tensor | None = None  # the actor's temperature, as of the last exchange
+
+    def receive(self, published: Published) -> None:
+        self.policy.load_state_dict(as_tensors(published.policy))
+        self.alpha = torch.tensor(published.values["alpha"], dtype=torch.float32, device=self.device)
+
+    def gradient_step(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.steps += 1
+        return self.step({**b, "alpha": self.alpha})
 
 
 @dataclass(kw_only=True)
@@ -145,80 +129,50 @@ class ActorState(offpolicy.ActorState):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer, self.alpha_optimizer]
 
-
-@role("sampler", many=True)
-def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    return new_sampler(ctx, cfg, Policy)
+    def published(self) -> dict[str, float]:
+        return {"alpha": self.alpha()}
 
 
-replay = offpolicy.replay  # the shared replay role, bound here so that roles keep their order (and seeds)
+sampler = offpolicy.sampler_of(Policy)
+replay = offpolicy.replay  # the roles bound in their order, which gives each its seed
 
 
 @role("critic")
 def critic(ctx: RoleContext, cfg: Config) -> CriticState:
-    dev = torch.device(ctx.device)
-    q, policy = seeded(ctx, lambda: twin_q(ctx, cfg), policy_maker(ctx, cfg, Policy))
-    target = target_of(q, ctx, cfg)
-    graphs = wants_graphs(cfg.cuda_graphs, dev)
-    opt = torch.optim.Adam(q.parameters(), lr=cfg.q_lr, capturable=graphs)
-    gen = torch.Generator(device=dev).manual_seed(ctx.seed)
-    state = CriticState(cfg=cfg, q=q, target=target, policy=policy, optimizer=opt, gen=gen, device=dev)
-    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
-    state.step = CapturedStep(partial(critic_step, state), dev, [state.gen], enabled=graphs)
-    return state
+    return offpolicy.new_critic(ctx, cfg, CriticState, Policy, cfg.q_lr, critic_step)
 
 
 @role("actor")
 def actor(ctx: RoleContext, cfg: Config) -> ActorState:
-    dev = torch.device(ctx.device)
-    policy, q, trained = actor_networks(ctx, cfg, Policy)
-    log_alpha = torch.zeros(1, device=dev, requires_grad=True)
-    graphs = wants_graphs(cfg.cuda_graphs, dev)
-    state = ActorState(
-        cfg=cfg, policy=policy, q=q, optimizer=torch.optim.Adam(trained, lr=cfg.policy_lr, capturable=graphs),
-        gen=torch.Generator(device=dev).manual_seed(ctx.seed), device=dev, log_alpha=log_alpha,
-        alpha_optimizer=torch.optim.Adam([log_alpha], lr=cfg.policy_lr, capturable=graphs),
-        target_entropy=-float(np.prod(ctx.action_space.shape)),
+    log_alpha = torch.zeros(1, device=torch.device(ctx.device), requires_grad=True)
+    alpha_optimizer = torch.optim.Adam(
+        [log_alpha], lr=cfg.policy_lr, capturable=wants_graphs(cfg.cuda_graphs, ctx.device)
+    )
+    return offpolicy.new_actor(
+        ctx, cfg, ActorState, Policy, cfg.policy_lr, actor_step, ctx.seed, log_alpha=log_alpha,
+        alpha_optimizer=alpha_optimizer, target_entropy=-float(np.prod(ctx.action_space.shape)),
+        charts={"losses/policy": "loss", "losses/alpha": "alpha_loss", "charts/entropy": "entropy"},
     )  # fmt: skip
-    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
-    state.step = CapturedStep(partial(actor_step, state), dev, [state.gen], enabled=graphs)
-    return state
 
 
-@role("evaluator", recover="replace")
-def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
-    return episode_runner(ctx, cfg, Policy)
+evaluator = offpolicy.evaluator_of(Policy)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Fragments
+# Gradient steps
 # ---------------------------------------------------------------------------------------------------
-
-
-@fragment(role="actor")
-def publish(state: ActorState) -> ActorWeights:
-    return ActorWeights(to_numpy(state.policy), state.alpha())
-
-
-@fragment(role="sampler")
-def collect(state: SamplerState, weights: ActorWeights) -> Transitions:
-    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the policy."""
-    state.policy.load_state_dict(as_tensors(weights.policy))
-    return collect_steps(state, lambda obs: state.policy(obs, state.gen)[0].numpy())
 
 
 def critic_step(state: CriticState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One twin-Q gradient step on batch ``b`` (``b["alpha"]``: the actor's temperature), then Polyak."""
-    cfg = state.cfg
-    obs, next_obs = state.augment(b["obs"], state.gen), state.augment(b["next_obs"], state.gen)
-    with torch.no_grad():
+    """One twin-Q gradient step on batch ``b`` toward soft targets (``b["alpha"]``: the actor's
+    temperature), then Polyak."""
+
+    def soft(next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         next_action, next_logp = state.policy(next_obs, state.gen)
-        tq1, tq2 = state.target(next_obs, next_action)
-        soft = torch.min(tq1, tq2) - b["alpha"] * next_logp
-        discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
-        target = b["reward"] + discount * (1 - b["terminated"]) * soft
-    loss = offpolicy.regress_twin_q(state, obs, b["action"], target)
-    polyak(state.q.parameters(), state.target.parameters(), cfg.tau)
+        return next_action, b["alpha"] * next_logp
+
+    loss = offpolicy.twin_q_step(state, b, soft)
+    polyak(state.q.parameters(), state.target.parameters(), state.cfg.tau)
     return {"loss": loss.detach()}
 
 
@@ -226,15 +180,7 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     """One policy gradient step on batch ``b``; then, unless fixed, one temperature step."""
     cfg = state.cfg
     alpha = cfg.alpha if cfg.alpha is not None else state.log_alpha.detach().exp()
-    obs = state.augment(b["obs"], state.gen)
-    if cfg.share_encoder:  # the critic's features, which the actor's loss does not train
-        with torch.no_grad():
-            features = state.q.trunk(obs)
-        action, logp = state.policy.act(features, state.gen)
-        q1, q2 = state.q.heads(features, action)
-    else:
-        action, logp = state.policy(obs, state.gen)
-        q1, q2 = state.q(obs, action)
+    (_, logp), q1, q2 = offpolicy.through_q(state, b, partial(state.policy.act, gen=state.gen))
     loss = (alpha * logp - torch.min(q1, q2)).mean()
     offpolicy.descend(state.optimizer, loss)
     out = {"loss": loss.detach(), "entropy": -logp.detach().mean()}
@@ -243,53 +189,3 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
         offpolicy.descend(state.alpha_optimizer, alpha_loss)
         out["alpha_loss"] = alpha_loss.detach()
     return out
-
-
-@fragment(role="critic")
-def update_critic(state: CriticState, samples: list[Sample | None], actor_weights: ActorWeights) -> CriticOut:
-    """Twin-Q regression on soft Bellman targets, computed with the actor's weights as given."""
-    cfg = state.cfg
-    state.policy.load_state_dict(as_tensors(actor_weights.policy))
-    alpha = torch.tensor(actor_weights.alpha, dtype=torch.float32, device=state.device)
-    outs = [state.step({**b, "alpha": alpha}) for b in minibatches(samples, cfg.batch_size, state.device)]
-    state.steps += len(outs)
-    return CriticOut(to_numpy(state.q), step_means(outs, {"losses/q": "loss"}) if outs else {})
-
-
-@fragment(role="actor")
-def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
-    """Policy steps against the critic's Q as given; temperature steps toward the target entropy."""
-    outs, frames = actor_steps(state, samples, critic_out)
-    if not outs:
-        return {"perf/frames": 0.0}
-    return {
-        **critic_out.metrics,
-        **step_means(outs, {"losses/policy": "loss", "losses/alpha": "alpha_loss", "charts/entropy": "entropy"}),
-        "charts/alpha": state.alpha(),
-        "perf/frames": frames,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------
-# One training iteration
-# ---------------------------------------------------------------------------------------------------
-
-
-@fragment(role="evaluator")
-def evaluate(state: EpisodeRunner, weights: ActorWeights) -> Metrics:
-    """``eval_episodes`` whole episodes with the mean action (no sampling)."""
-    state.net.load_state_dict(as_tensors(weights.policy))
-    return state.run(state.net.greedy)
-
-
-@evaluation
-def eval_iteration():
-    return evaluate(publish())
-
-
-@iteration
-def train_iteration():
-    actor_weights = publish()
-    stored = add(collect(actor_weights))
-    batch = sample(stored)
-    return update_actor(batch, update_critic(batch, actor_weights))

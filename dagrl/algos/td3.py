@@ -16,36 +16,14 @@ import numpy as np
 import torch
 
 from dagrl.algos.common import offpolicy
-from dagrl.algos.common.evaluation import EpisodeRunner
-from dagrl.algos.common.offpolicy import (
-    ACTION_SPACES,
-    CriticOut,
-    Metrics,
-    SamplerState,
-    actor_networks,
-    actor_steps,
-    collect_steps,
-    episode_runner,
-    new_sampler,
-    policy_maker,
-    polyak,
-    seeded,
-    target_of,
-    twin_q,
-)
+from dagrl.algos.common.offpolicy import *  # noqa: F403 (the fragments and the iteration SAC and TD3 share)
+from dagrl.algos.common.offpolicy import Published, polyak
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.fragment import role
 from dagrl.core.schema import at_least, positive
-from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
-from dagrl.nn.encoders import CNN, encoder, image_shift
-from dagrl.nn.networks import Weights, as_tensors, minibatches, mlp, to_numpy
-from dagrl.replay import Sample, Transitions
-from dagrl.replay.role import add, sample  # noqa: F401 (the replay role's fragments)
-
-__all__ = [
-    "ACTION_SPACES", "Config", "actor", "collect", "critic", "eval_iteration", "evaluate", "evaluator", "publish",
-    "replay", "sampler", "train_iteration", "update_actor", "update_critic",
-]  # fmt: skip
+from dagrl.nn.cuda_graphs import CapturedStep, wants_graphs
+from dagrl.nn.encoders import CNN, encoder
+from dagrl.nn.networks import as_tensors, mlp
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -96,6 +74,17 @@ class Policy(offpolicy.BoundedPolicy):
         """The action for the trunk's ``features``."""
         return self.scaled(torch.tanh(self.net(features)))
 
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The action itself (evaluation: no exploration noise)."""
+        return self(obs)
+
+    def explore(self, obs: torch.Tensor, sampler: offpolicy.SamplerState) -> np.ndarray:
+        """The action plus Gaussian noise (``exploration_noise`` of the half-range), clipped to the bounds."""
+        space = sampler.envs.single_action_space
+        action = self(obs).numpy()
+        noise = sampler.rng.normal(0.0, sampler.cfg.exploration_noise, action.shape) * (space.high - space.low) / 2
+        return np.clip(action + noise, space.low, space.high).astype(space.dtype)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Role states
@@ -104,111 +93,76 @@ class Policy(offpolicy.BoundedPolicy):
 
 @dataclass(kw_only=True)
 class CriticState(offpolicy.CriticState):
-    target_policy: Policy
     given: Policy  # the policy weights of the current call, which the target policy drifts toward
     synced: bool = False  # the target policy starts as a copy of the first policy weights received
     step_and_polyak: CapturedStep | None = None  # a gradient step, then the targets' Polyak step
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "target_policy": self.target_policy.state_dict()}
+        return {**super().state_dict(), "target_policy": self.policy.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.target_policy.load_state_dict(sd["target_policy"])
+        self.policy.load_state_dict(sd["target_policy"])
         super().load_state_dict(sd)
         self.synced = True
 
     def captured_steps(self) -> list[CapturedStep | None]:
         return [self.step, self.step_and_polyak]
 
+    def receive(self, published: Published) -> None:
+        self.given.load_state_dict(as_tensors(published.policy))
+        if not self.synced:
+            self.policy.load_state_dict(self.given.state_dict())
+            self.synced = True
+
+    def gradient_step(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A step; every ``policy_delay``-th also moves the targets (as the actor steps then)."""
+        self.steps += 1
+        return (self.step_and_polyak if self.steps % self.cfg.policy_delay == 0 else self.step)(b)
+
 
 ActorState = offpolicy.ActorState
-
-
-@role("sampler", many=True)
-def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    return new_sampler(ctx, cfg, Policy)
-
-
-replay = offpolicy.replay  # the shared replay role, bound here so that roles keep their order (and seeds)
+sampler = offpolicy.sampler_of(Policy)
+replay = offpolicy.replay  # the roles bound in their order, which gives each its seed
 
 
 @role("critic")
 def critic(ctx: RoleContext, cfg: Config) -> CriticState:
-    dev = torch.device(ctx.device)
-    q, target_policy = seeded(ctx, lambda: twin_q(ctx, cfg), policy_maker(ctx, cfg, Policy))
-    target = target_of(q, ctx, cfg)
-    given = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(dev)
-    graphs = wants_graphs(cfg.cuda_graphs, dev)
-    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr, capturable=graphs)
-    gen = torch.Generator(device=dev).manual_seed(ctx.seed)
-    state = CriticState(
-        cfg=cfg, q=q, target=target, target_policy=target_policy, given=given, optimizer=opt, gen=gen, device=dev
+    given = Policy(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.cnn).to(torch.device(ctx.device))
+    state = offpolicy.new_critic(
+        ctx, cfg, CriticState, Policy, cfg.lr, partial(critic_step, and_polyak=False), given=given
     )
-    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
-    state.step = CapturedStep(partial(critic_step, state, and_polyak=False), dev, [gen], enabled=graphs)
-    state.step_and_polyak = CapturedStep(partial(critic_step, state, and_polyak=True), dev, [gen], enabled=graphs)
+    graphs = wants_graphs(cfg.cuda_graphs, state.device)
+    state.step_and_polyak = CapturedStep(
+        partial(critic_step, state, and_polyak=True), state.device, [state.gen], enabled=graphs
+    )
     return state
 
 
 @role("actor")
 def actor(ctx: RoleContext, cfg: Config) -> ActorState:
-    dev = torch.device(ctx.device)
-    policy, q, trained = actor_networks(ctx, cfg, Policy)
-    graphs = wants_graphs(cfg.cuda_graphs, dev)
-    gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
-    opt = torch.optim.Adam(trained, lr=cfg.lr, capturable=graphs)
-    state = ActorState(cfg=cfg, policy=policy, q=q, optimizer=opt, gen=gen, device=dev)
-    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
-    state.step = CapturedStep(partial(actor_step, state), dev, [gen], enabled=graphs)
-    return state
+    return offpolicy.new_actor(ctx, cfg, ActorState, Policy, cfg.lr, actor_step, ctx.seed + 1, every=cfg.policy_delay)
 
 
-@role("evaluator", recover="replace")
-def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
-    return episode_runner(ctx, cfg, Policy)
+evaluator = offpolicy.evaluator_of(Policy)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Fragments
+# Gradient steps
 # ---------------------------------------------------------------------------------------------------
-
-
-@fragment(role="actor")
-def publish(state: ActorState) -> Weights:
-    return to_numpy(state.policy)
-
-
-@fragment(role="sampler")
-def collect(state: SamplerState, weights: Weights) -> Transitions:
-    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the
-    policy plus Gaussian noise, clipped to the action bounds."""
-    space = state.envs.single_action_space
-    state.policy.load_state_dict(as_tensors(weights, torch.device("cpu")))
-    half = (space.high - space.low) / 2
-
-    def act(obs: torch.Tensor) -> np.ndarray:
-        action = state.policy(obs).numpy()
-        noise = state.rng.normal(0.0, state.cfg.exploration_noise, action.shape) * half
-        return np.clip(action + noise, space.low, space.high).astype(space.dtype)
-
-    return collect_steps(state, act)
 
 
 def critic_step(state: CriticState, b: dict[str, torch.Tensor], and_polyak: bool) -> dict[str, torch.Tensor]:
-    """One clipped double-Q gradient step on batch ``b``; with ``and_polyak``, then the targets' Polyak step
-    (the target policy toward ``state.given``)."""
-    cfg, policy = state.cfg, state.target_policy
-    half = policy.scale
-    obs, next_obs = state.augment(b["obs"], state.gen), state.augment(b["next_obs"], state.gen)
-    with torch.no_grad():
+    """One clipped double-Q gradient step on batch ``b``, the target policy's actions smoothed by clipped
+    noise; with ``and_polyak``, then the targets' Polyak step (the target policy toward ``state.given``)."""
+    cfg, policy = state.cfg, state.policy
+
+    def smoothed(next_obs: torch.Tensor) -> tuple[torch.Tensor, float]:
         noise = torch.randn(b["action"].shape, generator=state.gen, device=state.device) * cfg.target_noise
-        noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * half
-        low, high = policy.bias - half, policy.bias + half
-        next_action = torch.max(torch.min(policy(next_obs) + noise, high), low)
-        tq1, tq2 = state.target(next_obs, next_action)
-        discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
-        target = b["reward"] + discount * (1 - b["terminated"]) * torch.min(tq1, tq2)
-    loss = offpolicy.regress_twin_q(state, obs, b["action"], target)
+        noise = noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip) * policy.scale
+        low, high = policy.bias - policy.scale, policy.bias + policy.scale
+        return torch.max(torch.min(policy(next_obs) + noise, high), low), 0.0
+
+    loss = offpolicy.twin_q_step(state, b, smoothed)
     if and_polyak:
         polyak(state.q.parameters(), state.target.parameters(), cfg.tau)
         polyak(state.given.state_dict().values(), policy.state_dict().values(), cfg.tau)
@@ -217,62 +171,7 @@ def critic_step(state: CriticState, b: dict[str, torch.Tensor], and_polyak: bool
 
 def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One deterministic policy-gradient step on batch ``b`` against Q1."""
-    obs = state.augment(b["obs"], state.gen)
-    if state.cfg.share_encoder:  # the critic's features, which the actor's loss does not train
-        with torch.no_grad():
-            features = state.q.trunk(obs)
-        loss = -state.q.heads(features, state.policy.act(features))[0].mean()
-    else:
-        loss = -state.q(obs, state.policy(obs))[0].mean()
+    _, q1, _ = offpolicy.through_q(state, b, state.policy.act)
+    loss = -q1.mean()
     offpolicy.descend(state.optimizer, loss)
     return {"loss": loss.detach()}
-
-
-@fragment(role="critic")
-def update_critic(state: CriticState, samples: list[Sample | None], policy_weights: Weights) -> CriticOut:
-    """Clipped double-Q regression; the target policy drifts toward the policy weights as given."""
-    cfg = state.cfg
-    state.given.load_state_dict(as_tensors(policy_weights))
-    if not state.synced:
-        state.target_policy.load_state_dict(state.given.state_dict())
-        state.synced = True
-    outs = []
-    for b in minibatches(samples, cfg.batch_size, state.device):
-        state.steps += 1
-        step = state.step_and_polyak if state.steps % cfg.policy_delay == 0 else state.step
-        outs.append(step(b))
-    return CriticOut(to_numpy(state.q), step_means(outs, {"losses/q": "loss"}) if outs else {})
-
-
-@fragment(role="actor")
-def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
-    """One deterministic policy-gradient step per ``policy_delay`` batches, against the given Q1."""
-    outs, frames = actor_steps(state, samples, critic_out, every=state.cfg.policy_delay)
-    if not outs:
-        return {"perf/frames": 0.0}
-    return {**critic_out.metrics, **step_means(outs, {"losses/policy": "loss"}), "perf/frames": frames}
-
-
-# ---------------------------------------------------------------------------------------------------
-# One training iteration
-# ---------------------------------------------------------------------------------------------------
-
-
-@fragment(role="evaluator")
-def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
-    """``eval_episodes`` whole episodes with the deterministic policy (no exploration noise)."""
-    state.net.load_state_dict(as_tensors(weights))
-    return state.run(state.net)
-
-
-@evaluation
-def eval_iteration():
-    return evaluate(publish())
-
-
-@iteration
-def train_iteration():
-    policy_weights = publish()
-    stored = add(collect(policy_weights))
-    batch = sample(stored)
-    return update_actor(batch, update_critic(batch, policy_weights))

@@ -37,7 +37,7 @@ class Spans:
         self.lock = threading.Lock()
         self.pending: list[tuple[str, int, float, float]] = []
         self.count = 0
-        self.sent = time.monotonic()
+        self.sent = -EVERY_S  # the first span goes at once: a short run still shows each loop
 
     def add(self, fragment: str, start: float, stop: float) -> None:
         """A call of ``fragment`` from ``start`` to ``stop`` (``time.time()``, as Dask's own records), on

@@ -1,15 +1,24 @@
 """The off-policy actor-critic that SAC and TD3 share: hyperparameters, the samplers and their
-``collect`` loop, the replay role, the two learner roles' networks made alike, what the critic sends the
-actor, and the evaluator. Each algorithm keeps its own policy network, its losses and its updates.
+``collect`` loop, the replay role, the two learner roles' networks made alike, the fragments and the
+iteration, and the evaluator. Each algorithm keeps its own policy network, its role states (what the
+critic takes from the actor, one gradient step of each) and its losses.
 
 Two learner roles, as Spreeze splits them: the ``critic`` role holds the twin Q networks and their
-targets, the ``actor`` role the policy. They exchange weights once per update call.
+targets, the ``actor`` role the policy. They exchange weights once per update call:
+
+* ``publish`` (actor): the policy's weights and what else the critic's targets need (:class:`Published`);
+* ``collect`` (sampler): env steps with the policy's :meth:`explore` action;
+* ``update_critic``: the critic's gradient steps on the sampled batches, with the actor's weights as
+  published; it sends its Q weights and metrics on (:class:`CriticOut`);
+* ``update_actor``: the actor's steps against that Q;
+* ``evaluate`` (evaluator): whole episodes with the policy's ``greedy`` action.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -19,13 +28,21 @@ from torch import nn
 
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import role
+from dagrl.core.fragment import evaluation, fragment, iteration, role
 from dagrl.core.schema import at_least, unit_interval, widths_fit
-from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, wants_graphs
-from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift
-from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches
+from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
+from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift, image_shift
+from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches, to_numpy
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
+from dagrl.replay.role import add, sample
+
+__all__ = [
+    "ACTION_SPACES", "add", "collect", "eval_iteration", "evaluate", "publish", "sample", "train_iteration",
+    "update_actor", "update_critic",
+]  # fmt: skip
+"""What an algorithm module takes as it is (``from ... import *``); its roles it binds one by one, in
+their order (:func:`sampler_of`)."""
 
 ACTION_SPACES = (gym.spaces.Box,)
 Metrics = dict[str, float]
@@ -83,6 +100,15 @@ class Config:
 
 
 @dataclass
+class Published:
+    """What the actor publishes: the policy's weights, and the values the critic's targets read beside
+    them (SAC's temperature ``alpha``)."""
+
+    policy: Weights
+    values: dict[str, float]
+
+
+@dataclass
 class CriticOut:
     """What the critic sends the actor after an update call: its Q weights and its metrics."""
 
@@ -130,6 +156,18 @@ def collect_steps(state: SamplerState, act: Callable[[torch.Tensor], np.ndarray]
         state.obs = state.recorder.step(envs, state.obs, action)
         state.steps_done += envs.num_envs
     return state.recorder.take(envs)
+
+
+def sampler_of(policy_of: PolicyOf) -> Callable[[RoleContext, Config], SamplerState]:
+    """The ``sampler`` role of an algorithm whose policy network is ``policy_of``. An algorithm binds
+    its roles in the order ``sampler``, ``replay``, ``critic``, ``actor``, ``evaluator``, which gives
+    each its seed."""
+
+    @role("sampler", many=True)
+    def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
+        return new_sampler(ctx, cfg, policy_of)
+
+    return sampler
 
 
 @role("replay", many=True)
@@ -183,21 +221,29 @@ def restored(cfg: Config, device: torch.device, optimizers: list[torch.optim.Opt
             step.reset()
 
 
-def episode_runner(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> EpisodeRunner:
-    """The evaluator's envs and its own policy network."""
-    envs = ctx.make_envs()
-    policy = policy_of(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
-    return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+def evaluator_of(policy_of: PolicyOf) -> Callable[[RoleContext, Config], EpisodeRunner]:
+    """The ``evaluator`` role (its envs and its own policy network) of an algorithm whose policy network
+    is ``policy_of``."""
+
+    @role("evaluator", recover="replace")
+    def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
+        envs = ctx.make_envs()
+        policy = policy_of(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
+        return EpisodeRunner(envs, policy, ctx.seed, cfg.eval_episodes)
+
+    return evaluator
 
 
 @dataclass(kw_only=True)
 class CriticState:
-    """The ``critic`` role: the twin Q networks, their targets and their optimizer. An algorithm's
-    critic adds what its targets need (SAC: the actor's policy; TD3: a target policy)."""
+    """The ``critic`` role: the twin Q networks, their targets, the policy its targets act with, and the
+    optimizer. An algorithm's critic adds what else its targets need."""
 
     cfg: Any
     q: TwinQ
     target: TwinQ
+    policy: nn.Module
+    """The policy the targets act with: SAC's the actor's as of the last exchange, TD3's a target copy."""
     optimizer: torch.optim.Optimizer
     gen: torch.Generator
     device: torch.device
@@ -224,6 +270,14 @@ class CriticState:
         """The gradient steps replayed from CUDA graphs (an algorithm's critic may have more)."""
         return [self.step]
 
+    def receive(self, published: Published) -> None:
+        """Take the actor's weights (and values) as published, for this update call's targets."""
+        raise NotImplementedError
+
+    def gradient_step(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One gradient step on batch ``b`` (and the targets' Polyak step where due); its outputs."""
+        raise NotImplementedError
+
 
 @dataclass(kw_only=True)
 class ActorState:
@@ -249,17 +303,78 @@ class ActorState:
         self.steps = sd["steps"]
         restored(self.cfg, self.device, self.optimizers(), self.step)
 
+    every: int = 1
+    """A policy step on every ``every``-th batch (TD3's ``policy_delay``)."""
+    charts: dict[str, str] = field(default_factory=lambda: {"losses/policy": "loss"})
+    """Metric name -> the step output it averages."""
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """What the actor's steps update (an algorithm's actor may have more: SAC's temperature)."""
         return [self.optimizer]
 
+    def published(self) -> dict[str, float]:
+        """The values published beside the policy's weights (:class:`Published`)."""
+        return {}
 
-def actor_networks(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> tuple[nn.Module, TwinQ, list]:
-    """The actor's policy and its copy of the critic's Q (frozen), seeded alike in every algorithm,
-    and the parameters its optimizer trains (with ``share_encoder``, not the trunk it copies)."""
+
+def new_critic(
+    ctx: RoleContext,
+    cfg: Config,
+    state_of: type[CriticState],
+    policy_of: PolicyOf,
+    lr: float,
+    step: Callable[..., dict[str, torch.Tensor]],
+    **fields: Any,
+) -> Any:
+    """The critic role's state ``state_of``: the twin Q networks and a policy (SAC's copy of the actor's,
+    TD3's target policy) seeded alike in every algorithm, the Q target, an Adam optimizer with
+    learning rate ``lr``, and ``step(state, batch)`` as its gradient step; ``fields`` are the
+    algorithm's own."""
+    dev = torch.device(ctx.device)
+    q, policy = seeded(ctx, lambda: twin_q(ctx, cfg), policy_maker(ctx, cfg, policy_of))
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    state = state_of(
+        cfg=cfg, q=q, target=target_of(q, ctx, cfg), policy=policy, device=dev,
+        optimizer=torch.optim.Adam(q.parameters(), lr=lr, capturable=graphs),
+        gen=torch.Generator(device=dev).manual_seed(ctx.seed), **fields,
+    )  # fmt: skip
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
+    state.step = captured(state, step)
+    return state
+
+
+def captured(state: CriticState | ActorState, step: Callable[..., dict[str, torch.Tensor]]) -> CapturedStep:
+    """``step(state, batch)``, replayed from a CUDA graph where the graph asks for them on a GPU."""
+    enabled = wants_graphs(state.cfg.cuda_graphs, state.device)
+    return CapturedStep(partial(step, state), state.device, [state.gen], enabled=enabled)
+
+
+def new_actor(
+    ctx: RoleContext,
+    cfg: Config,
+    state_of: type[ActorState],
+    policy_of: PolicyOf,
+    lr: float,
+    step: Callable[..., dict[str, torch.Tensor]],
+    seed: int,
+    **fields: Any,
+) -> Any:
+    """The actor role's state ``state_of``: its policy and its copy of the critic's Q (frozen), seeded
+    alike in every algorithm, an Adam optimizer with learning rate ``lr`` for what it trains (with
+    ``share_encoder``, not the trunk it copies), a generator from ``seed`` and ``step(state, batch)`` as
+    its gradient step; ``fields`` are the algorithm's own."""
+    dev = torch.device(ctx.device)
     policy, q = seeded(ctx, policy_maker(ctx, cfg, policy_of), lambda: twin_q(ctx, cfg))
     q.requires_grad_(False)  # the critic's copy: the policy loss differentiates through it, never into it
-    return policy, q, list(policy.net.parameters() if cfg.share_encoder else policy.parameters())
+    trained = policy.net.parameters() if cfg.share_encoder else policy.parameters()
+    graphs = wants_graphs(cfg.cuda_graphs, dev)
+    state = state_of(
+        cfg=cfg, policy=policy, q=q, optimizer=torch.optim.Adam(trained, lr=lr, capturable=graphs),
+        gen=torch.Generator(device=dev).manual_seed(seed), device=dev, **fields,
+    )  # fmt: skip
+    state.augment = image_shift(ctx.observation_space, cfg.augment_shift)
+    state.step = captured(state, step)
+    return state
 
 
 def actor_steps(
@@ -309,3 +424,95 @@ def regress_twin_q(state: CriticState, obs: torch.Tensor, action: torch.Tensor, 
     loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
     descend(state.optimizer, loss)
     return loss
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragments and the iteration
+# ---------------------------------------------------------------------------------------------------
+
+
+@fragment(role="actor")
+def publish(state: ActorState) -> Published:
+    return Published(to_numpy(state.policy), state.published())
+
+
+@fragment(role="sampler")
+def collect(state: SamplerState, weights: Published) -> Transitions:
+    """``steps`` steps of every env: uniform random actions until ``learning_starts``, then the
+    policy's exploring ones (its ``explore``)."""
+    state.policy.load_state_dict(as_tensors(weights.policy, torch.device("cpu")))
+    return collect_steps(state, lambda obs: state.policy.explore(obs, state))
+
+
+@fragment(role="critic")
+def update_critic(state: CriticState, samples: list[Sample | None], weights: Published) -> CriticOut:
+    """The critic's gradient steps, one per batch, with the actor's weights as published."""
+    state.receive(weights)
+    outs = [state.gradient_step(b) for b in minibatches(samples, state.cfg.batch_size, state.device)]
+    return CriticOut(to_numpy(state.q), step_means(outs, {"losses/q": "loss"}) if outs else {})
+
+
+@fragment(role="actor")
+def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
+    """The actor's steps against the critic's Q as sent."""
+    outs, frames = actor_steps(state, samples, critic_out, every=state.every)
+    if not outs:
+        return {"perf/frames": 0.0}
+    charts = {f"charts/{k}": v for k, v in state.published().items()}
+    return {**critic_out.metrics, **step_means(outs, state.charts), **charts, "perf/frames": frames}
+
+
+@fragment(role="evaluator")
+def evaluate(state: EpisodeRunner, weights: Published) -> Metrics:
+    """``eval_episodes`` whole episodes with the policy's ``greedy`` action (no exploration)."""
+    state.net.load_state_dict(as_tensors(weights.policy))
+    return state.run(state.net.greedy)
+
+
+@evaluation
+def eval_iteration():
+    return evaluate(publish())
+
+
+@iteration
+def train_iteration():
+    weights = publish()
+    stored = add(collect(weights))
+    batch = sample(stored)
+    return update_actor(batch, update_critic(batch, weights))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What both algorithms' gradient steps do
+# ---------------------------------------------------------------------------------------------------
+
+
+NextAction = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | float]]
+"""The targets' action at the next observations, and what each target value gives up for it (SAC's
+``alpha * log_prob``; TD3's nothing)."""
+
+
+def twin_q_step(state: CriticState, b: dict[str, torch.Tensor], next_action: NextAction) -> torch.Tensor:
+    """One step of both Q heads toward ``reward + discount * (min target Q(s', a') - penalty)`` on batch
+    ``b`` (observations augmented), ``a'`` and ``penalty`` from ``next_action``; the loss."""
+    obs, next_obs = state.augment(b["obs"], state.gen), state.augment(b["next_obs"], state.gen)
+    with torch.no_grad():
+        action, penalty = next_action(next_obs)
+        tq1, tq2 = state.target(next_obs, action)
+        discount = b.get("discount", state.cfg.gamma)  # n-step rows carry theirs
+        target = b["reward"] + discount * (1 - b["terminated"]) * (torch.min(tq1, tq2) - penalty)
+    return regress_twin_q(state, obs, b["action"], target)
+
+
+def through_q(state: ActorState, b: dict[str, torch.Tensor], act: Callable[[torch.Tensor], Any]) -> tuple:
+    """``act``'s output for batch ``b``'s observations (augmented), from the policy's trunk or, with
+    ``share_encoder``, from the critic's features (which the actor's loss does not train); and both Q
+    heads at its action (``act`` may return ``(action, ...)``)."""
+    obs = state.augment(b["obs"], state.gen)
+    if state.cfg.share_encoder:
+        with torch.no_grad():
+            features = state.q.trunk(obs)
+        out = act(features)
+        return out, *state.q.heads(features, out[0] if isinstance(out, tuple) else out)
+    out = act(state.policy.trunk(obs))
+    return out, *state.q(obs, out[0] if isinstance(out, tuple) else out)
