@@ -141,12 +141,17 @@ class Policy:
         fold = {graph.output.id: positions} if positions else None
         reported = {n.id for n in graph.nodes if self.counts(n) and n.id not in folded}
         calls = self.executor.run_nodes(
-            graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported, mail=frozenset(mail)
-        )
+            graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported, mail=frozenset(mail),
+            collective={n.id for n in graph.nodes if self.collective(n)},
+        )  # fmt: skip
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if n.id in reported}
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame
         return Submitted(calls, reports, outs, watch, t0, folded)
+
+    def collective(self, node: Node) -> bool:
+        """Whether ``node``'s replicas wait for each other inside the call (:meth:`Executor.run_nodes`)."""
+        return False
 
     def folded_reports(self, graph: FragmentGraph) -> tuple[int, ...]:
         """Positions of the output node's inputs whose reports its own task computes.

@@ -53,6 +53,10 @@ class DataParallel(Lockstep):
             self.checked = True
         return res
 
+    def collective(self, node: Any) -> bool:
+        """A data-parallel role's calls may all-reduce: each waits for its worker's earlier calls first."""
+        return node.role in self.parallel
+
     def output_calls(self, output: Any, calls: dict[int, list[Any]]) -> list[Any]:
         """Replay shard m passes on learner replica m % K's metrics: shards 0..K-1 give all K."""
         if not self.graph.algorithm.roles[output.role].many:

@@ -315,6 +315,7 @@ class Executor:
         reports: dict[int, tuple[int, ...]] | None = None,
         announce: set[int] | frozenset[int] = frozenset(),
         mail: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
+        collective: set[int] | frozenset[int] = frozenset(),
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
@@ -328,6 +329,11 @@ class Executor:
         consumer replica on the producer's host, on a worker hosting nothing else
         (:func:`mail_readers`), then gets a ticket instead of the future, so its task does not wait
         for the scheduler to learn that the producer ended.
+        ``collective``, the nodes whose replicas wait for each other inside the call (a data-parallel
+        update's all-reduce, which holds its worker's thread until every peer joins): each replica
+        then also waits for the calls submitted before it on its own worker. Otherwise a replica
+        could hold the only thread of a worker whose other call (a sampler's ``collect``) a peer still
+        waits for, and both would wait until the group's timeout.
         """
         calls = {} if calls is None else calls
         for node in nodes:
@@ -348,7 +354,10 @@ class Executor:
                 folded = (reports or {}).get(node.id, ())
                 announced = node.id in announce
                 box = self._mail(h, consumers, hosts) if consumers else None
-                row.append(self.submit(h, node.name, args, after=first, reports=folded, announce=announced, mail=box))
+                wait = first
+                if node.id in collective and self.remote:
+                    wait = [*first, *(c for row in calls.values() for c in row if c.handle.address == h.address)]
+                row.append(self.submit(h, node.name, args, after=wait, reports=folded, announce=announced, mail=box))
             calls[node.id] = row
         return calls
 
