@@ -21,6 +21,7 @@ test:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
+	$(PYTHON) benchmarks/report.py --check
 	$(PYTHON) -m pytest
 
 bench:

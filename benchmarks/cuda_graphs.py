@@ -23,6 +23,7 @@ from _common import emit, table
 from dagrl.algos import dqn
 from dagrl.core.context import RoleContext
 from dagrl.replay.store import Sample
+from dagrl.replay.synthetic import random_sample
 
 STEPS = 32
 ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -41,21 +42,6 @@ def learner(space: gym.Space, batch: int, graphs: bool, device: str, cnn: str = 
         "learner", 0, 1, 0, "bench", device=device, observation_space=space, action_space=gym.spaces.Discrete(6)
     )
     return dqn.learner(ctx, cfg)
-
-
-def samples(space: gym.Space, n: int) -> list[Sample]:
-    rng = np.random.default_rng(0)
-
-    def obs() -> np.ndarray:
-        if space.dtype == np.uint8:
-            return rng.integers(0, 256, (n, *space.shape), dtype=np.uint8)
-        return rng.standard_normal((n, *space.shape)).astype(np.float32)
-
-    data = {
-        "obs": obs(), "action": rng.integers(0, 6, n), "reward": rng.standard_normal(n).astype(np.float32),
-        "next_obs": obs(), "terminated": rng.random(n) < 0.01, "truncated": np.zeros(n, bool),
-    }  # fmt: skip
-    return [Sample(data, np.arange(n), np.ones(n, np.float32))]
 
 
 def rate(state: dqn.LearnerState, batch: list[Sample], seconds: float) -> float:
@@ -81,7 +67,7 @@ def main() -> None:
     for name in args.nets:
         space, cnn = NETS[name]
         for b in args.batch:
-            data = samples(space, b * STEPS)
+            data = [random_sample(space, gym.spaces.Discrete(6), b * STEPS, terminal=0.01)]
             eager, graphs = learner(space, b, False, args.device, cnn), learner(space, b, True, args.device, cnn)
             r = {"eager": [], "graphs": []}
             for _ in range(2):

@@ -33,6 +33,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,20 @@ def schema_of(data: dict[str, np.ndarray]) -> Schema:
     return Schema({k: (v.dtype, v.shape[1:]) for k, v in data.items()})
 
 
+def ring_writer(arrays: dict[str, np.ndarray], n: int) -> Callable[[dict[str, np.ndarray]], None]:
+    """An ``add`` that writes each batch into ``arrays`` (``n`` rows each) at a position going round."""
+    pos = 0
+
+    def add(b: dict[str, np.ndarray]) -> None:
+        nonlocal pos
+        k = len(b["reward"])
+        for f, v in b.items():
+            arrays[f][pos : pos + k] = v
+        pos = (pos + k) % n
+
+    return add
+
+
 def timed_adds(add, data: dict[str, np.ndarray]) -> float:
     """Rows/s of the second pass over ``data``: a full buffer wrapping around (steady state). The
     first pass fills fresh memory, and page faults cost every setup about the same there."""
@@ -128,15 +143,7 @@ def measure(name: str, data: dict[str, np.ndarray], seconds: float, root: Path) 
     out: dict = {"rows": n, "row_bytes": schema.row_bytes}
 
     ring = {k: np.zeros(v.shape, v.dtype) for k, v in data.items()}
-    pos = [0]
-
-    def ring_add(b):
-        k = len(b["reward"])
-        for f, v in b.items():
-            ring[f][pos[0] : pos[0] + k] = v
-        pos[0] = (pos[0] + k) % n
-
-    out["numpy ring"] = {"add": timed_adds(ring_add, data)}
+    out["numpy ring"] = {"add": timed_adds(ring_writer(ring, n), data)}
     out["numpy ring"]["sample"] = timed_samples(
         lambda: {f: a[rng.integers(0, n, BATCH)] for f, a in ring.items()}, seconds
     )
@@ -144,15 +151,7 @@ def measure(name: str, data: dict[str, np.ndarray], seconds: float, root: Path) 
     mm_dir = root / f"{name}-memmap"
     mm_dir.mkdir()
     mm = {f: np.lib.format.open_memmap(mm_dir / f"{f}.npy", "w+", v.dtype, v.shape) for f, v in data.items()}
-    pos[0] = 0
-
-    def mm_add(b):
-        k = len(b["reward"])
-        for f, v in b.items():
-            mm[f][pos[0] : pos[0] + k] = v
-        pos[0] = (pos[0] + k) % n
-
-    out["np.memmap"] = {"add": timed_adds(mm_add, data)}
+    out["np.memmap"] = {"add": timed_adds(ring_writer(mm, n), data)}
     for a in mm.values():
         a.flush()
     out["np.memmap"]["sample"] = timed_samples(

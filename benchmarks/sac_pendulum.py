@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
 import torch
 from _common import emit, engine_before, sb3_to_target, table
 
@@ -30,7 +29,7 @@ from dagrl.clusters.local import local_cluster
 from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
 from dagrl.policies import build_policy
-from dagrl.replay.store import Sample
+from dagrl.replay.synthetic import random_sample
 from dagrl.runtime.rundir import RunDir
 
 TARGET, WINDOW, BATCH, STEPS = -200.0, 20, 256, 16
@@ -84,14 +83,9 @@ def frame_rates(seconds: float, device: str = "cpu", batch: int = BATCH, graphs:
         observation_space=env.observation_space, action_space=env.action_space,
     )  # fmt: skip
     crit, act = sac.critic(ctx, cfg), sac.actor(ctx, cfg)
-    rng = np.random.default_rng(0)
     n = batch * STEPS
-    data = {
-        "obs": rng.standard_normal((n, 3)).astype(np.float32), "action": rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-        "reward": rng.standard_normal(n).astype(np.float32), "next_obs": rng.standard_normal((n, 3)).astype(np.float32),
-        "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
-    }  # fmt: skip
-    samples = [Sample(data, np.arange(n), np.ones(n, np.float32))]
+    samples = [random_sample(env.observation_space, env.action_space, n)]
+    data = samples[0].data
 
     def dagrl_call() -> None:
         sac.update_actor(act, samples, sac.update_critic(crit, samples, sac.publish(act)))

@@ -113,8 +113,7 @@ class LearnerState:
 
 @role("sampler", many=True)  # replicated by the graph's roles.sampler.replicas; a lost one is replaced
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs, obs, _ = ctx.start_envs()
     net = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
     return SamplerState(cfg, envs, net, obs, EpisodeTracker(envs.num_envs), torch.Generator().manual_seed(ctx.seed))
 

@@ -59,8 +59,7 @@ class Rollout:  # what a sampler sends; dagrl counts env_steps and the finished 
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> Sampler:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs, obs, _ = ctx.start_envs()
     return Sampler(cfg, envs, policy(ctx), obs, EpisodeTracker(envs.num_envs))
 
 

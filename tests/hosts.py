@@ -307,6 +307,12 @@ class Cluster:
             return len((self.run_dir() / "metrics.jsonl").read_text().splitlines())
         return 0
 
+    def last_row(self) -> dict:
+        """The run's last metrics row so far (empty before the first)."""
+        with contextlib.suppress(StopIteration, FileNotFoundError, ValueError, IndexError):
+            return json.loads((self.run_dir() / "metrics.jsonl").read_text().splitlines()[-1])
+        return {}
+
     def on_workers(self, source: str) -> dict:
         """``source`` (defining ``probe() -> JSON-able``) run on every worker; by worker name."""
         script = self.shared / "probe.py"

@@ -25,6 +25,14 @@ def only_run(root):
     return RunDir(path)
 
 
+def run_single(root, *settings: str) -> int:
+    """``dagrl run`` of PPO on CartPole in one process, its run under ``root``, with ``--set`` each of ``settings``."""
+    args = ["run", "graphs/ppo-cartpole-single.yaml", "--quiet"]
+    for item in (f"runs_dir={root}", *settings):
+        args += ["--set", item]
+    return main(args)
+
+
 def test_run_resume_continues_counters(tmp_path, graphs_dir, capsys):
     base = ["--set", f"runs_dir={tmp_path}", "--set", "checkpoint.every=1", "--set", "stop.mean_return=null", "--quiet"]
     assert main(["run", f"{graphs_dir}/ppo-cartpole-single.yaml", "--set", "stop.iterations=3", *base]) == 0
@@ -71,23 +79,8 @@ def test_run_attaches_to_a_running_scheduler(client, tmp_path, graphs_dir):
     assert len(live_workers(client)) == 3  # the cluster we attached to is left running
 
 
-def test_run_directory_holds_config_metrics_checkpoints_and_plot(tmp_path, graphs_dir):
-    assert (
-        main(
-            [
-                "run",
-                f"{graphs_dir}/ppo-cartpole-single.yaml",
-                "--set",
-                f"runs_dir={tmp_path}",
-                "--set",
-                "stop.iterations=4",
-                "--set",
-                "hyperparameters.lr=5e-4",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+def test_run_directory_holds_config_metrics_checkpoints_and_plot(tmp_path):
+    assert run_single(tmp_path, "stop.iterations=4", "hyperparameters.lr=5e-4") == 0
     rundir = only_run(tmp_path)
     config = yaml.safe_load(rundir.config_path.read_text())
     assert config["hyperparameters"]["lr"] == 5e-4 and config["hyperparameters"]["update_epochs"] == 20
@@ -166,23 +159,8 @@ def test_graph_command_prints_roles_and_edges(graphs_dir, tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
-def test_gpu_learner_falls_back_to_cpu_with_one_log_line(tmp_path, graphs_dir, capsys):
-    assert (
-        main(
-            [
-                "run",
-                f"{graphs_dir}/ppo-cartpole-single.yaml",
-                "--set",
-                f"runs_dir={tmp_path}",
-                "--set",
-                "roles.learner.resources={GPU: 1}",
-                "--set",
-                "stop.iterations=1",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+def test_gpu_learner_falls_back_to_cpu_with_one_log_line(tmp_path, capsys):
+    assert run_single(tmp_path, "roles.learner.resources={GPU: 1}", "stop.iterations=1") == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "falling back to CPU" in line]
     assert len(lines) == 1 and "learner[0]" in lines[0]
 

@@ -15,6 +15,7 @@ from dagrl.algos import dqn, sac, td3
 from dagrl.core.context import RoleContext
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable
 from dagrl.replay.store import Sample
+from dagrl.replay.synthetic import random_sample
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -30,13 +31,8 @@ def pendulum_learners(device: str, graphs: bool, algo=sac, batch: int = 64, step
 
 
 def pendulum_samples(seed: int, n: int) -> list[Sample]:
-    rng = np.random.default_rng(seed)
-    data = {
-        "obs": rng.standard_normal((n, 3)).astype(np.float32), "action": rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-        "reward": rng.standard_normal(n).astype(np.float32), "next_obs": rng.standard_normal((n, 3)).astype(np.float32),
-        "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
-    }  # fmt: skip
-    return [Sample(data, np.arange(n), np.ones(n, np.float32))]
+    env = gym.make("Pendulum-v1")
+    return [random_sample(env.observation_space, env.action_space, n, seed)]
 
 
 def one_round(crit, act, seed: int, algo=sac) -> dict[str, float]:
@@ -55,19 +51,9 @@ def dqn_learner(device: str, graphs: bool, image: bool = False, batch: int = 32,
 
 
 def dqn_round(state, seed: int):
-    rng = np.random.default_rng(seed)
     n, space = state.cfg.batch_size * state.cfg.gradient_steps, state.ctx.observation_space
-
-    def observations() -> np.ndarray:
-        if space.dtype == np.uint8:
-            return rng.integers(0, 256, (n, *space.shape), dtype=np.uint8)
-        return rng.standard_normal((n, *space.shape)).astype(np.float32)
-
-    data = {
-        "obs": observations(), "action": rng.integers(0, 2, n), "reward": rng.standard_normal(n).astype(np.float32),
-        "next_obs": observations(), "terminated": rng.random(n) < 0.1, "truncated": np.zeros(n, bool),
-    }  # fmt: skip
-    return dqn.update(state, [Sample(data, np.arange(n), rng.uniform(0.5, 1, n).astype(np.float32))])
+    weights = np.random.default_rng(seed + 1).uniform(0.5, 1, n).astype(np.float32)
+    return dqn.update(state, [random_sample(space, gym.spaces.Discrete(2), n, seed, terminal=0.1, weights=weights)])
 
 
 def regression(device: str):

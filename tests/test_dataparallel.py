@@ -59,19 +59,23 @@ def test_learner_replicas_stay_bit_identical_and_learn_from_both_shards(cluster,
     assert rows[-1]["env_steps"] == 6 * 2 * 4 * 32
 
 
-def test_replicas_fold_identical_normalisation_statistics(cluster, tmp_path):
-    over = ["hyperparameters.norm_obs=true", "hyperparameters.norm_reward=true", f"runs_dir={tmp_path}"]
-    graph = load_graph("graphs/ppo-cartpole-dp.yaml", over)
+def learner_states(cluster, tmp_path, overrides: list[str], iterations: int) -> list[dict]:
+    """Both learner replicas' states after ``iterations`` of ``ppo-cartpole-dp`` with ``overrides``."""
     from dagrl.policies import build_policy
 
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", [*overrides, f"runs_dir={tmp_path}"])
     cluster.wait_for_workers(4, timeout=60)
     policy = build_policy(graph, cluster)
     try:
-        for _ in range(3):
+        for _ in range(iterations):
             policy.step()
-        states = [h.state_dict().result() for h in policy.hosts["learner"]]
+        return [h.state_dict().result() for h in policy.hosts["learner"]]
     finally:
         policy.close()
+
+
+def test_replicas_fold_identical_normalisation_statistics(cluster, tmp_path):
+    states = learner_states(cluster, tmp_path, ["hyperparameters.norm_obs=true", "hyperparameters.norm_reward=true"], 3)
     a, b = _arrays(states[0]["agent"]), _arrays(states[1]["agent"])
     assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
     rows_per_iteration = 2 * 4 * 32  # both replicas' rollouts: 2 samplers x 4 envs x 32 steps
@@ -110,24 +114,14 @@ def test_a_closed_run_leaves_no_group_for_the_next_run_on_its_workers(cluster, t
 def test_replicas_compared_bit_for_bit_after_updates(cluster, tmp_path):
     """Also under ``anneal_lr``: each replica trains on half of a batch, and both count the whole of it."""
     over = ["stop.iterations=4", "stop.mean_return=null", "hyperparameters.anneal_lr=true", "stop.env_steps=2048"]
-    graph = load_graph("graphs/ppo-cartpole-dp.yaml", over)
-    from dagrl.policies import build_policy
-
-    cluster.wait_for_workers(4, timeout=60)
-    policy = build_policy(graph, cluster)
-    try:
-        for _ in range(4):
-            policy.step()
-        states = [h.state_dict().result() for h in policy.hosts["learner"]]
-        a, b = _arrays(states[0]), _arrays(states[1])
-        assert a.keys() == b.keys() and len(a) > 6
-        assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
-        assert states[0]["updates"] == states[1]["updates"] == 4
-        assert states[0]["trained_steps"] == states[1]["trained_steps"] == 4 * 256  # 2 samplers x 4 envs x 32
-        lrs = [s["optimizer"]["param_groups"][0]["lr"] for s in states]
-        assert lrs == [pytest.approx(1e-3 * (1 - 3 * 256 / 2048))] * 2  # the 4th batch's rate
-    finally:
-        policy.close()
+    states = learner_states(cluster, tmp_path, over, 4)
+    a, b = _arrays(states[0]), _arrays(states[1])
+    assert a.keys() == b.keys() and len(a) > 6
+    assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
+    assert states[0]["updates"] == states[1]["updates"] == 4
+    assert states[0]["trained_steps"] == states[1]["trained_steps"] == 4 * 256  # 2 samplers x 4 envs x 32
+    lrs = [s["optimizer"]["param_groups"][0]["lr"] for s in states]
+    assert lrs == [pytest.approx(1e-3 * (1 - 3 * 256 / 2048))] * 2  # the 4th batch's rate
 
 
 def test_an_algorithm_that_does_not_average_gradients_is_stopped_with_its_name(cluster, tmp_path):
@@ -143,9 +137,7 @@ def test_an_algorithm_that_does_not_average_gradients_is_stopped_with_its_name(c
 def test_killed_learner_replica_rolls_both_back_and_the_run_reaches_475(cluster, tmp_path):
     graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["checkpoint.every=5"])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(12)
-    run.kill("learner", 1)
-    summary = run.finish()
+    summary = run.killed("learner", 12, 1)
     assert summary["stop_reason"] == "mean_return", summary
     restarts = run.events("restart")
     assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("learner", 1, "lost")], restarts

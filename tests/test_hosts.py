@@ -120,21 +120,32 @@ def test_a_host_back_from_a_partition_is_restarted_and_serves_as_spare_capacity(
 
 
 @pytest.mark.slow
-def test_samplers_are_added_on_workers_that_join_during_the_run():
-    """``max_replicas``: the run starts with one sampler; a host joins mid-run (its `dagrl worker`
-    started then) and gets a sampler of its own, which streams from then on; the count is in the rows."""
+def test_samplers_are_added_on_workers_that_join_and_dropped_with_workers_that_leave():
+    """``max_replicas``: the run starts with one sampler; a host joins mid-run (its `dagrl worker` started
+    then) and gets a sampler of its own, which streams from then on. That host then crashes: its sampler
+    is dropped, not replaced, and the learner goes on without a rollback. The host boots again and its
+    worker joins: the dropped sampler's slot is taken there. The count is in the rows."""
     overrides = ["roles.learner.resources={LEARN: 1}", "roles.sampler.resources={SAMPLE: 1}"]
-    overrides += ["roles.sampler.replicas=1", "roles.sampler.max_replicas=3", "stop.iterations=250"]
-    overrides += ["stop.mean_return=null", "stop.wall_time_s=200"]
+    overrides += ["roles.sampler.replicas=1", "roles.sampler.max_replicas=3", "stop.iterations=500"]
+    overrides += ["stop.mean_return=null", "stop.wall_time_s=240", *QUICK]
     with cluster([("host1", "LEARN=1"), ("host2", "SAMPLE=1")]) as c:
         proc = c.start_run("ppo-cartpole-async", overrides)
         wait_for(lambda: c.rows() >= 10, 120, "10 metrics rows with one sampler")
         joined = c.start_worker("host3", "SAMPLE=1", 2)
-        wait_for(lambda: "Registered to:" in joined.read_text(), 90, "host3's worker to join")
+        wait_for(lambda: c.last_row().get("samplers/active") == 2, 120, "host3's sampler streaming")
+        assert "Registered to:" in joined.read_text()
+        c.hosts.crash(c.host("host3"))
+        wait_for(lambda: c.last_row().get("samplers/active") == 1, 60, "host3's sampler dropped")
+        c.hosts.revive(c.host("host3"))
+        c.start_worker("host3", "SAMPLE=1", 3)
+        wait_for(lambda: c.last_row().get("samplers/active") == 2, 120, "a sampler on host3's new worker")
         summary, run = c.finish(proc, 300)
     assert summary["stop_reason"] == "iterations", summary
-    counts = [r["samplers/active"] for r in run.rows]
-    assert counts[0] == 1 and counts[-1] == 2 and counts == sorted(counts), counts
+    counts = [int(r["samplers/active"]) for r in run.rows]
+    changes = [n for k, n in enumerate(counts) if k == 0 or n != counts[k - 1]]
+    assert changes == [1, 2, 1, 2], changes
+    assert [e for e in run.events if e["event"] == "restart"] == [], run.events  # nothing replaced, no rollback
+    iterations = [r["iteration"] for r in run.rows]
+    assert iterations == list(range(1, len(iterations) + 1))
     samplers = sorted((a["index"], a["host"]) for a in run.actors if a["role"] == "sampler")
-    assert samplers == [(0, "host2"), (1, "host3")], samplers
-    assert all(a["calls"] > 0 for a in run.actors if a["role"] == "sampler"), run.actors  # both collected
+    assert samplers == [(0, "host2"), (1, "host3")], samplers  # slot 1 again, on the new worker

@@ -232,6 +232,7 @@ def test_checkpoint_resume_eval_and_export_of_a_multiagent_run(tmp_path, graphs_
 
     out = tmp_path / "policy.pt2"
     assert main(["export", str(path), "--out", str(out)]) == 0
+    assert "mappo on mpe2:simple_spread_v3:" in capsys.readouterr().out  # the game, not the wrapper's id
     policy = torch.export.load(str(out)).module()
     rows_in = torch.as_tensor(PettingZooGame(**SPREAD).reset(seed=0)[0])[None]
     actions = policy(rows_in)

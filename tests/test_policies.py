@@ -174,3 +174,21 @@ def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_
     assert len(made) >= graph.role("sampler").replicas * graph.role("sampler").envs + 1  # + the evaluator's
     assert marks(folder, "closed") == made
     assert not [r.getMessage() for r in dagrl_log.records if "clos" in r.getMessage()]
+
+
+def test_a_checkpoint_taken_with_another_count_of_samplers_loads(graphs_dir):
+    """Samplers hold no state: a checkpoint taken while a run had more of them (an elastic one, grown
+    since) or fewer loads into this one, its learner's state whole."""
+    import torch
+
+    policy = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml"), None)
+    try:
+        policy.step()
+        sd = policy.state_dict()
+        assert sd["sampler"] == [None]
+        for samplers in ([None] * 3, []):
+            policy.load_state_dict({**sd, "sampler": samplers})
+            after = policy.state_dict()["learner"][0]["agent"]
+            assert all(torch.equal(after[k], v) for k, v in sd["learner"][0]["agent"].items())
+    finally:
+        policy.close()

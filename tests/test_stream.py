@@ -168,19 +168,6 @@ def test_a_learner_that_raises_under_async_is_rolled_back_and_old_rollouts_are_r
     assert after[-1]["stream/refused"] >= 1, [r["stream/refused"] for r in after]
 
 
-def test_an_env_error_under_async_restarts_that_sampler_and_names_the_env(cluster, tmp_path, faults):
-    from tests.test_supervision import Run
-
-    graph = load_graph("graphs/ppo-cartpole-async.yaml", ["env.id=tests.faulty:StepFailsOnce-v0", "stop.iterations=10"])
-    run = Run(graph, cluster, tmp_path)
-    summary = run.finish()
-    assert summary["iterations"] == 10
-    (event,) = run.events("restart")
-    assert event["role"] == "sampler" and event["kind"] == "raised"
-    assert "env tests.faulty:StepFailsOnce-v0 raised in step() on sampler[" in event["reason"]
-    assert "faulty.py" in event["traceback"] and "raise ValueError" in event["traceback"]
-
-
 def test_a_hung_sampler_loop_under_async_is_replaced_and_the_other_keeps_the_learner_fed(cluster, tmp_path, faults):
     from tests.test_supervision import Run
 

@@ -89,6 +89,12 @@ class Run:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def killed(self, role: str, at: int, index: int = 0) -> dict:
+        """Kill ``role[index]``'s worker once iteration ``at`` is done; the run's summary when it ends."""
+        self.wait_iteration(at)
+        self.kill(role, index)
+        return self.finish()
+
     def finish(self, timeout: float = 280) -> dict:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "run did not finish"
@@ -108,9 +114,7 @@ class Run:
 def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, tmp_path, graph_file, threshold):
     graph = load_graph(f"graphs/{graph_file}", [f"stop.mean_return={threshold}"])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(5)
-    run.kill("sampler", 1)
-    summary = run.finish()
+    summary = run.killed("sampler", 5, 1)
     assert summary["stop_reason"] == "mean_return", summary
     restarts = run.events("restart")
     assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
@@ -149,9 +153,7 @@ def test_a_worker_whose_nanny_is_gone_is_started_afresh_and_the_run_finishes(clu
 def test_killed_learner_rolls_back_to_the_checkpoint_and_finishes(cluster, tmp_path):
     graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["checkpoint.every=4", "stop.iterations=14"])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(10)
-    run.kill("learner")
-    summary = run.finish()
+    summary = run.killed("learner", 10)
     assert summary["stop_reason"] == "iterations" and summary["iterations"] == 14
     (rollback,) = run.events("rollback")
     assert rollback["to_iteration"] in (8, 12) and rollback["iterations_lost"] >= 1
@@ -168,9 +170,7 @@ def test_killed_learner_under_apex_rolls_back_onto_a_new_hub(cluster, tmp_path):
     loops restart on the restored learner's hub, and every iteration is counted once."""
     graph = faulty(["policy=apex", "checkpoint.every=5", "stop.iterations=30", f"roles.replay.path={tmp_path / 'r'}"])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(12)
-    run.kill("learner")
-    summary = run.finish()
+    summary = run.killed("learner", 12)
     assert summary["stop_reason"] == "iterations" and summary["iterations"] == 30
     (rollback,) = run.events("rollback")
     assert rollback["role"] == "learner" and rollback["to_iteration"] in (10, 15)
@@ -218,27 +218,28 @@ def test_a_shard_stores_each_samplers_rollouts_in_the_order_collected(cluster, t
         assert seq.tolist() == list(range(len(seq))), f"sampler {source}: rollouts stored as {seq[::64] // 64}"
 
 
-def test_env_error_in_step_names_env_and_sampler_and_the_sampler_is_restarted(cluster, tmp_path, faults):
-    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["env.id=tests.faulty:StepFailsOnce-v0", "stop.iterations=8"])
+def sampler_restarted_once(cluster, tmp_path, env: str, policy: str = "sync") -> dict:
+    """The restart event of a PPO run on ``env`` under ``policy``, which ran its 8 iterations after
+    restarting one sampler, and nothing else."""
+    graph = load_graph(f"graphs/ppo-cartpole-{policy}.yaml", [f"env.id={env}", "stop.iterations=8"])
     run = Run(graph, cluster, tmp_path)
-    summary = run.finish()
-    assert summary["iterations"] == 8
+    assert run.finish()["iterations"] == 8
     (event,) = run.events("restart")
     assert event["role"] == "sampler" and event["kind"] == "raised"
-    assert "env tests.faulty:StepFailsOnce-v0 raised in step() on sampler[" in event["reason"]
     assert "the pole fell off the cart" in event["reason"]
+    return event
+
+
+@pytest.mark.parametrize("policy", ["sync", "async"])
+def test_env_error_in_step_names_env_and_sampler_and_the_sampler_is_restarted(cluster, tmp_path, faults, policy):
+    event = sampler_restarted_once(cluster, tmp_path, "tests.faulty:StepFailsOnce-v0", policy)
+    assert "env tests.faulty:StepFailsOnce-v0 raised in step() on sampler[" in event["reason"]
     assert "faulty.py" in event["traceback"] and "raise ValueError" in event["traceback"]
 
 
 def test_a_replacement_that_fails_to_start_is_listed_and_the_next_one_runs(cluster, tmp_path, faults):
     """The restart event keeps the failure that caused it; the failed start is listed after it."""
-    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["env.id=tests.faulty:StartFailsOnce-v0", "stop.iterations=8"])
-    run = Run(graph, cluster, tmp_path)
-    summary = run.finish()
-    assert summary["iterations"] == 8
-    (event,) = run.events("restart")
-    assert event["role"] == "sampler" and event["kind"] == "raised"
-    assert "the pole fell off the cart" in event["reason"]
+    event = sampler_restarted_once(cluster, tmp_path, "tests.faulty:StartFailsOnce-v0")
     (failed,) = event["failed_starts"]
     assert "licence server busy" in failed
     assert event["new_worker"] and event["replace_s"] > 0
@@ -338,9 +339,7 @@ def test_killed_evaluator_is_replaced_without_rolling_back(cluster, tmp_path):
         "graphs/ppo-cartpole-sync.yaml", ["evaluate.every=3", "stop.iterations=15", "stop.mean_return=null"]
     )
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(4)
-    run.kill("evaluator")
-    summary = run.finish()
+    summary = run.killed("evaluator", 4)
     assert summary["iterations"] == 15
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("evaluator", "lost")]
     assert not run.events("rollback")
@@ -353,9 +352,7 @@ def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_pa
     options = ["policy.asynchronous=true", "policy.rollouts_per_update=2"] if asynchronous else []
     graph = load_graph("graphs/ppo-cartpole-seed.yaml", ["stop.iterations=12", "stop.mean_return=null", *options])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(4)
-    run.kill("inference")
-    summary = run.finish()
+    summary = run.killed("inference", 4)
     assert summary["iterations"] == 12
     # the samplers failed to reach it, but it is the inference role that is blamed and replaced
     assert [(e["role"], e["index"], e["kind"]) for e in run.events("restart")] == [("inference", 0, "lost")]
@@ -374,9 +371,7 @@ def test_killed_sampler_leaves_no_shared_memory_segment(cluster, tmp_path):
         ["hyperparameters.num_steps=64", "stop.iterations=8", "stop.mean_return=null", "shared_memory=true"],
     )
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(3)
-    run.kill("sampler", 0)
-    summary = run.finish()
+    summary = run.killed("sampler", 3, 0)
     assert summary["iterations"] == 8
     assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("sampler", "lost")]
     sent = sum(s["shm_bytes"] for s in cluster.run(lambda: dict(shm.STATS)).values())

@@ -90,8 +90,7 @@ def q_network(
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs, obs, _ = ctx.start_envs()
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling, cfg.cnn)

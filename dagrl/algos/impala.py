@@ -22,26 +22,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dagrl.algos.common.actor_critic import (
-    ACTION_SPACES,
-    LearnerState,
-    collect,
-    eval_iteration,
-    evaluate,
-    evaluator,
-    inference,
-    learner,
-    publish,
-    sampler,
-)
+from dagrl.algos.common import actor_critic
+from dagrl.algos.common.actor_critic import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO's)
+from dagrl.algos.common.actor_critic import LearnerState, collect, publish
 from dagrl.algos.common.rollouts import Rollout
 from dagrl.algos.common.vtrace import Config, learn, vtrace
 from dagrl.core.fragment import fragment, iteration
 
-__all__ = [  # the actor-critic's roles, publish, evaluator and action spaces (as PPO's)
-    "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",
-    "publish", "sampler", "train_iteration", "update", "vtrace",
-]  # fmt: skip
+__all__ = [*actor_critic.__all__, "Config", "train_iteration", "update", "vtrace"]
 
 
 @fragment(role="learner")

@@ -13,26 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dagrl.algos.common import vtrace
-from dagrl.algos.common.actor_critic import ACTION_SPACES, LearnerState, publish
-from dagrl.algos.common.recurrent import (
-    Recurrent,
-    RecurrentRollout,
-    Sequences,
-    collect,
-    eval_iteration,
-    evaluate,
-    evaluator,
-    inference,
-    learner,
-    sampler,
-)
+from dagrl.algos.common import recurrent, vtrace
+from dagrl.algos.common.actor_critic import LearnerState
+from dagrl.algos.common.recurrent import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO-LSTM's)
+from dagrl.algos.common.recurrent import Recurrent, RecurrentRollout, Sequences, collect, publish
 from dagrl.core.fragment import fragment, iteration
 
-__all__ = [  # the recurrent actor-critic's roles (as ppo_lstm's)
-    "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner",
-    "publish", "sampler", "train_iteration", "update",
-]  # fmt: skip
+__all__ = [*recurrent.__all__, "Config", "train_iteration", "update"]
 
 
 @dataclass

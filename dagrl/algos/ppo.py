@@ -13,40 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from dagrl.algos.common.actor_critic import (
-    ACTION_SPACES,
-    Config,
-    LearnerState,
-    Metrics,
-    collect,
-    end_update,
-    eval_iteration,
-    evaluate,
-    evaluator,
-    inference,
-    learner,
-    publish,
-    sampler,
-    start_update,
-)
+from dagrl.algos.common import actor_critic
+from dagrl.algos.common.actor_critic import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO's)
+from dagrl.algos.common.actor_critic import Config, LearnerState, Metrics, collect, end_update, publish, start_update
 from dagrl.algos.common.epochs import clipped_loss, train_epochs
 from dagrl.algos.common.rollouts import Rollout, gae
 from dagrl.core.fragment import fragment, iteration
 
-__all__ = [  # the actor-critic's roles, publish, collect, evaluator and action spaces are PPO's
-    "ACTION_SPACES",
-    "Config",
-    "collect",
-    "eval_iteration",
-    "evaluate",
-    "evaluator",
-    "inference",
-    "learner",
-    "publish",
-    "sampler",
-    "train_iteration",
-    "update",
-]
+__all__ = [*actor_critic.__all__, "Config", "train_iteration", "update"]
 
 
 @fragment(role="learner")

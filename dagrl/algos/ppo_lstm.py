@@ -22,16 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dagrl.algos.common.actor_critic import (
-    ACTION_SPACES,
-    LearnerState,
-    Metrics,
-    end_update,
-    publish,
-    start_update,
-)
+from dagrl.algos.common import recurrent
 from dagrl.algos.common.actor_critic import Config as ActorCriticConfig
+from dagrl.algos.common.actor_critic import LearnerState, Metrics, end_update, start_update
 from dagrl.algos.common.epochs import clipped_loss, train_epochs
+from dagrl.algos.common.recurrent import *  # noqa: F403 (the roles, publish, collect, evaluate)
 from dagrl.algos.common.recurrent import (
     Acting,
     LSTMCore,
@@ -41,19 +36,13 @@ from dagrl.algos.common.recurrent import (
     RecurrentRollout,
     Sequences,
     collect,
-    eval_iteration,
-    evaluate,
-    evaluator,
-    inference,
-    learner,
-    sampler,
+    publish,
 )
 from dagrl.algos.common.rollouts import gae
 from dagrl.core.fragment import fragment, iteration
 
 __all__ = [
-    "ACTION_SPACES", "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
-    "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish", "sampler",
+    *recurrent.__all__, "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
     "train_iteration", "update",
 ]  # fmt: skip
 

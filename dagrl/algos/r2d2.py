@@ -177,8 +177,7 @@ def seeded(ctx: RoleContext, cfg: Config, obs_space: gym.Space, act_space: gym.S
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs, obs, _ = ctx.start_envs()
     n = envs.num_envs
     q = seeded(ctx, cfg, envs.single_observation_space, envs.single_action_space)
     recorder = SequenceRecorder(n, cfg.seq_len, cfg.burn_in, cfg.overlap, cfg.lstm)

@@ -83,8 +83,9 @@ class Exported:
     def line(self) -> str:
         i = self.info
         state = "".join(f", state {tuple(t['shape'])}" for t in i.get("state", []))
+        env = i["env"].get("name", i["env"]["id"])
         return (
-            f"{i['algorithm']} on {i['env']['id']}: greedy policy of {Path(i['checkpoint']).name} (iteration "
+            f"{i['algorithm']} on {env}: greedy policy of {Path(i['checkpoint']).name} (iteration "
             f"{i['iteration']}, {i['env_steps']:,} env steps) -> {self.path}; observations "
             f"{tuple(i['observation']['shape'])} {i['observation']['dtype']}{state} in, actions {i['action']['space']}"
             f"{' and the state' if state else ''} out"
@@ -141,7 +142,12 @@ def export_policy(
     info = {
         "format": 1,
         "algorithm": graph.spec.algorithm,
-        "env": {"id": graph.env_id, "kwargs": graph.env_kwargs, "wrappers": graph.spec.env.wrappers},
+        "env": {
+            "id": graph.env_id,
+            "kwargs": graph.env_kwargs,
+            "wrappers": graph.spec.env.wrappers,
+            "name": graph.spec.env.id,  # as the graph names it: a PettingZoo game's, not the wrapper's id
+        },  # fmt: skip
         "observation": {"shape": list(space.shape), "dtype": str(space.dtype)},
         "action": {"space": str(graph.action_space)},
         "checkpoint": ckpt["path"],

@@ -175,6 +175,14 @@ class RoleContext:
         self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
         return self.made[-1]
 
+    def start_envs(self) -> tuple[Any, Any, dict[str, Any]]:
+        """:meth:`make_envs`, env ``i`` reset with seed ``seed + i`` and the action space seeded with
+        ``seed`` (a sampler's start): the envs, their first observations and the reset's info."""
+        envs = self.make_envs()
+        obs, info = envs.reset(seed=[self.seed + i for i in range(envs.num_envs)])
+        envs.action_space.seed(self.seed)
+        return envs, obs, info
+
     def close(self) -> None:
         """End what this context made for the role: its vector envs (their env processes or threads)
         and its connection to the inference role. The runtime calls it when the role's instance ends;

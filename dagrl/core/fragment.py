@@ -244,21 +244,16 @@ class Algorithm:
         return {n.role for n in self.eval_graph.nodes} - {n.role for n in self.graph.nodes}
 
 
+ROLE_ORDER = ("sampler", "replay", "critic", "actor", "learner", "inference", "evaluator")
+"""The usual roles in the order that gives each its seed (:func:`dagrl.runtime.hosts.role_seed`)."""
+
+
 def _in_order(roles: list[RoleDef]) -> dict[str, RoleDef]:
-    """Roles in the order the algorithm's module binds them (which gives each its seed,
-    :func:`dagrl.runtime.hosts.role_seed`), except that a run of roles from one other module, as one
-    import statement binds them (its names sorted), keeps the order they are declared in there."""
-    runs: list[list[RoleDef]] = []
-    for r in roles:
-        if runs and runs[-1][0].factory.__module__ == r.factory.__module__:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-
-    def line(r: RoleDef) -> int:
-        return getattr(getattr(r.factory, "__code__", None), "co_firstlineno", 0)
-
-    return {r.name: r for run in runs for r in sorted(run, key=line)}
+    """Roles in :data:`ROLE_ORDER`, then an algorithm's roles of other names in the order its module binds
+    them. Where a role factory comes from (its own module, a shared one, a function that makes it) does
+    not change its place, so sharing code between algorithms never moves their seeds."""
+    rank = {name: i for i, name in enumerate(ROLE_ORDER)}
+    return {r.name: r for r in sorted(roles, key=lambda r: rank.get(r.name, len(ROLE_ORDER)))}
 
 
 def load_algorithm(name: str) -> Algorithm:

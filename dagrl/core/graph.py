@@ -67,8 +67,9 @@ class RoleSpec:
     """How many instances of the role run (each a persistent actor under distributed policies)."""
     max_replicas: int | None = None
     """Samplers under ``async``: start ``replicas``, and add one on each worker that joins during the run
-    and hosts nothing yet (a new host, SLURM granting more jobs), up to this many. The metrics'
-    ``samplers/active`` counts them."""
+    and hosts nothing yet (a new host, SLURM granting more jobs), up to this many; above ``replicas``, a
+    sampler lost with its worker is dropped rather than replaced. The metrics' ``samplers/active`` counts
+    them."""
     envs: int = 1
     """Environments stepped by each replica (sampler roles)."""
     resources: dict[str, float] = field(default_factory=dict)

@@ -243,18 +243,27 @@ class Policy:
         return False
 
     def state_dict(self) -> dict[str, list[Any]]:
+        """Every role replica's state (``None`` for one without, as a sampler, or one dropped)."""
         while True:
-            futures = {role: [h.state_dict() for h in hs] for role, hs in self.hosts.items()}
+            futures = {
+                role: [None if self.dropped(h) else h.state_dict() for h in hs] for role, hs in self.hosts.items()
+            }
             try:
-                return {role: [f.result() for f in fs] for role, fs in futures.items()}
+                return {role: [None if f is None else f.result() for f in fs] for role, fs in futures.items()}
             except RoleFailure as failure:  # a replay shard died: reopen it, ask again
-                self.replace_in_place(failure)
+                self.role_failed(failure)
+
+    def role_failed(self, failure: RoleFailure) -> None:
+        """A role instance failed while asked for its state, outside an iteration: replace it."""
+        self.replace_in_place(failure)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
         futures = [
             h.load_state_dict(state)
             for role, states in sd.items()
-            if role in self.hosts  # a role this run does not start (an evaluator, evaluation off)
+            # a role this run does not start (an evaluator, evaluation off), or one whose replicas hold no
+            # state (samplers, whose count may have changed since: an elastic stream's)
+            if role in self.hosts and any(s is not None for s in states)
             for h, state in zip(self.hosts[role], states, strict=True)
             if state is not None
         ]
@@ -265,16 +274,21 @@ class Policy:
         """Role, replica, address and device of every host (for logs, status and the dashboard)."""
         out = []
         for role, hs in self.hosts.items():
-            for h in hs:
+            for h in (h for h in hs if not self.dropped(h)):
                 info = h.info().result()
                 out.append({"role": role, "index": h.index, "address": h.address or "in-process", **info})
         return out
+
+    def dropped(self, handle: Handle) -> bool:
+        """Whether ``handle`` was dropped with its worker and not replaced (an elastic stream's sampler):
+        it is no longer asked anything."""
+        return False
 
     def close(self) -> None:
         """Stop background work, close every role state (its envs, threads, env processes and sockets)
         and release the role actors, and remove shared-memory segments of transfers that never
         completed (a sender or receiver killed mid-way) and the files of the weights' mailbox."""
-        close_all([h for handles in self.hosts.values() for h in handles])
+        close_all([h for handles in self.hosts.values() for h in handles if not self.dropped(h)])
         self.executor.close()
         if self.executor.remote:
             with contextlib.suppress(Exception):  # the cluster may be going down

@@ -17,7 +17,9 @@ run before the driver must act (:attr:`horizon`: a checkpoint, a blocking evalua
 foresee), and supervises:
 
 * a sampler whose loop raised, whose worker died, or which has put nothing for ``hang_timeout_s``
-  (while not waiting for room) is replaced and its loop restarted; the others never stop;
+  (while not waiting for room) is replaced and its loop restarted; the others never stop. A stream
+  that may grow (``max_replicas``) drops instead a sampler whose worker left while it has more than
+  ``replicas``: its slot waits for a worker that joins, and the hub's budget follows the count;
 * a replay shard a loop failed on (its worker died, its fragment raised) is replaced and the loops
   that call it restart on the replacement (the learner's on the same hub: no rollback);
 * a learner whose loop raised, whose worker died, or whose round runs past ``hang_timeout_s`` is the
@@ -46,7 +48,7 @@ from dagrl.runtime import spans
 from dagrl.runtime.hosts import Handle
 from dagrl.runtime.loops import learner_loop, sampler_loop
 from dagrl.runtime.stream import Hub, HubGone, Learned, Limit, PeerFailed, Status
-from dagrl.runtime.supervisor import RoleFailure
+from dagrl.runtime.supervisor import RoleFailure, describe
 
 POLL_S = 0.5
 """The longest the driver's call to the hub waits for a round (it returns as soon as one is there)."""
@@ -73,6 +75,11 @@ class Stream(Policy):
         self.most = max(graph.role(self.shape.stream.role).max_replicas or 0, self.samplers)
         """The most samplers the stream may grow to (``max_replicas``); the hub is sized for them."""
         self.next_growth = 0.0
+        self.least = self.samplers
+        """``replicas``: a stream that may grow (``max_replicas``) drops a sampler lost with its worker only
+        above this count (below it, or in a stream that may not grow, a lost one is replaced)."""
+        self.gone: set[int] = set()
+        """Indices of samplers dropped with their workers: slots that a worker which joins takes first."""
         learn_roles = [n.role for n in self.shape.learn if not algo.roles[n.role].many]
         if not learn_roles:
             raise TypeError(f"{self.name}: the iteration has no learner fragment after {self.shape.stream.name}")
@@ -261,6 +268,8 @@ class Stream(Policy):
             msg = f"a round has run {status.round_s:.0f} s (hang_timeout_s {hang:g})"
             raise RoleFailure(learner, "hung", TimeoutError(msg))
         for i, loop in enumerate(self.loops):
+            if i in self.gone:
+                continue
             h = self.hosts[self.shape.stream.role][i]
             failure = None
             silent = min(status.since_put[i], time.monotonic() - self.loop_started[i])
@@ -287,16 +296,58 @@ class Stream(Policy):
                 self._sampler_failed(i, failure)
         self._grow()
 
+    @property
+    def active(self) -> int:
+        """The samplers streaming (or being replaced): all but the dropped ones."""
+        return self.samplers - len(self.gone)
+
+    def dropped(self, handle: Handle) -> bool:
+        role = self.shape.stream.role
+        return handle.role == role and handle.index in self.gone and self.hosts[role][handle.index] is handle
+
+    def role_failed(self, failure: RoleFailure) -> None:
+        """A sampler found failed outside the watch (asked for its state at a checkpoint) is handled as
+        the watch handles one: dropped, or replaced with its loop started again."""
+        h = failure.handle
+        if self.started and h.role == self.shape.stream.role and self.hosts[h.role][h.index] is h:
+            self._sampler_failed(h.index, failure)
+        else:
+            super().role_failed(failure)
+
     def _sampler_failed(self, i: int, failure: RoleFailure) -> None:
-        """Sampler ``i``'s loop failed with ``failure`` (its own): replace it, start its loop again."""
+        """Sampler ``i``'s loop failed with ``failure`` (its own): replace it, start its loop again; or,
+        lost with its worker in a stream above ``replicas`` that may grow, drop it."""
+        if failure.kind == "lost" and self.most > self.least and self.active > self.least:
+            self._drop(i, failure)
+            return
         self.replace_in_place(failure)
         self._start_sampler(i)
+
+    def _drop(self, i: int, failure: RoleFailure) -> None:
+        """Sampler ``i`` left with its worker: not replaced. Its loop, should its worker come back, is
+        refused by the hub (a token nobody holds); the hub's budget follows the count."""
+        self.gone.add(i)
+        self._answer(self.hub.own(i, uuid.uuid4().hex), self.hosts[self.learner_role][0])
+        with contextlib.suppress(Exception):
+            self.client.cancel(self.loops[i])
+        self._resize()
+        log.warning(
+            "%s[%d] on %s: %s; not replaced (above replicas): %d sampler(s) stream, at least %d, at most %d",
+            failure.handle.role, i, failure.handle.address, describe(failure.kind, failure.cause), self.active,
+            self.least, self.most,
+        )  # fmt: skip
+
+    def _resize(self) -> None:
+        """The hub's budget per round and room, for the samplers streaming now."""
+        options = self.hub_options()
+        learner = self.hosts[self.learner_role][0]
+        self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), learner)
 
     def _grow(self) -> None:
         """Below ``max_replicas``: a sampler on every worker that fits it and hosts nothing (one that
         joined during the run), each streaming from then on; the hub's budget follows their count."""
         sup, role = self.supervisor, self.shape.stream.role
-        if sup is None or self.samplers >= self.most or time.monotonic() < self.next_growth:
+        if sup is None or self.active >= self.most or time.monotonic() < self.next_growth:
             return
         self.next_growth = time.monotonic() + GROW_EVERY_S
         from dagrl.runtime.placement import place_one
@@ -304,25 +355,29 @@ class Stream(Policy):
         workers = sup.workers(max_age=0.0)
         load = collections.Counter(h.address for hs in self.hosts.values() for h in hs if h.address in workers)
         rspec = self.graph.role(role)
-        while self.samplers < self.most:
+        while self.active < self.most:
             addr = place_one(role, rspec, workers, load, self.graph.spec.gpu_fallback, frozenset())
             if addr is None or load[addr] > 0:
                 return
-            i = self.samplers
+            i = min(self.gone) if self.gone else self.samplers  # a dropped sampler's slot first
             handle = sup.start(role, i, addr, sup.seed_offset, sup.env_steps)
             handle.supervisor = sup
-            self.hosts[role].append(handle)
             load[addr] += 1
-            self.samplers += 1
-            self.loops.append(None)
-            self.loop_generation.append(self.generation)
-            self.loop_started.append(time.monotonic())
-            self.loop_peers.append({})
-            options = self.hub_options()
-            learner = self.hosts[self.learner_role][0]
-            self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), learner)
+            if i in self.gone:
+                self.hosts[role][i] = handle
+                self.gone.discard(i)
+            else:
+                self.hosts[role].append(handle)
+                self.samplers += 1
+                self.loops.append(None)
+                self.loop_generation.append(self.generation)
+                self.loop_started.append(time.monotonic())
+                self.loop_peers.append({})
+            self._resize()
             self._start_sampler(i)
-            log.info("%s[%d] added on %s, a worker that joined: %d of at most %d", role, i, addr, i + 1, self.most)
+            log.info(
+                "%s[%d] added on %s, a worker that joined: %d of at most %d", role, i, addr, self.active, self.most
+            )
 
     def _peer_replaced(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> bool:
         """Replace the host a loop failed on (a replay shard: ``recover: replace``), unless that is done
@@ -346,7 +401,7 @@ class Stream(Policy):
         res.metrics["stream/version"] = float(r.version)
         res.metrics["stream/oldest_version"] = float(r.oldest)
         res.metrics["perf/collects"] = float(r.collects)
-        res.metrics["samplers/active"] = float(self.samplers)
+        res.metrics["samplers/active"] = float(self.active)
         if s is not None:
             res.metrics["perf/dropped_rollouts"] = float(self.dropped_before + s.dropped)
             res.metrics["stream/refused"] = float(self.refused_before + s.refused)
@@ -412,10 +467,10 @@ class Async(Stream):
 
     def hub_options(self) -> dict[str, Any]:
         o = self.stream_options
-        budget = o.per_update(self.samplers)
+        budget = o.per_update(self.active)
         return {
-            "budget": budget, "capacity": max(budget, (o.in_flight - 1) * self.samplers),
-            "max_staleness": o.max_staleness, "least": o.least_per_update(self.samplers),
+            "budget": budget, "capacity": max(budget, (o.in_flight - 1) * self.active),
+            "max_staleness": o.max_staleness, "least": o.least_per_update(self.active),
         }  # fmt: skip
 
 

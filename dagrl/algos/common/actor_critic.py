@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +26,11 @@ from dagrl.envs.images import is_image
 from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_tensor
+
+__all__ = [  # what an actor-critic algorithm module takes as it is (ppo.py, impala.py: a star import)
+    "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",
+    "sampler",
+]  # fmt: skip
 
 ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Box)
 """One categorical head, one per entry (``MultiDiscrete``, ``MultiBinary``), or a diagonal Gaussian."""
@@ -319,9 +325,7 @@ class SamplerState:
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
-    envs.action_space.seed(ctx.seed)
+    envs, obs, _ = ctx.start_envs()
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
@@ -336,23 +340,47 @@ def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
     return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward, getattr(cfg, "cnn", "nature"))
 
 
-@role("learner")
-def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
-    return new_learner(ctx, cfg, lambda obs_space, act_space: _agent(obs_space, act_space, cfg))
+NetworkOf = Callable[[gym.Space, gym.Space, Any], nn.Module]
+"""An actor-critic network (its class, or what makes it): ``network_of(obs_space, act_space, cfg)``."""
 
 
-@role("inference", recover="replace")
-def inference(ctx: RoleContext, cfg: Config) -> Acting:
-    """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
-    agent = seeded_agent(ctx, lambda obs_space, act_space: _agent(obs_space, act_space, cfg))
-    return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
+def learner_of(network_of: NetworkOf) -> Callable[[RoleContext, Any], LearnerState]:
+    """The ``learner`` role of an actor-critic whose network ``network_of`` makes."""
+
+    @role("learner")
+    def learner(ctx: RoleContext, cfg: Any) -> LearnerState:
+        return new_learner(ctx, cfg, lambda obs_space, act_space: network_of(obs_space, act_space, cfg))
+
+    return learner
 
 
-@role("evaluator", recover="replace")
-def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
-    envs = ctx.make_envs()
-    agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
-    return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
+def inference_of(network_of: NetworkOf, acting: type = Acting) -> Callable[[RoleContext, Any], Any]:
+    """The ``inference`` role, which acts for every sampler at once under ``central-inference`` (started
+    by no other policy), of an actor-critic whose network ``network_of`` makes; ``acting`` picks the
+    actions (a recurrent network's carries its state)."""
+
+    @role("inference", recover="replace")
+    def inference(ctx: RoleContext, cfg: Any) -> Any:
+        agent = seeded_agent(ctx, lambda obs_space, act_space: network_of(obs_space, act_space, cfg))
+        return acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
+
+    return inference
+
+
+def evaluator_of(network_of: NetworkOf) -> Callable[[RoleContext, Any], EpisodeRunner]:
+    """The ``evaluator`` role (its envs and its own network) of an actor-critic whose network
+    ``network_of`` makes."""
+
+    @role("evaluator", recover="replace")
+    def evaluator(ctx: RoleContext, cfg: Any) -> EpisodeRunner:
+        envs = ctx.make_envs()
+        agent = network_of(envs.single_observation_space, envs.single_action_space, cfg)
+        return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
+
+    return evaluator
+
+
+learner, inference, evaluator = learner_of(_agent), inference_of(_agent), evaluator_of(_agent)
 
 
 @fragment(role="sampler")

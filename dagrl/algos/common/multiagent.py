@@ -27,7 +27,8 @@ from dagrl.algos.common.actor_critic import (
     Metrics,
     Weights,
     end_update,
-    new_learner,
+    evaluator_of,
+    learner_of,
     publish,
     start_update,
 )
@@ -305,8 +306,7 @@ class SamplerState:
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, info = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
+    envs, obs, info = ctx.start_envs()
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         agent = agents_network(envs.single_observation_space, envs.single_action_space, cfg)
@@ -318,17 +318,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     )
 
 
-@role("learner")
-def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
-    return new_learner(ctx, cfg, lambda obs_space, act_space: agents_network(obs_space, act_space, cfg))
-
-
-@role("evaluator", recover="replace")
-def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
-    envs = ctx.make_envs()
-    return EpisodeRunner(
-        envs, agents_network(envs.single_observation_space, envs.single_action_space, cfg), ctx.seed, cfg.eval_episodes
-    )
+learner, evaluator = learner_of(agents_network), evaluator_of(agents_network)
 
 
 def _load(net: nn.Module, weights: Weights) -> None:

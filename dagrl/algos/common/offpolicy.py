@@ -133,9 +133,7 @@ class SamplerState:
 
 def new_sampler(ctx: RoleContext, cfg: Config, policy_of: PolicyOf) -> SamplerState:
     """A sampler's envs, its copy of the policy, and how many of its steps act at random."""
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
-    envs.action_space.seed(ctx.seed)
+    envs, obs, _ = ctx.start_envs()
     policy = policy_of(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.cnn)
     gen, rng = torch.Generator().manual_seed(ctx.seed), np.random.default_rng(ctx.seed)
     recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)

@@ -18,15 +18,16 @@ import torch
 from torch import nn
 
 from dagrl.algos.common.actor_critic import (
+    ACTION_SPACES,
     ActorCritic,
-    LearnerState,
     Metrics,
     Weights,
     check_norm_obs,
-    new_learner,
+    evaluator_of,
+    inference_of,
+    learner_of,
     norm_shape,
     publish,
-    seeded_agent,
 )
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.rollouts import Rollout, Steps
@@ -37,6 +38,11 @@ from dagrl.envs.episodes import EpisodeTracker
 from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_array, obs_tensor
+
+__all__ = [  # what a recurrent actor-critic algorithm takes as it is (ppo_lstm.py, impala_lstm.py: a star import)
+    "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",
+    "sampler",
+]  # fmt: skip
 
 
 @dataclass
@@ -205,9 +211,7 @@ class SamplerState:
 
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Any) -> SamplerState:
-    envs = ctx.make_envs()
-    obs, _ = envs.reset(seed=[ctx.seed + i for i in range(envs.num_envs)])
-    envs.action_space.seed(ctx.seed)
+    envs, obs, _ = ctx.start_envs()
     with torch.random.fork_rng():
         torch.manual_seed(ctx.seed)
         agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
@@ -222,23 +226,9 @@ def sampler(ctx: RoleContext, cfg: Any) -> SamplerState:
     return SamplerState(cfg, envs, agent, acting, obs, lstm, starts, EpisodeTracker(n), np.zeros(n), prefix)
 
 
-@role("learner")
-def learner(ctx: RoleContext, cfg: Any) -> LearnerState:
-    return new_learner(ctx, cfg, lambda obs_space, act_space: RecurrentActorCritic(obs_space, act_space, cfg))
-
-
-@role("inference", recover="replace")
-def inference(ctx: RoleContext, cfg: Any) -> Acting:
-    """Acts for every sampler at once under ``central-inference`` (started by no other policy)."""
-    agent = seeded_agent(ctx, lambda obs_space, act_space: RecurrentActorCritic(obs_space, act_space, cfg))
-    return Acting(agent, torch.Generator(ctx.device).manual_seed(ctx.seed), ctx.device)
-
-
-@role("evaluator", recover="replace")
-def evaluator(ctx: RoleContext, cfg: Any) -> EpisodeRunner:
-    envs = ctx.make_envs()
-    agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
-    return EpisodeRunner(envs, agent, ctx.seed, cfg.eval_episodes)
+learner = learner_of(RecurrentActorCritic)
+inference = inference_of(RecurrentActorCritic, Acting)
+evaluator = evaluator_of(RecurrentActorCritic)
 
 
 @fragment(role="sampler")

@@ -1,0 +1,157 @@
+"""BENCHMARKS.md's tables, made from the results the benchmarks keep (``benchmarks/results/<name>.json``).
+
+    dagrl bench report           # rewrite every generated table in BENCHMARKS.md from its JSON
+    dagrl bench report --check   # exit 1, naming them, if a table differs from its JSON (the tests run this)
+
+A generated table sits in BENCHMARKS.md between ``<!-- table: NAME -->`` and ``<!-- end table -->``,
+NAME being its JSON file's; the lines between are this script's, never typed. Each table is followed by
+the command that made its JSON and the machine it ran on, both read from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "BENCHMARKS.md"
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def number(v: Any) -> str:
+    """A figure as the report prints it: thousands separated, three significant digits below 1,000."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int) or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def markdown(header: list[str], rows: list[list[Any]], right: set[int] = frozenset()) -> list[str]:
+    rule = ["---:" if i in right else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    return lines + ["| " + " | ".join(number(v) for v in row) + " |" for row in rows]
+
+
+def startup(r: dict) -> list[str]:
+    steps = f"{r['env_steps']:,} env steps"
+    names = {
+        "imports": "`import dagrl.app.cli`",
+        "single": f"`single`, {steps}, command to exit",
+        "local": f"LocalCluster (`async`), {steps}",
+    }
+    rows = [[names.get(x["setup"], x["setup"]), x["median s"], x["min s"], x["target s"]] for x in r["rows"]]
+    return markdown(["setup", "median s", "min s", "target s"], rows, {1, 2, 3})
+
+
+def sampling(r: dict) -> list[str]:
+    hz = {k: statistics.median(v) for k, v in r["runs_hz"].items()}
+    names = {"plain": "plain loop, 1 process", "one": "dagrl, 1 sampler actor", "two": "dagrl, 2 sampler actors"}
+    rows = [[names[k], round(v), v / hz["plain"]] for k, v in hz.items()]
+    return markdown(["setup", f"env steps/s (median of {len(r['runs_hz']['plain'])})", "vs plain"], rows, {1, 2})
+
+
+def workers(r: dict) -> list[str]:
+    rows = [
+        [x["workers"], round(x["update frames/s (median)"]) if x["update frames/s (median)"] else "",
+         x["/ LocalCluster"], x["rounds"].replace(" ", ", ")]
+        for x in r["rows"]
+    ]  # fmt: skip
+    return markdown(["workers", "update frames/s (median)", "/ LocalCluster (median)", "rounds"], rows, {1, 2})
+
+
+def supervision(r: dict) -> list[str]:
+    rows = [[x["role"], x["graph"], x["notice_s"], x["replace_s"], x["total_s"], x["lost"]] for x in r["rows"]]
+    header = ["lost", "graph", "fault -> noticed (s)", "noticed -> working (s)", "fault -> working (s)", "lost work"]
+    return markdown(header, rows, {2, 3, 4})
+
+
+def learning(r: dict) -> list[str]:
+    rows = [
+        [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
+         f"{x['wall_s']:.0f} s"]
+        for x in r["table"]
+    ]  # fmt: skip
+    header = ["graph", "env steps", "seeds", "final (training episodes)", "final checkpoint", "env steps/s", "wall"]
+    return markdown(header, rows, {1, 2, 5, 6})
+
+
+def sac_pendulum(r: dict) -> list[str]:
+    rows = [[x["setup"], x["solved"], x["wall s (median)"], x["env steps (median)"]] for x in r["summary"]]
+    lines = markdown(["setup", "solved", "wall s (median)", "env steps (median)"], rows, {2, 3})
+    rate = r.get("frame_rate")
+    if rate:
+        lines += ["", f"Update frame rate: dagrl {number(rate['dagrl'])}/s, raw torch {number(rate['raw'])}/s."]
+    return lines
+
+
+RENDER: dict[str, Callable[[dict], list[str]]] = {
+    "startup": startup,
+    "sampling": sampling,
+    "workers": workers,
+    "supervision-hosts": supervision,
+    "learning-multiagent": learning,
+    "sac-pendulum": sac_pendulum,
+}
+
+
+def provenance(r: dict) -> str:
+    """The command that made ``r`` (as ``dagrl bench``) and the machine, from the JSON."""
+    script, *args = r["command"].split()
+    name = Path(script).stem.replace("_", "-")
+    if "--out" in args:  # where that run wrote its files: nothing of the result
+        at = args.index("--out")
+        del args[at : at + 2]
+    m = r["machine"]
+    return (
+        f"`dagrl bench {' '.join([name, *args])}`; {m['cpus']} CPUs, torch {m['torch']}, "
+        f"{m['cuda'] or 'no GPU'}, load {m['load_avg_at_start']:.1f} at the start."
+    )
+
+
+def block(name: str) -> str:
+    path = RESULTS / f"{name}.json"
+    if name not in RENDER:
+        raise SystemExit(f"BENCHMARKS.md: table {name!r} has no renderer in {Path(__file__).name}")
+    if not path.exists():
+        raise SystemExit(f"BENCHMARKS.md: table {name!r}: no {path}")
+    result = json.loads(path.read_text())
+    return "\n".join([*RENDER[name](result), "", f"From `benchmarks/results/{name}.json`: {provenance(result)}\n"])
+
+
+def render(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + block(m.group("name")) + m.group(4), text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its JSON")
+    args = p.parse_args()
+    text = REPORT.read_text()
+    new = render(text)
+    stale = [
+        m.group("name")
+        for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new), strict=True)
+        if m.group(0) != n.group(0)
+    ]
+    if args.check:
+        if stale:
+            print(f"BENCHMARKS.md: tables not as their JSON gives them: {', '.join(stale)} (run `dagrl bench report`)")
+            return 1
+        print(f"BENCHMARKS.md: {len(BLOCK.findall(text))} generated tables match their JSON")
+        return 0
+    REPORT.write_text(new)
+    print(f"BENCHMARKS.md: {len(stale)} of {len(BLOCK.findall(text))} generated tables rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
