@@ -359,9 +359,14 @@ def test_killed_inference_role_is_replaced_and_the_samplers_kept(cluster, tmp_pa
     assert not run.events("rollback")
     rows = run.rundir.read_metrics()
     assert [r["iteration"] for r in rows] == list(range(1, 13))
-    # the replacement acts for both samplers (in lockstep: one forward per env step of the iteration)
-    assert all(r["inference/forwards"] >= (1 if asynchronous else 32) for r in rows[-3:])
-    assert all(r["inference/batch_rows"] >= 4 for r in rows[-3:])
+    # the replacement acts for both samplers (in lockstep: one forward per env step of the iteration;
+    # streaming, the rows the driver takes in one look share the forwards counted since the row before)
+    last = rows[-3:]
+    if asynchronous:
+        assert sum(r["inference/forwards"] for r in last) >= 1
+        assert all(r["inference/batch_rows"] >= 4 for r in last if r["inference/forwards"])
+    else:
+        assert all(r["inference/forwards"] >= 32 and r["inference/batch_rows"] >= 4 for r in last)
 
 
 def test_killed_sampler_leaves_no_shared_memory_segment(cluster, tmp_path):

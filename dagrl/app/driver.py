@@ -162,7 +162,8 @@ class Trainer:
         )
 
     def _on_restart(self, event: Any) -> None:
-        self.rundir.append_event({"event": "restart", "iteration": self.counters.iteration, **vars(event)})
+        record = dict(vars(event))
+        self.rundir.append_event({"event": record.pop("action"), "iteration": self.counters.iteration, **record})
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; returns (and writes) the run summary."""

@@ -327,6 +327,8 @@ class Stream(Policy):
         """Sampler ``i`` left with its worker: not replaced. Its loop, should its worker come back, is
         refused by the hub (a token nobody holds); the hub's budget follows the count."""
         self.gone.add(i)
+        if self.supervisor is not None:
+            self.supervisor.drop(failure)
         self._answer(self.hub.own(i, uuid.uuid4().hex), self.hosts[self.learner_role][0])
         with contextlib.suppress(Exception):
             self.client.cancel(self.loops[i])

@@ -58,7 +58,8 @@ def describe(kind: str, cause: BaseException) -> str:
 
 @dataclass
 class Event:
-    """One restart, as written to ``events.jsonl``."""
+    """One restart (or, ``action: drop``, an instance let go: an elastic stream's sampler above
+    ``replicas``), as written to ``events.jsonl``."""
 
     role: str
     index: int
@@ -75,6 +76,8 @@ class Event:
     failed_starts: list[str] = field(default_factory=list)
     """Why replacements started before the working one failed (a constructor that raised, a worker
     that left before the actor started), in order; ``kind`` and ``reason`` stay the first failure's."""
+    action: str = "restart"
+    """``restart``, or ``drop`` for an instance not replaced (:meth:`Supervisor.drop`)."""
 
 
 class Watched:
@@ -249,6 +252,15 @@ class Supervisor:
             for listener in self.listeners:
                 listener(event)
             return new
+
+    def drop(self, failure: RoleFailure) -> None:
+        """``failure.handle`` is let go, not replaced (an elastic stream's sampler above ``replicas``):
+        the listeners hear of it as a ``drop``; it does not count toward a crash loop."""
+        old = failure.handle
+        event = Event(old.role, old.index, old.address, failure.kind, describe(failure.kind, failure.cause))
+        event.action, event.env_steps = "drop", self.env_steps
+        for listener in self.listeners:
+            listener(event)
 
     def _count(self, event: Event, cause: BaseException) -> None:
         now = time.monotonic()

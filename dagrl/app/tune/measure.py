@@ -111,6 +111,7 @@ class Measurements:
             round_s=sum(roles.values()),
             round_overlap_s=overlap,
             hop_s=self.cluster.get("hop_s", 0.0),
+            call_s=self.cluster.get("call_s", self.cluster.get("hop_s", 0.0)),  # older measurements: a hop's
             peer_bytes_s=self.cluster.get("peer_bytes_s", float("inf")),
             cores=int(self.cluster.get("cores", os.cpu_count() or 1)),
             task_cpu_s=self.cluster.get("task_cpu_s", 0.0),
@@ -430,12 +431,20 @@ def probe_cluster(client: Any, transfer_bytes: int = 64 * 2**20) -> dict[str, An
         client.submit(_nothing, pure=False, workers=addresses[:1]).result()
         hops.append(time.perf_counter() - t0)
     task_cpu = (_cpu(client, addresses[0]) - cpu0) / 20
+    echo = client.submit(_Echo, actor=True, workers=addresses[:1], pure=False).result()
+    calls = []
+    for _ in range(25):  # a direct call to an actor, as a streaming loop calls a role on another worker
+        t0 = time.perf_counter()
+        echo.ping().result()
+        calls.append(time.perf_counter() - t0)
+    del echo
     out = {
         "cores": sum(hosts.values()),
         "hosts": len(hosts),
         "workers": len(addresses),
         "gpus": gpus,
         "hop_s": statistics.median(hops[5:]),
+        "call_s": statistics.median(calls[5:]),
         "task_cpu_s": max(0.0, task_cpu),
     }
     if len(addresses) > 1:  # a big block's move minus a tiny one's: the bytes' own time
@@ -465,6 +474,13 @@ def _cpu(client: Any, worker: str) -> float:
 
 def _nothing() -> None:
     return None
+
+
+class _Echo:
+    """An actor that answers at once: :func:`probe_cluster` times a direct call to it."""
+
+    def ping(self) -> None:
+        return None
 
 
 def _block(n: int) -> np.ndarray:

@@ -33,17 +33,17 @@ and scales every distributed candidate.
 * ``single``: collects then the update, one after another: ``steps / (collects * collect + L)``.
 * ``sync``: every sampler collects at once, then the update: the collects stretched by CPU
   contention when the samplers want more cores than there are.
-* ``async``, ``apex``, ``split-learner``: samplers and learner run at once; throughput is the slower
-  of the two rates (samplers counted only as many as the rate limiter lets collect at once: ``async``
-  lets ``2 x rollouts_per_update`` collects run ahead of the learner), the learner's slowed by the
-  CPU everything else needs: samplers (as busy as the rate limiter lets them be), and the
-  scheduler's and driver's CPU per task. A round's time is its critical path
-  (:func:`round_period`): each fragment of the round waits for the hop that brings its inputs and
-  for its role's previous fragment, so a hop overlaps with work on another role; the driver submits
-  the next round a hop after the round's output (``apex``, ``split-learner``: while the round
-  runs, so the next round waits only for the weights published after it); ``async``'s update also
-  waits for each rollout it takes (its report reaching the driver, its bytes moving in).
-  ``split-learner`` feeds a learner role the other's previous round, so its roles update at once.
+* ``async``, ``apex``, ``split-learner``: samplers and learner run at once, as loops on their workers
+  (:data:`STREAMS`); throughput is the slower of the two rates (samplers counted only as many as the
+  rate limiter lets collect at once: ``async`` lets ``2 x rollouts_per_update`` collects run ahead of
+  the learner), the learner's slowed by the CPU everything else needs: the samplers, as busy as the
+  rate limiter lets them be. No scheduler task and no driver decision is on a rollout's or a round's
+  path: a sampler pushes its rollout to the hub beside the learner while the round before runs, and
+  the learner loop calls a round's fragments one after another, a call to a role on another worker (a
+  replay shard, ``split-learner``'s actor) a direct call (:attr:`Costs.call_s`) rather than a task's
+  round trip. A round's time is its critical path (:func:`round_period`, with calls for hops and the
+  rounds back to back); ``split-learner`` feeds a learner role the other's previous round, so its
+  roles update at once.
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ from dataclasses import dataclass, field, replace
 
 __all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
 
-RUNS_AHEAD = ("apex", "split-learner")
-"""Off-policy streaming policies whose learner rounds follow each other without the driver between them
-(their ``runs_ahead``: ``split-learner`` submits the next round behind the one in flight, ``apex``'s
-learner loops on its own worker)."""
+STREAMS = ("async", "apex", "split-learner")
+"""Policies whose samplers and learner run as loops (:mod:`dagrl.runtime.loops`): rollouts and rounds
+go without a scheduler task or the driver."""
 ONPOLICY = ("single", "sync", "async")
 OFFPOLICY = ("single", "sync", "apex", "split-learner")
 SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -78,11 +77,6 @@ class LearnStep:
     delayed: tuple[int, ...] = ()
     """Steps on another learner role whose output it takes: the previous round's under
     ``split-learner`` (its delayed edges), this round's under every other policy."""
-    rollouts: bool = False
-    """It takes the round's arrived rollouts (``async``'s update): their bytes move in first."""
-    weights: bool = False
-    """It takes the weights ``publish`` made (SAC's critic takes the actor's): under a policy that runs
-    rounds ahead, those of the round before, so it waits for that round's step on the publishing role."""
 
 
 @dataclass(frozen=True)
@@ -110,23 +104,18 @@ class Shape:
     ``async`` graph, else 1. Staler rollouts change what PPO learns from (and past ``max_staleness``
     are dropped), so a faster setting with more lag can reach the target later."""
     round_hops: int = 2
-    """Task round trips on a distributed learner round's critical path: each fragment after the
-    samplers' (``update``; a replay's ``add`` and ``sample``), and one for the driver's round trip (under
-    ``sync``, which runs ahead of the driver, for ``publish`` after ``update`` instead)."""
+    """Task round trips on a ``sync`` iteration's critical path after the samplers': each fragment
+    (``update``; a replay's ``add`` and ``sample``), and one for ``publish`` after ``update``."""
     vector: str = "sync"
     """The samplers' vector env backend (``roles.<sampler>.vector``) the probes ran on: the graph's,
     until the tuner has measured the backends and chosen one (:func:`dagrl.app.tune.tuner.choose_vector`)."""
     vectors: tuple[str, ...] = ()
     """The backends candidates may use (each measured); empty: :attr:`vector` alone."""
     inserts: int = 0
-    """Fragments each collect feeds on other roles (a replay ``add``): a task each."""
+    """Fragments each collect calls on other roles (a replay shard's ``add``): a direct call each."""
     learn: tuple[LearnStep, ...] = ()
-    """A streaming policy's learner round, step by step (empty, or a step's seconds unmeasured:
-    priced as :attr:`round_hops` hops in series with the learner roles' work)."""
-    out: int = -1
-    """The step of :attr:`learn` whose end the driver waits for before it submits the next round."""
-    publisher: str = ""
-    """The learner role that ``publish`` reads (its last step of a round is what ``publish`` waits for)."""
+    """A streaming policy's learner round, step by step (empty, or a step's seconds unmeasured: priced
+    as the learner roles' work and a direct call per step)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +242,9 @@ class Costs:
     cores: int
     task_cpu_s: float = 0.0
     """CPU seconds the scheduler, the driver and a worker spend on one task (distributed only)."""
+    call_s: float = 0.0
+    """Seconds of a direct call from one worker to another and its answer: what a streaming learner
+    loop pays per fragment on another worker (distributed only)."""
     calibration: float = 1.0
     """Achieved over predicted env steps/s of one short real distributed run: what orchestration
     (the driver's dispatch, weights waits, the rate limiter's pauses) costs beyond the model."""
@@ -287,79 +279,55 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
         collect *= max(stretch, costs.slowdown(c.samplers))
         total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
-    if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # hops overlap other roles' work
-        round_s = round_period(
-            shape, costs, c.policy == "split-learner", c.collects_per_round * move, ahead=c.policy in RUNS_AHEAD
-        )
+    calls = replace(costs, hop_s=costs.call_s)  # a loop's call to another worker, no task's round trip
+    if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # calls overlap other roles' work
+        round_s = round_period(shape, calls, c.policy == "split-learner")
         learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
     else:
         learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
-        round_s = learner + shape.round_hops * costs.hop_s + c.collects_per_round * move
+        round_s = learner + (len(shape.learn) or 1) * costs.call_s
         learner_cores = 1.0
     at_once = parallel(c)
     collect *= costs.slowdown(at_once)
-    sampler_rate = at_once * steps / (collect + costs.hop_s / 2)  # in_flight hides most of the hop
+    handover = (1 + shape.inserts) * costs.call_s + steps * shape.step_bytes / costs.peer_bytes_s  # push, adds
+    sampler_rate = at_once * steps / (collect + handover)
     learner_rate = shape.round_steps / round_s
-    rate = min(sampler_rate, learner_rate)
-    for _ in range(3):  # the learner shares the cores with what the samplers and tasks need at that rate
-        busy = rate / sampler_rate  # a rate limiter holds samplers that run ahead of the learner
-        # tasks per second: each collect and its inserts, each fragment of a round
-        tasks = busy * sampler_rate / steps * (1 + shape.inserts) + rate / shape.round_steps * max(1, len(shape.learn))
-        demand = at_once * cpu * busy + learner_cores * rate / learner_rate + tasks * costs.task_cpu_s
+    rate, stretch, samplers_at = min(sampler_rate, learner_rate), 1.0, sampler_rate
+    for _ in range(4):  # everything shares the cores: no task per rollout or round adds to it
+        busy = min(1.0, rate / samplers_at)  # a rate limiter holds samplers that run ahead of the learner
+        demand = at_once * cpu * busy + learner_cores * rate / learner_rate
         stretch = max(1.0, demand / costs.cores)
-        rate = min(sampler_rate, learner_rate / stretch)
-    bound = "samplers" if sampler_rate <= learner_rate / stretch else "learner"
+        # collects measured beside a learner (costs.load) already ran with the CPU they compete for
+        samplers_at = sampler_rate if costs.load else sampler_rate / stretch
+        rate = min(samplers_at, learner_rate / stretch)
+    bound = "samplers" if samplers_at <= learner_rate / stretch else "learner"
     return Prediction(costs.calibration * rate, collect, round_s, stretch, bound)
 
 
-def round_period(
-    shape: Shape, costs: Costs, delayed: bool, rollouts_s: float, rounds: int = 24, ahead: bool = False
-) -> float:
-    """Seconds between learner rounds in steady state: rounds simulated one after another, each
-    submitted when the driver learns that the previous one's :attr:`Shape.out` step ended. A step
-    starts once its task has reached its worker, its inputs' outputs have (a task hop each: the
-    scheduler tells the consumer's worker, which fetches them) and its role's previous step is done
-    (one fragment at a time per role); it takes its probed seconds. ``delayed``: a
-    :attr:`LearnStep.delayed` input is the previous round's (``split-learner``). ``rollouts_s``: what
-    the arrived rollouts add before a :attr:`LearnStep.rollouts` step (``async``'s update) may start:
-    each one's report reaching the driver, which takes them, and its bytes moving in.
-
-    ``ahead`` (:data:`RUNS_AHEAD`): round k+1 is submitted once the driver has round k-1's output, so
-    while round k runs. Each step then waits a hop for its own call of the round before (the order
-    edge on each fragment; what else its role ran in between is not counted: a worker runs whichever
-    of its tasks is ready), and a :attr:`LearnStep.weights` step for the ``publish`` after the round before: a
-    hop for ``publish`` to start after the publishing role's last step, one for its output to move.
-    """
+def round_period(shape: Shape, costs: Costs, delayed: bool, rounds: int = 24) -> float:
+    """Seconds between a streaming learner loop's rounds in steady state, rounds simulated one after
+    another, each started when the one before has ended (no driver, no submission). A step starts once
+    the loop's call has reached it and its inputs have (a direct call each, :attr:`Costs.hop_s` as the
+    caller passes it) and its role's previous step is done (one fragment at a time per role); it takes
+    its probed seconds. ``delayed``: a :attr:`LearnStep.delayed` input is the previous round's
+    (``split-learner``), so the two learner roles update at once."""
     hop, steps = costs.hop_s, shape.learn
     seconds = [costs.fragment_s.get(s.key, 0.0) for s in steps]
     free: dict[str, float] = {}
     previous: list[float] | None = None
-    submitted, starts = 0.0, []
-    weights_at, out_before = 0.0, None
+    started, starts = 0.0, []
     for _ in range(rounds):
-        starts.append(submitted)
+        starts.append(started)
         done: list[float] = []
-        if ahead:
-            free = {}  # across rounds, each fragment waits for its own call of the round before (below)
-        for i, (s, took) in enumerate(zip(steps, seconds, strict=True)):
-            ready = submitted + hop + (rollouts_s if s.rollouts else 0.0)
-            ready = max([ready, *(done[j] + hop for j in s.inputs)])
+        for s, took in zip(steps, seconds, strict=True):
+            ready = max([started + hop, *(done[j] + hop for j in s.inputs)])
             if delayed:
                 ready = max([ready, *(previous[j] + hop for j in s.delayed if previous is not None)])
             else:
                 ready = max([ready, *(done[j] + hop for j in s.delayed)])
-            if ahead and previous is not None:
-                ready = max(ready, previous[i] + hop, weights_at if s.weights else 0.0)
             done.append(max(ready, free.get(s.role, 0.0)) + took)
             free[s.role] = done[-1]
-        if ahead:
-            submitted = submitted if out_before is None else max(submitted, out_before + hop)
-            out_before = done[shape.out]
-            mine = [t for s, t in zip(steps, done, strict=True) if s.role == shape.publisher]
-            weights_at = max(mine or done) + 2 * hop
-        else:
-            submitted = done[shape.out] + hop
-        previous = done
+        started, previous = max(done), done
     half = rounds // 2
     return (starts[-1] - starts[half]) / (rounds - 1 - half)
 

@@ -144,8 +144,6 @@ def shape_of(graph: Graph) -> Shape:
         round_hops=len(stream.insert) + len(stream.learn) + 1,
         inserts=len(stream.insert),
         learn=learn_steps(algo, stream),
-        out=next((i for i, n in enumerate(stream.learn) if n is algo.graph.output), len(stream.learn) - 1),
-        publisher=next((n.role for n in stream.before), ""),
         max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
         vector=role.vector,
     )
@@ -165,8 +163,6 @@ def learn_steps(algo: Any, stream: Any) -> tuple[LearnStep, ...]:
                 role=n.role,
                 inputs=tuple(index[a.id] for a in args if a.id in index and (a.id, n.id) not in delayed),
                 delayed=tuple(index[a.id] for a in args if (a.id, n.id) in delayed),
-                rollouts=any(a.id == stream.stream.id for a in args),
-                weights=any(a in stream.before for a in args),
             )
         )
     return tuple(steps)
@@ -555,7 +551,8 @@ def write_tuned(tuning: Tuning, data: dict[str, Any], command: str, path: str | 
         "Measured: a sampler's vector step "
         f"{1e3 * c.step_fixed_s:.3f} ms + {1e3 * c.step_per_env_s:.3f} ms per env "
         f"(env {100 * c.env_share:.0f} % of it, taking a core {100 * c.env_cpu:.0f} % of its time);",
-        f"  a learner round {1e3 * c.round_s:.1f} ms; a task round trip {1e3 * c.hop_s:.2f} ms; "
+        f"  a learner round {1e3 * c.round_s:.1f} ms; a task round trip {1e3 * c.hop_s:.2f} ms, a direct call "
+        f"{1e3 * c.call_s:.2f} ms; "
         f"peer bandwidth {_rate(c.peer_bytes_s)};",
         "  beside a learner, samplers collecting at once: "
         + (", ".join(f"{k}: {s:.2f} x slower" for k, s in c.load) if c.load else "not measured (one worker)")
