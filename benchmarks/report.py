@@ -93,7 +93,37 @@ def sac_pendulum(r: dict) -> list[str]:
     return lines
 
 
+def dp_learners(r: dict) -> list[str]:
+    rows = [[x["learners"], x["device"], round(x["frames_s"]), x["speedup"], x["step_ms"]] for x in r["rows"]]
+    return markdown(["learners", "device", "frames/s", "speedup", "ms per step"], rows, {0, 2, 3, 4})
+
+
+def encoders(r: dict) -> list[str]:
+    rows = [
+        [x["cnn"], f"{x['params'] / 1e6:.2f}M", x["forward_ms"], x["fwd_bwd_ms"], x["env_step_ms"], x["forward_share"],
+         x["forward / nature"], x["fwd_bwd / nature"]]
+        for x in r["rows"]
+    ]  # fmt: skip
+    a = r["args"]
+    header = ["cnn", "params", f"forward, {a['envs']} rows (ms)", f"fwd + bwd, {a['batch']} rows (ms)",
+              "env step (ms)", "forward's share of a step", "forward / nature", "fwd + bwd / nature"]  # fmt: skip
+    return markdown(header, rows, set(range(1, 8)))
+
+
+def vector(r: dict) -> list[str]:
+    rows = [
+        [task, what, round(rates["sync"]), round(rates["envpool"]), rates["envpool_vs_sync"]]
+        for task, kinds in r["tasks"].items()
+        for what, rates in kinds.items()
+    ]
+    header = [f"task ({r['envs']} envs)", "env steps/s of", "gymnasium `sync`", "`envpool`", "envpool / sync"]
+    return markdown(header, rows, {2, 3, 4})
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
+    "dp-learners": dp_learners,
+    "encoders": encoders,
+    "vector": vector,
     "startup": startup,
     "sampling": sampling,
     "workers": workers,
