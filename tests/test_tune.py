@@ -169,16 +169,15 @@ def test_a_streaming_rounds_time_is_its_critical_path(graphs_dir):
     assert shape.learn[2].inputs == (0,) and shape.learn[2].delayed == (1,)
     work = {"replay.sample": 0.001, "critic.update_critic": 0.08, "actor.update_actor": 0.02}
     c = costs(hop_s=0.5, call_s=0.01, fragment_s=work)  # a task's round trip is no longer on the path
-    calls = replace(c, hop_s=c.call_s)
-    chain = round_period(shape, calls, delayed=False)  # sample -> critic -> actor, then the next round
+    chain = round_period(shape, c, delayed=False)  # sample -> critic -> actor, then the next round
     assert chain == pytest.approx(0.001 + 0.08 + 0.02 + 3 * 0.01)
-    assert round_period(shape, calls, delayed=True) == pytest.approx(0.001 + 0.08 + 2 * 0.01)  # critic-bound
+    assert round_period(shape, c, delayed=True) == pytest.approx(0.001 + 0.08 + 2 * 0.01)  # critic-bound
     split, apex = Candidate("split-learner", 1, 2, 8, 1), Candidate("apex", 1, 2, 8, 1)
     assert predict(split, shape, c).round_s == pytest.approx(0.001 + 0.08 + 2 * 0.01)
     assert predict(apex, shape, c).round_s == pytest.approx(chain)
     dqn = shape_of(load_graph(f"{graphs_dir}/dqn-cartpole-apex.yaml"))  # sample -> update -> reprioritize
     work = costs(call_s=0.01, fragment_s={"replay.sample": 0.001, "learner.update": 0.05, "replay.reprioritize": 0.001})
-    assert round_period(dqn, replace(work, hop_s=0.01), delayed=False) == pytest.approx(0.052 + 3 * 0.01)
+    assert round_period(dqn, work, delayed=False) == pytest.approx(0.052 + 3 * 0.01)
     ppo = replace(PPO, learn=(LearnStep("learner.update", "learner"),))
     two = Candidate("async", 2, 8, 32, 2)  # the rollouts were pushed while the round before ran
     got = predict(two, ppo, costs(call_s=0.002, fragment_s={"learner.update": 0.05})).round_s

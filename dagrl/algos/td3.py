@@ -21,7 +21,7 @@ from dagrl.algos.common.offpolicy import Published, polyak
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import role
 from dagrl.core.schema import at_least, positive
-from dagrl.nn.cuda_graphs import CapturedStep, wants_graphs
+from dagrl.nn.cuda_graphs import CapturedStep
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import as_tensors, mlp
 
@@ -131,10 +131,7 @@ def critic(ctx: RoleContext, cfg: Config) -> CriticState:
     state = offpolicy.new_critic(
         ctx, cfg, CriticState, Policy, cfg.lr, partial(critic_step, and_polyak=False), given=given
     )
-    graphs = wants_graphs(cfg.cuda_graphs, state.device)
-    state.step_and_polyak = CapturedStep(
-        partial(critic_step, state, and_polyak=True), state.device, [state.gen], enabled=graphs
-    )
+    state.step_and_polyak = offpolicy.captured(state, partial(critic_step, and_polyak=True))
     return state
 
 

@@ -273,15 +273,14 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
     if c.policy == "single":
         total = c.collects_per_round * collect + costs.round_s
         return Prediction(shape.round_steps / total, collect, costs.round_s, 1.0, "serial")
-    move = costs.hop_s + steps * shape.step_bytes / costs.peer_bytes_s
     if c.policy == "sync":
+        move = costs.hop_s + steps * shape.step_bytes / costs.peer_bytes_s
         stretch = max(1.0, (c.samplers * cpu + costs.task_cpu_s * c.samplers / collect) / costs.cores)
         collect *= max(stretch, costs.slowdown(c.samplers))
         total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
-    calls = replace(costs, hop_s=costs.call_s)  # a loop's call to another worker, no task's round trip
     if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # calls overlap other roles' work
-        round_s = round_period(shape, calls, c.policy == "split-learner")
+        round_s = round_period(shape, costs, c.policy == "split-learner")
         learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
     else:
         learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
@@ -307,11 +306,11 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
 def round_period(shape: Shape, costs: Costs, delayed: bool, rounds: int = 24) -> float:
     """Seconds between a streaming learner loop's rounds in steady state, rounds simulated one after
     another, each started when the one before has ended (no driver, no submission). A step starts once
-    the loop's call has reached it and its inputs have (a direct call each, :attr:`Costs.hop_s` as the
-    caller passes it) and its role's previous step is done (one fragment at a time per role); it takes
+    the loop's call has reached it and its inputs have (a direct call each, :attr:`Costs.call_s`, never a
+    task's round trip) and its role's previous step is done (one fragment at a time per role); it takes
     its probed seconds. ``delayed``: a :attr:`LearnStep.delayed` input is the previous round's
     (``split-learner``), so the two learner roles update at once."""
-    hop, steps = costs.hop_s, shape.learn
+    hop, steps = costs.call_s, shape.learn
     seconds = [costs.fragment_s.get(s.key, 0.0) for s in steps]
     free: dict[str, float] = {}
     previous: list[float] | None = None
