@@ -2,6 +2,6 @@
 
 import sys
 
-from dagrl.app.cli import main
+from dagrl.app.cli import command
 
-sys.exit(main())
+sys.exit(command())

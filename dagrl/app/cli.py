@@ -7,6 +7,7 @@ one line naming the file, the key and the value, with exit code 2, before any cl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import runpy
@@ -502,6 +503,16 @@ def _import_from_working_directory() -> None:
     here = str(Path.cwd())
     if here not in sys.path and "" not in sys.path:
         sys.path.append(here)
+
+
+def command() -> int:
+    """The ``dagrl`` command (and ``python -m dagrl``): :func:`main`, then the process exits without
+    the collector walking torch's objects once more on the way out (``gc.freeze``), 0.3-0.4 s of a
+    short run's exit on these CPUs. Callers of :func:`main` inside a longer process keep a normal
+    collector."""
+    code = main()
+    gc.freeze()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,16 @@ Workers ignore SIGINT; their nanny still stops them (SIGTERM) when the driver cl
 When the driver draws its live progress line on a terminal that its local workers share, it sets
 ``DAGRL_WORKER_LOGS``: each worker then writes its stderr (Dask's log records, warnings, env output)
 to ``<that directory>/worker-<pid>.log`` instead of over the line.
+
+A closing worker moves every object it holds into the garbage collector's permanent generation
+(``gc.freeze``): the process is about to exit, and the collections of its shutdown otherwise walk
+torch's and the role's objects once more. Closing a LocalCluster of three workers that had imported
+torch took 1.15 s without it and 0.19 s with it (BENCHMARKS.md, start and stop cost).
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -41,3 +47,7 @@ def dask_setup(worker: Any) -> None:
     multiprocessing.current_process().daemon = False
     if os.environ.get(LOGS_ENV):
         stderr_to_file(os.environ[LOGS_ENV])
+
+
+def dask_teardown(worker: Any) -> None:
+    gc.freeze()
