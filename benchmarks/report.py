@@ -70,8 +70,19 @@ def workers(r: dict) -> list[str]:
 
 def supervision(r: dict) -> list[str]:
     rows = [[x["role"], x["graph"], x["notice_s"], x["replace_s"], x["total_s"], x["lost"]] for x in r["rows"]]
-    header = ["lost", "graph", "fault -> noticed (s)", "noticed -> working (s)", "fault -> working (s)", "lost work"]
+    header = ["role lost", "graph", "fault -> noticed (s)", "noticed -> working (s)", "fault -> working (s)"]
+    header.append("lost work")
     return markdown(header, rows, {2, 3, 4})
+
+
+def ppo_cartpole(r: dict) -> list[str]:
+    rows = [
+        [x["setup"], x["solved"], x["wall s (median)"], round(x["env steps (median)"]), x["time vs SB3 (median)"],
+         x.get("learner busy", "")]
+        for x in r["summary"]
+    ]  # fmt: skip
+    header = ["setup", "solved", "wall s (median)", "env steps (median)", "time / SB3 (median)", "learner busy"]
+    return markdown(header, rows, {2, 3, 4, 5})
 
 
 def learning(r: dict) -> list[str]:
@@ -127,7 +138,9 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "startup": startup,
     "sampling": sampling,
     "workers": workers,
+    "supervision": supervision,
     "supervision-hosts": supervision,
+    "ppo-cartpole": ppo_cartpole,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
 }

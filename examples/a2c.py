@@ -120,8 +120,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 
 @role("learner")  # one; a lost one rolls the run back to its last checkpoint
 def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
-    with torch.random.fork_rng():  # seeded without touching the process's own generator
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():  # initial weights from the role's seed
         net = ActorCritic(ctx.observation_space, ctx.action_space, cfg.hidden).to(ctx.device)
     return LearnerState(cfg, net, torch.optim.Adam(net.parameters(), lr=cfg.lr), ctx)
 

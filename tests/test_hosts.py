@@ -5,9 +5,11 @@ or is cut off mid-run has its roles moved, and the run still reaches its target.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.hosts import QUICK, actors, cluster, wait_for
+from tests.hosts import QUICK, actors, cluster, python, wait_for
 
 SPREAD = [("host1", "CPU=2"), ("host2", "CPU=2"), ("host3", "CPU=2")]
 
@@ -149,3 +151,46 @@ def test_samplers_are_added_on_workers_that_join_and_dropped_with_workers_that_l
     assert iterations == list(range(1, len(iterations) + 1))
     samplers = sorted((a["index"], a["host"]) for a in run.actors if a["role"] == "sampler")
     assert samplers == [(0, "host2"), (1, "host3")], samplers  # slot 1 again, on the new worker
+
+
+ANSWERS = """
+import json, sys, time
+from distributed import Client
+from dagrl.runtime.workers import answers
+
+async def hold_event_loop():  # run on the worker's event loop: no heartbeat leaves while it sleeps
+    time.sleep(4)
+
+with Client({address!r}, timeout=20) as client:
+    named = {{w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}}
+    address = named[sys.argv[1]]
+    if sys.argv[2] == "busy":
+        client.run(hold_event_loop, workers=[address], wait=False)
+        time.sleep(2.5)
+    seen = client.scheduler_info(n_workers=-1)["workers"][address]["last_seen"]
+    lag = client.run_on_scheduler(lambda: time.time()) - seen  # the scheduler's clock on both sides
+    t0 = time.monotonic()
+    print(json.dumps({{"answers": answers(client, address), "s": time.monotonic() - t0, "lag": lag}}))
+"""
+
+
+def test_a_busy_worker_answers_the_connection_probe_and_one_behind_a_partition_does_not():
+    """What tells a cut-off host from a busy one before ``unreachable_s``: a worker whose event loop is
+    held (its heartbeats late) still has its host's kernel accept a connection; a host whose link is down
+    does not, within the probe's second."""
+    with cluster([("host1", "CPU=1"), ("host2", "CPU=1")]) as c:
+        script = c.shared / "answers.py"
+        script.write_text(ANSWERS.format(address=c.address))
+
+        def ask(worker: str, state: str) -> dict:
+            log = c.shared / f"answers-{worker}-{state}.log"
+            proc = c.hosts.spawn(c.head, python(str(script), worker, state), log)
+            assert proc.wait(60) == 0, log.read_text()[-2000:]
+            return json.loads(log.read_text().strip().splitlines()[-1])
+
+        busy = ask("host1-w0", "busy")
+        c.hosts.partition(c.host("host2"))
+        cut = ask("host2-w1", "cut")
+        c.hosts.heal(c.host("host2"))
+    assert busy["lag"] > 1.5 and busy["answers"] is True and busy["s"] < 0.5, busy  # late, yet answering
+    assert cut["answers"] is False and cut["s"] < 2.0, cut

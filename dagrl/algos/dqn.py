@@ -91,8 +91,7 @@ def q_network(
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     envs, obs, _ = ctx.start_envs()
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling, cfg.cnn)
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
@@ -108,8 +107,7 @@ def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
 @role("learner")
 def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
     device = torch.device(ctx.device)
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         q = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling, cfg.cnn).to(device)
         target = q_network(ctx.observation_space, ctx.action_space, cfg.hidden, cfg.dueling, cfg.cnn).to(device)
     target.load_state_dict(q.state_dict())

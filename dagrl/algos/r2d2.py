@@ -170,8 +170,7 @@ stays ``None``: R2D2's learner steps as written)."""
 
 
 def seeded(ctx: RoleContext, cfg: Config, obs_space: gym.Space, act_space: gym.Space) -> RecurrentQ:
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         return RecurrentQ(obs_space, act_space, cfg)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,6 +97,26 @@ class RoleContext:
         of a time-limit bootstrap); only the per-step action choice moves.
         """
         return local if self.inference is None else self.inference
+
+    @contextmanager
+    def seeded(self) -> Iterator[None]:
+        """Inside it, torch's generator starts from this instance's :attr:`seed`; after it, the process's
+        generator is as before. Build a role's networks inside, so that each replica's initial weights
+        follow from the run's seed and its place in the role, whatever ran before in that worker.
+
+        >>> import torch
+        >>> with RoleContext("learner", 0, 1, seed=7, env_id="CartPole-v1").seeded():
+        ...     a = torch.rand(2)
+        >>> with RoleContext("learner", 0, 1, seed=7, env_id="CartPole-v1").seeded():
+        ...     b = torch.rand(2)
+        >>> bool((a == b).all())
+        True
+        """
+        import torch
+
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            yield
 
     def average_gradients(self, parameters: Any) -> None:
         """Average the ``.grad`` of ``parameters`` over this role's data-parallel replicas, in place.

@@ -206,11 +206,16 @@ class SupervisionSpec:
     treated as lost (a host cut off by a partition, or frozen): dagrl removes it from the scheduler and
     replaces its roles. Dask's own worker TTL is 5 minutes. When it comes back it is restarted (what it
     ran is stale) and joins as spare capacity."""
+    probe_after_s: float = 2.0
+    """Sooner than ``unreachable_s``: a worker whose heartbeats are this late has its host asked for a
+    TCP connection from the scheduler (1 s to answer). The host's kernel answers for a busy worker; a
+    host behind a partition does not, and is treated as lost at once. Dask's workers beat every 0.5 s
+    up to 10 workers, 1 s to 50, 2 s to 200: a late heartbeat alone costs one connection."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for key in ("window_s", "hang_timeout_s", "poll_s", "respawn_after_s", "unreachable_s"):
+        for key in ("window_s", "hang_timeout_s", "poll_s", "respawn_after_s", "unreachable_s", "probe_after_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
 

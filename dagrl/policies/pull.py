@@ -185,7 +185,13 @@ class Stream(Policy):
         self.loop_started[i] = time.monotonic()
         self.loop_peers[i] = peers
         token = self.loop_tokens[i] = uuid.uuid4().hex
-        self._answer(self.hub.own(i, token), self.hosts[self.learner_role][0])  # before the loop's first word
+        try:
+            self._at_hub("own", i, token)  # before the loop's first word
+        except RoleFailure:  # the learner's loss, found while replacing a sampler: after_restore starts this loop
+            with contextlib.suppress(Exception):
+                self.client.cancel([self.loops[i]])
+            self.loops[i] = None
+            raise
         self.loops[i] = self.client.submit(
             sampler_loop, (self.hub_address, self.hub_key), h.host_id, i, stream.name, spec(stream),
             self.generation, inserts, token, workers=[h.address], allow_other_workers=False, pure=False,
@@ -216,13 +222,20 @@ class Stream(Policy):
 
     def _poll(self) -> None:
         """One look at the stream: its finished rounds, then the loops' health."""
-        learner = self.hosts[self.learner_role][0]
-        try:
-            status = self._answer(self.hub.drain(self._allow(), POLL_S, MIN_POLL_S), learner)
-        except Exception as err:  # the hub's worker: the learner's
-            raise RoleFailure(learner, "lost", err) from None
+        status = self._at_hub("drain", self._allow(), POLL_S, MIN_POLL_S)
         self._take_status(status)
         self._check(status)
+
+    def _at_hub(self, method: str, *args: Any) -> Any:
+        """The hub's answer to ``method(*args)``. The hub lives on the learner's worker, so failing to
+        reach it (Dask already counting that worker lost, or :meth:`_answer`'s timeout) is the learner's
+        loss: a :class:`RoleFailure` for the driver to roll back, whatever was being done then (a
+        sampler replaced at a checkpoint, a sampler dropped or added)."""
+        learner = self.hosts[self.learner_role][0]
+        try:
+            return self._answer(getattr(self.hub, method)(*args), learner)
+        except Exception as err:  # noqa: BLE001 (Dask's RuntimeError for a lost actor, a timeout, a closed comm)
+            raise RoleFailure(learner, "lost", err) from None
 
     def _answer(self, future: Any, handle: Any) -> Any:
         """``future``'s result, from a hub on ``handle``'s worker: raises ``TimeoutError`` after
@@ -329,7 +342,7 @@ class Stream(Policy):
         self.gone.add(i)
         if self.supervisor is not None:
             self.supervisor.drop(failure)
-        self._answer(self.hub.own(i, uuid.uuid4().hex), self.hosts[self.learner_role][0])
+        self._at_hub("own", i, uuid.uuid4().hex)
         with contextlib.suppress(Exception):
             self.client.cancel(self.loops[i])
         self._resize()
@@ -342,8 +355,7 @@ class Stream(Policy):
     def _resize(self) -> None:
         """The hub's budget per round and room, for the samplers streaming now."""
         options = self.hub_options()
-        learner = self.hosts[self.learner_role][0]
-        self._answer(self.hub.resize(options["budget"], options["capacity"], options["least"]), learner)
+        self._at_hub("resize", options["budget"], options["capacity"], options["least"])
 
     def _grow(self) -> None:
         """Below ``max_replicas``: a sampler on every worker that fits it and hosts nothing (one that
@@ -434,7 +446,7 @@ class Stream(Policy):
         with contextlib.suppress(Exception):
             self.client.cancel([old_learner])
         for i, loop in enumerate(self.loops):
-            if loop.status != "pending":  # failed on the lost hub, or returned: a loop on the new one
+            if loop is None or loop.status != "pending":  # failed on the lost hub, returned, or never started
                 self._start_sampler(i)
 
     def _stop_stream(self) -> None:

@@ -31,9 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagrl.core.graph import Graph
+from dagrl.runtime.workers import answers
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
+
+PROBE_TIMEOUT_S = 1.0
+"""How long a lagging worker's host has to accept a connection (:meth:`Supervisor._probe`): a host on
+the same network answers in milliseconds."""
 
 
 class RoleFailure(Exception):
@@ -146,6 +151,8 @@ class Supervisor:
         self.cut_off: dict[str, float] = {}
         """Workers taken for lost because their heartbeats stopped (:meth:`_unreachable`): address ->
         the scheduler's ``last_seen`` of it then. They count as dead until restarted on their return."""
+        self._probed: dict[str, float] = {}
+        """Worker address -> when its host was last asked whether it answers (:meth:`_probe`)."""
         self.listeners: list[Any] = []
         for handles in hosts.values():
             for h in handles:
@@ -169,8 +176,10 @@ class Supervisor:
     def _unreachable(self, workers: dict[str, Any]) -> dict[str, Any]:
         """``workers`` less those cut off: a worker whose last heartbeat lags the newest by more than
         ``unreachable_s`` is cut off now (removed from the scheduler, so that Dask too stops counting on
-        it). One cut off earlier that the scheduler hears from again has healed: it is restarted, since
-        what it still runs belongs to roles replaced meanwhile, and then serves as spare capacity."""
+        it), and so is one lagging ``probe_after_s`` whose host no longer accepts a connection
+        (:meth:`_probe`). One cut off earlier that the scheduler hears from again has healed: it is
+        restarted, since what it still runs belongs to roles replaced meanwhile, and then serves as
+        spare capacity."""
         seen = {a: float(w.get("last_seen") or 0.0) for a, w in workers.items()}
         newest = max(seen.values(), default=0.0)  # the scheduler's clock on both sides: no skew
         hosts = {w.get("host") for w in workers.values()}
@@ -183,13 +192,33 @@ class Supervisor:
                     self.cut_off[addr] = float("inf")  # until the restart is through
                     threading.Thread(target=self._restart_returned, args=(addr,), daemon=True).start()
             elif spans_hosts and newest - last > self.spec.unreachable_s:
-                self.cut_off[addr] = last
-                log.warning(
-                    "worker %s: no heartbeat for %.0f s while others' arrive (unreachable_s %g): taken for lost",
-                    addr, newest - last, self.spec.unreachable_s,
-                )  # fmt: skip
-                threading.Thread(target=self._remove_worker, args=(addr,), daemon=True).start()
+                self._cut(addr, last, f"no heartbeat for {newest - last:.0f} s while others' arrive")
+            elif spans_hosts and newest - last > self.spec.probe_after_s:
+                self._probe_soon(addr, last)
         return {a: w for a, w in workers.items() if a not in self.cut_off}
+
+    def _cut(self, address: str, last_seen: float, why: str) -> None:
+        if address in self.cut_off:
+            return
+        self.cut_off[address] = last_seen
+        log.warning("worker %s: %s (unreachable_s %g): taken for lost", address, why, self.spec.unreachable_s)
+        threading.Thread(target=self._remove_worker, args=(address,), daemon=True).start()
+
+    def _probe_soon(self, address: str, last_seen: float) -> None:
+        """Ask once per ``probe_after_s`` whether a lagging worker's host still answers (in a thread:
+        an unanswered connection takes its whole timeout)."""
+        now = time.monotonic()
+        if now - self._probed.get(address, -float("inf")) < self.spec.probe_after_s:
+            return
+        self._probed[address] = now
+        threading.Thread(target=self._probe, args=(address, last_seen), daemon=True).start()
+
+    def _probe(self, address: str, last_seen: float) -> None:
+        """A worker whose heartbeats are late but whose host accepts a TCP connection is busy, and
+        waits out ``unreachable_s``; one whose host does not answer is cut off from the scheduler
+        now, seconds before that bound (a partition, a host gone without closing its sockets)."""
+        if not answers(self.client, address, timeout_s=PROBE_TIMEOUT_S):
+            self._cut(address, last_seen, f"heartbeats late and no answer to a connection in {PROBE_TIMEOUT_S:g} s")
 
     def _restart_returned(self, address: str) -> None:
         self._restart_worker(address)

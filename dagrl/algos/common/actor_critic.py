@@ -260,8 +260,7 @@ class LearnerState:
 def seeded_agent(ctx: RoleContext, agent_of: AgentOf) -> nn.Module:
     """``agent_of`` for the run's observation and action spaces, initialised from the role's seed (the
     global torch RNG left as it was), on the role's device."""
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         return agent_of(ctx.observation_space, ctx.action_space).to(ctx.device)
 
 
@@ -326,8 +325,7 @@ class SamplerState:
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     envs, obs, _ = ctx.start_envs()
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         agent = _agent(envs.single_observation_space, envs.single_action_space, cfg)
     acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
     n = envs.num_envs

@@ -307,8 +307,7 @@ class SamplerState:
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     envs, obs, info = ctx.start_envs()
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         agent = agents_network(envs.single_observation_space, envs.single_action_space, cfg)
     n = envs.num_envs
     active = np.array(info["agents"]["active"], bool)

@@ -180,8 +180,7 @@ def replay(ctx: RoleContext, cfg: Config) -> ReplayState:
 def seeded(ctx: RoleContext, *makers: Callable[[], nn.Module]) -> list[nn.Module]:
     """The networks ``makers`` build, in order, from the role's seed, on the role's device (the
     process's own random state left as it was)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         return [make().to(torch.device(ctx.device)) for make in makers]
 
 

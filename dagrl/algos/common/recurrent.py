@@ -212,8 +212,7 @@ class SamplerState:
 @role("sampler", many=True)
 def sampler(ctx: RoleContext, cfg: Any) -> SamplerState:
     envs, obs, _ = ctx.start_envs()
-    with torch.random.fork_rng():
-        torch.manual_seed(ctx.seed)
+    with ctx.seeded():
         agent = RecurrentActorCritic(envs.single_observation_space, envs.single_action_space, cfg)
     n = envs.num_envs
     acting = ctx.acting(Acting(agent, torch.Generator().manual_seed(ctx.seed)))
