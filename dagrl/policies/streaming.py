@@ -135,7 +135,7 @@ class Streaming(Policy):
         self.error: BaseException | None = None
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.rounds = self.collects = self.dropped = 0
+        self.rounds = self.collects = self.stale_dropped = 0
         self.submitted = 0
         """Learner rounds submitted (those in flight included, abandoned ones not)."""
         self.ahead: _Round | None = None
@@ -301,7 +301,7 @@ class Streaming(Policy):
                 arrived = [a for a in arrived if self.version - a.version <= self.max_staleness]
                 for a in stale:
                     res.add_output(a.report, source=a.source)
-                self.dropped += len(stale)
+                self.stale_dropped += len(stale)
                 if stale:
                     self.limiter.insert_discarded(len(stale))
             if self.batch is not None and len(arrived) < self.batch:
@@ -522,7 +522,7 @@ class Rounds(Streaming):
 
     def report_lag(self, res: StepResult, lags: list[int]) -> None:
         res.metrics["perf/staleness"] = float(np.mean(lags)) if lags else 0.0
-        res.metrics["perf/dropped_rollouts"] = float(self.dropped)
+        res.metrics["perf/dropped_rollouts"] = float(self.stale_dropped)
 
 
 class RoundsApex(Streaming):
