@@ -85,6 +85,16 @@ def ppo_cartpole(r: dict) -> list[str]:
     return markdown(header, rows, {2, 3, 4, 5})
 
 
+def vtrace(r: dict) -> list[str]:
+    rows = [
+        [x["lag"] if x["lag"] < r["args"]["iterations"] else f"{x['lag']} (first weights throughout)",
+         x["vtrace"], x["uncorrected"], x["vtrace greedy"], x["uncorrected greedy"]]
+        for x in r["rows"]
+    ]  # fmt: skip
+    header = ["lag", "V-trace, sampler", "uncorrected, sampler", "V-trace, learner greedy"]
+    return markdown([*header, "uncorrected, learner greedy"], rows, {1, 2, 3, 4})
+
+
 def learning(r: dict) -> list[str]:
     rows = [
         [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
@@ -141,6 +151,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "supervision": supervision,
     "supervision-hosts": supervision,
     "ppo-cartpole": ppo_cartpole,
+    "vtrace": vtrace,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
 }
