@@ -95,6 +95,48 @@ def vtrace(r: dict) -> list[str]:
     return markdown([*header, "uncorrected, learner greedy"], rows, {1, 2, 3, 4})
 
 
+def replay(r: dict) -> list[str]:
+    """Uniform draws against a numpy ring, then prioritized ones against the all-in-RAM store, per kind of row
+    (np.memmap, the slower working-set rotation and the other chunkings and codecs stay in the JSON)."""
+    rows = []
+    for kind in ("vector", "image"):
+        k = r.get(kind)
+        if not k:
+            continue
+        what = f"{kind}, {k['rows']:,} x {k['row_bytes']:,} B"
+        ring = k["numpy ring"]["sample"]
+        for setup in ("numpy ring", "dagrl, all in RAM", "dagrl, 90 % spilled"):
+            rows.append([what, setup, k[setup]["add"], k[setup]["sample"], k[setup]["sample"] / ring, ""])
+        per = k["prioritized"]
+        ram = per["dagrl, all in RAM"]["sample"]
+        spilled = next(name for name in per if "default chunks" in name)  # the default codec's: listed first
+        for setup in ("dagrl, all in RAM", spilled):
+            v = per[setup]
+            rows.append([what, f"prioritized: {setup}", v["add"], v["sample"], "", v["sample"] / ram])
+    rows = [["" if isinstance(v, float) and v != v else v for v in row] for row in rows]  # NaN: not measured
+    header = ["rows", "setup", "add rows/s", "sample rows/s", "sample / numpy ring", "sample / all in RAM"]
+    return markdown(header, rows, {2, 3, 4, 5})
+
+
+def scaling(r: dict) -> list[str]:
+    """Env steps/s by sampler count for each policy run, beside k bare processes and SB3; the driver's CPU per
+    1,000 env steps (above the idle cluster's in brackets)."""
+    policies = r["args"]["policies"]
+    header = ["samplers", "plain x k", "plain \\|\\| k"]
+    for p in policies:
+        header += [p, "eff", "/ plain\\|\\|", "CPU ms / 1k steps (net)"]
+    header += ["SB3", *(f"{p} / SB3" for p in policies)]
+    rows = []
+    for x in r["rows"]:
+        row = [x["samplers"], round(x["plain x k"]), round(x["plain || k"]) if "plain || k" in x else ""]
+        for p in policies:
+            cpu = f"{number(x[f'{p} cpu'])} ({number(x[f'{p} net cpu'])})"
+            row += [round(x[p]), x[f"{p} eff"], x.get(f"{p} / plain||", ""), cpu]
+        row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)]
+        rows.append(row)
+    return markdown(header, rows, set(range(len(header))) - {0})
+
+
 def learning(r: dict) -> list[str]:
     rows = [
         [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
@@ -152,6 +194,9 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "supervision-hosts": supervision,
     "ppo-cartpole": ppo_cartpole,
     "vtrace": vtrace,
+    "replay": replay,
+    "scaling-1ms": scaling,
+    "scaling-10ms": scaling,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
 }

@@ -305,7 +305,7 @@ def main() -> None:
         effs = [r.get("async eff") for r in rows if r["cost"] == cost and "async eff" in r]
         if effs:
             print(f"[{cost}] async efficiency: min {min(effs):.2f}, median {statistics.median(effs):.2f}")
-    emit("scaling", {"args": vars(args), "rows": rows, "runs": runs})
+    emit(f"scaling-{args.step_ms:g}ms", {"args": vars(args), "rows": rows, "runs": runs})  # one file per env cost
 
 
 if __name__ == "__main__":
