@@ -137,6 +137,21 @@ def scaling(r: dict) -> list[str]:
     return markdown(header, rows, set(range(len(header))) - {0})
 
 
+def transport(r: dict) -> list[str]:
+    """MB/s of image-sized rollouts reaching the learner, by path, each against the raw Dask ceiling."""
+    paths = [
+        ("ceiling_bytes_s", "raw Dask worker to worker (the ceiling)"),
+        ("peer_bytes_s", "fragments, worker to worker, same-host shared memory (the default)"),
+        ("peer_socket_bytes_s", "fragments, worker to worker, `shared_memory: false`"),
+        ("driver_bytes_s", "fragments as actor calls, through the driver (the path before)"),
+        ("sync_mailbox_bytes_s", "`sync` iterations, same-host mailbox (the default)"),
+        ("sync_dask_bytes_s", "`sync` iterations, through Dask (`mailbox: false`)"),
+    ]
+    ceiling = r["ceiling_bytes_s"]
+    rows = [[name, r[key] / 1e6, r[key] / ceiling] for key, name in paths]
+    return markdown(["path", "MB/s", "/ ceiling"], rows, {1, 2})
+
+
 def learning(r: dict) -> list[str]:
     rows = [
         [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
@@ -195,6 +210,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "ppo-cartpole": ppo_cartpole,
     "vtrace": vtrace,
     "replay": replay,
+    "transport": transport,
     "scaling-1ms": scaling,
     "scaling-10ms": scaling,
     "learning-multiagent": learning,
