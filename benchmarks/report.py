@@ -152,6 +152,27 @@ def transport(r: dict) -> list[str]:
     return markdown(["path", "MB/s", "/ ceiling"], rows, {1, 2})
 
 
+def sweep(r: dict) -> list[str]:
+    rows = [[x["round"], x["sequential_s"], x["sweep_s"], x["speedup"], x["trial_training_s"]] for x in r["rounds"]]
+    header = ["round", "one after another, s", "sweep, s", "speedup", "a trial's training in the sweep, s"]
+    return markdown(header, rows, {0, 1, 2, 3, 4})
+
+
+def dashboard(r: dict) -> list[str]:
+    names = {
+        "feed off": "feed off (no events)",
+        "page closed": "feed on, page closed",
+        "page served, no browser": "page served to a bokeh client, nothing renders it",
+        "page open": "page open in headless Chromium on the same 2 cores",
+    }
+    rows = [
+        [names.get(x["condition"], x["condition"]), round(x["median steps/s"]), x["vs page closed"],
+         ", ".join(f"{v:,.0f}" for v in r["hz"][x["condition"]])]
+        for x in r["rows"]
+    ]  # fmt: skip
+    return markdown(["condition", "env steps/s (median)", "/ page closed", "runs"], rows, {1, 2})
+
+
 def learning(r: dict) -> list[str]:
     rows = [
         [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
@@ -211,6 +232,8 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "vtrace": vtrace,
     "replay": replay,
     "transport": transport,
+    "sweep": sweep,
+    "dashboard": dashboard,
     "scaling-1ms": scaling,
     "scaling-10ms": scaling,
     "learning-multiagent": learning,

@@ -75,6 +75,17 @@ def test_arrays_arrive_as_writable_views_of_the_posting_and_outlive_its_removal(
     assert got["obs"][0].max() == 0 and rollout["obs"][0].max() > 0
 
 
+def test_a_posting_is_replaced_by_its_own_producers_next_one_not_by_another_replica_in_the_process(box):
+    """Under ``dp-learners`` a learner replica may share its worker process with a sampler: the sampler's
+    rollout posted after the learner's weights must leave those weights for the sampler that reads them."""
+    mailbox.post(box, 1, "learner-1 weights", producer="learner-1:publish")
+    mailbox.post(box, 2, "sampler-0 rollout", producer="sampler-0:collect")
+    assert mailbox.take(ticket(box, 1)) == "learner-1 weights"
+    mailbox.post(box, 3, "learner-1 next weights", producer="learner-1:publish")
+    assert not os.path.exists(os.path.join(mailbox.DIR, box, "v-1"))  # the same producer's older posting goes
+    assert mailbox.take(ticket(box, 2)) == "sampler-0 rollout"
+
+
 def test_without_room_on_dev_shm_the_waiter_is_told_to_fetch_through_dask(box, monkeypatch):
     monkeypatch.setattr(mailbox, "room", lambda nbytes: False)
     mailbox.post(box, 1, np.zeros(10))

@@ -112,14 +112,15 @@ def run_fragment(
     """
     host = _host(host_id)
     inputs = [_resolve(a) for a in args]
+    producer = f"{host_id}:{fragment}"  # its next posting replaces this one, not another replica's
     try:
         out = host.call(fragment, *inputs)
     except BaseException as err:
         if mail is not None:
-            mailbox.post_error(*mail, err)
+            mailbox.post_error(*mail, err, producer=producer)
         raise
     if mail is not None:
-        mailbox.post(*mail, out)
+        mailbox.post(*mail, out, producer=producer)
     if announce is not None:
         from distributed import get_worker
 

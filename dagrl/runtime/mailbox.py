@@ -115,31 +115,35 @@ def _wake(box: str) -> None:
             os.close(fd)
 
 
-_POSTED: dict[str, int] = {}
-"""This process's last posting in each box: removed when it posts there again."""
+_POSTED: dict[tuple[str, str], int] = {}
+"""(box, producer) -> that producer's last posting in the box: removed when the same producer posts
+there again. Keyed by producer, not by process: a process may hold several role replicas (a learner
+replica beside a sampler under ``dp-learners``), and one's posting must not remove another's that a
+consumer has yet to read."""
 
 
 ALIGN = 64
 
 
-def _post(box: str, seq: int, *parts: Any) -> None:
-    """Write posting ``seq`` and wake the waiters; drop this process's previous posting in ``box``.
+def _post(box: str, seq: int, producer: str, *parts: Any) -> None:
+    """Write posting ``seq`` and wake the waiters; drop ``producer``'s previous posting in ``box``.
 
     A producer posts again only in a later iteration, which starts after every consumer of its
     previous posting ended (each iteration's calls wait for the previous one's on their role); a
     consumer still holding arrays of it keeps its mapping, which outlives the file."""
     _mark(box, "p")
     _write(box, f"v-{seq}", *parts)
-    previous = _POSTED.get(box)
-    _POSTED[box] = seq
+    previous = _POSTED.get((box, producer))
+    _POSTED[(box, producer)] = seq
     if previous is not None and previous != seq:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(_dir(box), f"v-{previous}"))
     _wake(box)
 
 
-def post(box: str, seq: int, value: Any) -> None:
+def post(box: str, seq: int, value: Any, producer: str = "") -> None:
     """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker).
+    ``producer`` names who posts (a role replica's fragment): its next posting in ``box`` replaces this one.
 
     Arrays travel out of band (pickle protocol 5): the file holds the pickle, then each array's bytes
     at an aligned offset, so a reader maps the file and gets arrays that are views of it (one copy in
@@ -150,7 +154,7 @@ def post(box: str, seq: int, value: Any) -> None:
     raws = [b.raw() for b in buffers]
     sizes = [r.nbytes for r in raws]
     if not room(len(head) + sum(sizes)):
-        _post(box, seq, b"d")
+        _post(box, seq, producer, b"d")
         return
     meta = len(head).to_bytes(8, "little") + len(sizes).to_bytes(8, "little")
     meta += b"".join(n.to_bytes(8, "little") for n in sizes)
@@ -160,14 +164,14 @@ def post(box: str, seq: int, value: Any) -> None:
         pad = -at % ALIGN
         parts += [bytes(pad), raw]
         at += pad + raw.nbytes
-    _post(box, seq, *parts)
+    _post(box, seq, producer, *parts)
     STATS["posted"] += 1
     STATS["bytes"] += at
 
 
-def post_error(box: str, seq: int, err: BaseException) -> None:
+def post_error(box: str, seq: int, err: BaseException, producer: str = "") -> None:
     """The producer of posting ``seq`` raised ``err``: its waiters raise :class:`Upstream`."""
-    _post(box, seq, b"e" + f"{type(err).__name__}: {err}".encode())
+    _post(box, seq, producer, b"e" + f"{type(err).__name__}: {err}".encode())
 
 
 def exists(box: str) -> bool:
