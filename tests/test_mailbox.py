@@ -56,7 +56,7 @@ def test_a_waiting_take_is_woken_by_the_posting_not_by_its_poll(box, monkeypatch
     time.sleep(0.3)
     assert t.is_alive()  # nothing posted yet
     posted = time.monotonic()
-    mailbox.post(box, 1, weights)
+    mailbox.post(box, 1, weights, producer="p")
     t.join(5)
     assert not t.is_alive() and out["at"] - posted < 1.0
     assert out["value"].keys() == weights.keys()
@@ -65,11 +65,11 @@ def test_a_waiting_take_is_woken_by_the_posting_not_by_its_poll(box, monkeypatch
 
 def test_arrays_arrive_as_writable_views_of_the_posting_and_outlive_its_removal(box):
     rollout = {"obs": np.random.default_rng(0).integers(0, 255, (64, 4, 84, 84), dtype=np.uint8), "n": 7}
-    mailbox.post(box, 1, rollout)
+    mailbox.post(box, 1, rollout, producer="p")
     got = mailbox.take(ticket(box, 1))
     assert got["n"] == 7 and np.array_equal(got["obs"], rollout["obs"]) and got["obs"].dtype == np.uint8
     assert not got["obs"].flags.owndata  # a view of the mapped file: no copy on the reader's side
-    mailbox.post(box, 2, "next")  # removes posting 1's file; the mapping stays valid
+    mailbox.post(box, 2, "next", producer="p")  # removes posting 1's file; the mapping stays valid
     assert not os.path.exists(os.path.join(mailbox.DIR, box, "v-1"))
     got["obs"][0] = 0  # writable, copy on write: the producer's bytes are not touched
     assert got["obs"][0].max() == 0 and rollout["obs"][0].max() > 0
@@ -88,19 +88,19 @@ def test_a_posting_is_replaced_by_its_own_producers_next_one_not_by_another_repl
 
 def test_without_room_on_dev_shm_the_waiter_is_told_to_fetch_through_dask(box, monkeypatch):
     monkeypatch.setattr(mailbox, "room", lambda nbytes: False)
-    mailbox.post(box, 1, np.zeros(10))
+    mailbox.post(box, 1, np.zeros(10), producer="p")
     with pytest.raises(mailbox.NotPosted):
         mailbox.take(ticket(box, 1))
 
 
 def test_a_take_answers_its_own_posting_only(box, monkeypatch):
     monkeypatch.setattr(mailbox, "POLL_S", 0.05)
-    mailbox.post(box, 1, "first")
+    mailbox.post(box, 1, "first", producer="p")
     assert mailbox.take(ticket(box, 1)) == "first"
     t, out = in_thread(lambda: mailbox.take(ticket(box, 2)))
     time.sleep(0.2)
     assert t.is_alive()  # posting 1 is there, 2 is not
-    mailbox.post(box, 2, "second")
+    mailbox.post(box, 2, "second", producer="p")
     t.join(5)
     assert out["value"] == "second"
 
@@ -108,7 +108,7 @@ def test_a_take_answers_its_own_posting_only(box, monkeypatch):
 def test_a_producer_error_reaches_the_waiters_naming_the_producer(box):
     t, out = in_thread(lambda: mailbox.take(ticket(box, 4)))
     time.sleep(0.1)
-    mailbox.post_error(box, 4, ValueError("bad weights"))
+    mailbox.post_error(box, 4, ValueError("bad weights"), producer="p")
     t.join(5)
     err = out["error"]
     assert isinstance(err, mailbox.Upstream) and err.producer == "publish-learner-0-abc"
@@ -126,7 +126,7 @@ def test_an_abort_ends_the_waits_up_to_its_sequence_number_only(box, monkeypatch
     time.sleep(0.2)
     assert t4.is_alive()  # a later iteration's wait goes on
     mailbox.abort(box, 2)  # an older abort arriving late changes nothing
-    mailbox.post(box, 4, "w4")
+    mailbox.post(box, 4, "w4", producer="p")
     t4.join(5)
     assert out4["value"] == "w4"
 
@@ -148,7 +148,7 @@ def test_another_process_waits_and_is_woken(box, monkeypatch):
     while not any(n.startswith("w-") for n in _names(box)):  # its FIFO: it is waiting
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
-    mailbox.post(box, 7, "seven")
+    mailbox.post(box, 7, "seven", producer="p")
     out, _ = proc.communicate(timeout=10)
     assert out.strip() == "seven"
 
@@ -166,7 +166,7 @@ def test_sweep_removes_boxes_whose_processes_are_gone_and_keeps_live_ones(box):
     os.makedirs(os.path.join(mailbox.DIR, other))
     open(os.path.join(mailbox.DIR, other, f"p-{dead.stdout.strip()}"), "wb").close()
     open(os.path.join(mailbox.DIR, other, "value"), "wb").close()
-    mailbox.post(box, 1, "mine")  # this process's marker: live
+    mailbox.post(box, 1, "mine", producer="p")  # this process's marker: live
     assert mailbox.sweep() >= 1
     assert not os.path.exists(os.path.join(mailbox.DIR, other))
     assert os.path.exists(os.path.join(mailbox.DIR, box))  # the fixture's sweep(own=True) removes it

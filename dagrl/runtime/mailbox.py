@@ -141,7 +141,7 @@ def _post(box: str, seq: int, producer: str, *parts: Any) -> None:
     _wake(box)
 
 
-def post(box: str, seq: int, value: Any, producer: str = "") -> None:
+def post(box: str, seq: int, value: Any, *, producer: str) -> None:
     """Make ``value`` posting ``seq`` of ``box`` and wake its waiters (the producer's task, on its worker).
     ``producer`` names who posts (a role replica's fragment): its next posting in ``box`` replaces this one.
 
@@ -169,7 +169,7 @@ def post(box: str, seq: int, value: Any, producer: str = "") -> None:
     STATS["bytes"] += at
 
 
-def post_error(box: str, seq: int, err: BaseException, producer: str = "") -> None:
+def post_error(box: str, seq: int, err: BaseException, *, producer: str) -> None:
     """The producer of posting ``seq`` raised ``err``: its waiters raise :class:`Upstream`."""
     _post(box, seq, producer, b"e" + f"{type(err).__name__}: {err}".encode())
 

@@ -192,7 +192,8 @@ class Supervisor:
                     self.cut_off[addr] = float("inf")  # until the restart is through
                     threading.Thread(target=self._restart_returned, args=(addr,), daemon=True).start()
             elif spans_hosts and newest - last > self.spec.unreachable_s:
-                self._cut(addr, last, f"no heartbeat for {newest - last:.0f} s while others' arrive")
+                lag, bound = newest - last, self.spec.unreachable_s
+                self._cut(addr, last, f"no heartbeat for {lag:.0f} s while others' arrive (unreachable_s {bound:g})")
             elif spans_hosts and newest - last > self.spec.probe_after_s:
                 self._probe_soon(addr, last)
         return {a: w for a, w in workers.items() if a not in self.cut_off}
@@ -201,7 +202,7 @@ class Supervisor:
         if address in self.cut_off:
             return
         self.cut_off[address] = last_seen
-        log.warning("worker %s: %s (unreachable_s %g): taken for lost", address, why, self.spec.unreachable_s)
+        log.warning("worker %s: %s: taken for lost", address, why)
         threading.Thread(target=self._remove_worker, args=(address,), daemon=True).start()
 
     def _probe_soon(self, address: str, last_seen: float) -> None:
