@@ -175,12 +175,13 @@ def dashboard(r: dict) -> list[str]:
 
 def learning(r: dict) -> list[str]:
     rows = [
-        [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], round(x["steps/s"]),
+        [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], x["published"], round(x["steps/s"]),
          f"{x['wall_s']:.0f} s"]
         for x in r["table"]
     ]  # fmt: skip
-    header = ["graph", "env steps", "seeds", "final (training episodes)", "final checkpoint", "env steps/s", "wall"]
-    return markdown(header, rows, {1, 2, 5, 6})
+    header = ["graph", "env steps", "seeds", "final (training episodes)", "final checkpoint", "published",
+              "env steps/s", "wall"]  # fmt: skip
+    return markdown(header, rows, {1, 2, 6, 7})
 
 
 def sac_pendulum(r: dict) -> list[str]:
@@ -219,7 +220,30 @@ def vector(r: dict) -> list[str]:
     return markdown(header, rows, {2, 3, 4})
 
 
+def impala_stability(r: dict) -> list[str]:
+    header = [k for k in r["rows"][0] if k != "overrides"]
+    rows = [[x[k] if x[k] is not None else "-" for k in header] for x in r["rows"]]
+    return markdown(header, rows, {1, 2, 3, 4, 5})
+
+
+def tune(r: dict) -> list[str]:
+    rows = [[x["graph"], x["as_written_s"], x["single_s"], x["tuned_s"], x["tuned_vs_best"], f"`{x['tuned']}`"]
+            for x in r["graphs"]]  # fmt: skip
+    seeds = len(r["seeds"])
+    header = ["graph", f"as written, s to target (median of {seeds})", "`single`, s", "tuned, s",
+              "tuned / best other", "tuned setting"]  # fmt: skip
+    lines = markdown(header, rows, {1, 2, 3, 4})
+    if r["verified"]:
+        checks = [[x["graph"], x["candidate"], round(x["predicted"]), round(x["achieved"]), f"{x['error']:+.0%}"]
+                  for x in r["verified"]]  # fmt: skip
+        lines += ["", *markdown(["graph", "candidate", "predicted steps/s", "achieved", "error"], checks, {2, 3, 4})]
+    return lines
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
+    "impala-stability": impala_stability,
+    "tune": tune,
+    "learning": learning,
     "dp-learners": dp_learners,
     "encoders": encoders,
     "vector": vector,

@@ -127,6 +127,22 @@ def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, t
     assert at["iteration"] > 5 and at["mean_return"] >= threshold, at
 
 
+def test_under_sync_a_killed_workers_call_fails_when_the_scheduler_removes_it_not_at_the_next_poll(cluster, tmp_path):
+    """A call to an actor whose worker was SIGKILLed never fails by itself (Dask waits for the actor's
+    task to come back); the scheduler's ``remove-worker`` event ends it, long before ``poll_s``."""
+    overrides = ["stop.iterations=7", "stop.mean_return=null", "supervision.poll_s=120"]
+    run = Run(load_graph("graphs/ppo-cartpole-sync.yaml", overrides), cluster, tmp_path)
+    run.wait_iteration(3)
+    killed_at = time.time()
+    run.kill("sampler", 1)
+    summary = run.finish()
+    assert summary["stop_reason"] == "iterations", summary
+    restarts = run.events("restart")
+    assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
+    noticed = restarts[0]["time"] - killed_at
+    assert noticed < 30, f"noticed {noticed:.1f} s after the kill: at a poll (120 s), not at the event"
+
+
 @pytest.mark.slow
 def test_a_worker_whose_nanny_is_gone_is_started_afresh_and_the_run_finishes(cluster, tmp_path):
     """Every worker hosts a role, so a replacement has nowhere free to go until a new worker starts."""

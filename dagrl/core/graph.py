@@ -195,7 +195,8 @@ class SupervisionSpec:
     hang_timeout_s: float = 600.0
     """A fragment call running longer than this counts as a hung role: its worker is restarted."""
     poll_s: float = 1.0
-    """How often a waiting call checks that the actor's worker is still alive."""
+    """How often a waiting call asks the scheduler whether the actor's worker is still alive. A worker
+    the scheduler removes (a killed process, a host cut off) ends the call at once, before this."""
     respawn_after_s: float = 15.0
     """How long a replacement waits for a free worker (a nanny restarts a killed worker within a
     few seconds) before, on a cluster object this process holds (dagrl's LocalCluster), a fresh

@@ -122,6 +122,12 @@ def _ticketed(arg: Any, handle: Any, executor: Executor) -> Any:
 OWN_ERROR_WAIT_S = 5.0
 """How long the driver waits for a producer's own error after a consumer reported it (:class:`mailbox.Upstream`)."""
 
+GONE_CHECK_S = 0.1
+"""How often a waiting driver looks at the workers the scheduler has removed. A task pinned to a dead
+worker never fails (Dask waits for that worker to return); the removal reaches the driver as an event
+(:class:`~dagrl.runtime.workers.Departures`), so this look costs no round trip, unlike the full check
+every ``poll_s``."""
+
 
 async def _abort_on_worker(box: str, seq: int) -> None:
     """:func:`mailbox.abort` on a worker's event loop: ``Client.run(..., wait=False)`` takes coroutine
@@ -394,22 +400,24 @@ class Executor:
         # event wakes this thread (Announcements), and their result() sees an erred or cancelled call.
         if not all(isinstance(c.future, Announced) for c in calls):
             futures = list(dict.fromkeys(dask_future(c.future) for c in calls))
+            checked = time.monotonic()
             while True:
                 try:
                     with self.client.as_current():  # distributed.wait uses the thread's default client
-                        wait(futures, timeout=poll)
+                        wait(futures, timeout=min(poll, GONE_CHECK_S))
                     break
                 except TimeoutError:
-                    self._check(watched)
+                    checked = self._looked(watched, checked, poll)
             self._raise_errors(watched)
         values = []
         for call in calls:  # not client.gather: a value lost with its worker is never handed over, and
+            checked = time.monotonic()
             while True:  # Dask can only recompute it on that (pinned) worker, so gather would wait forever
                 try:
-                    values.append(call.future.result(timeout=poll))
+                    values.append(call.future.result(timeout=min(poll, GONE_CHECK_S)))
                     break
                 except TimeoutError:
-                    self._check(watched)
+                    checked = self._looked(watched, checked, poll)
                 except Exception as err:  # a worker died between finishing and handing the value over
                     self._check(watched)
                     raise RoleFailure(call.handle, "lost", err) from None
@@ -422,6 +430,8 @@ class Executor:
                 if isinstance(err, mailbox.Upstream):  # told by the mailbox before Dask told us
                     call = next((c for c in watched if c.mail is not None and _key(c) == err.producer), call)
                     err = self._own_error(call, err)
+                elif isinstance(err, mailbox.Late):  # waited out hang_timeout_s for a producer
+                    self._hung(watched, "a consumer waited out hang_timeout_s for it")
                 kind = "lost" if isinstance(err, HostGone) else "raised"
                 if kind == "raised" and self.supervisor is not None and self._worker_lost(call):
                     kind = "lost"
@@ -447,6 +457,19 @@ class Executor:
             return True
         return isinstance(err, OSError) and not self.supervisor.alive(call.handle.address, fresh=True)
 
+    def _looked(self, watched: list[Call], checked: float, poll: float) -> float:
+        """A wait's look between slices: a watched call on a worker the scheduler removed fails now;
+        the full :meth:`_check` runs once per ``poll``. When the last full check ran."""
+        sup = self.supervisor
+        if sup is not None:
+            gone = next((c for c in watched if c.handle.address in sup.departures.gone), None)
+            if gone is not None:
+                raise RoleFailure(gone.handle, "lost", OSError("worker removed from the scheduler"))
+        if time.monotonic() - checked < poll:
+            return checked
+        self._check(watched)
+        return time.monotonic()
+
     def _check(self, watched: list[Call]) -> None:
         """While waiting: a watched call whose worker is gone, or one running past the hang timeout."""
         self._raise_errors(watched)
@@ -456,13 +479,18 @@ class Executor:
         for call in watched:  # a lost worker also loses the outputs it held for consumers
             if not sup.alive(call.handle.address):
                 raise RoleFailure(call.handle, "lost", OSError("worker gone"))
+        self._hung(watched, f"hang_timeout_s {sup.spec.hang_timeout_s:g}", sup.spec.hang_timeout_s)
+
+    @staticmethod
+    def _hung(watched: list[Call], why: str, after_s: float = 0.0) -> None:
+        """Raise the first pending call of the iteration (the others wait on it) as hung, if it has run
+        longer than ``after_s``."""
         pending = [c for c in watched if c.future.status == "pending"]
         if pending:
             first = pending[0]
             waited = time.perf_counter() - first.started
-            if waited > sup.spec.hang_timeout_s:
-                msg = f"no answer for {waited:.0f} s (hang_timeout_s {sup.spec.hang_timeout_s:g})"
-                raise RoleFailure(first.handle, "hung", TimeoutError(msg))
+            if waited > after_s:
+                raise RoleFailure(first.handle, "hung", TimeoutError(f"no answer for {waited:.0f} s ({why})"))
 
     def _abort(self, mails: list[Mail]) -> None:
         """Tell the tasks waiting for these postings, on their workers, that no value will come.

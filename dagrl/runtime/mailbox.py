@@ -39,7 +39,9 @@ from distributed.metrics import context_meter
 
 from dagrl.runtime.shm import DIR, alive, entries, room
 
-__all__ = ["Aborted", "NotPosted", "Ticket", "Upstream", "abort", "exists", "post", "post_error", "sweep", "take"]
+__all__ = [
+    "Aborted", "Late", "NotPosted", "Ticket", "Upstream", "abort", "exists", "post", "post_error", "sweep", "take",
+]  # fmt: skip
 
 PREFIX = "dagrl-mb-"
 POLL_S = 0.1
@@ -64,6 +66,15 @@ class Upstream(RuntimeError):
 
     def __init__(self, producer: str, message: str):
         super().__init__(f"{producer} failed: {message}")
+        self.producer = producer
+
+
+class Late(TimeoutError):
+    """No value came from the ticket's producer within the ticket's timeout, which is the run's
+    ``hang_timeout_s``: the executor blames the producer if it is still running (it is the hung one)."""
+
+    def __init__(self, producer: str, timeout_s: float):
+        super().__init__(f"no value from {producer} in {timeout_s:g} s")
         self.producer = producer
 
 
@@ -242,7 +253,7 @@ def _load(mm: mmap.mmap) -> Any:
 def take(ticket: Ticket) -> Any:
     """The value posted under ``ticket`` (waiting for it); :class:`Upstream` if its producer raised,
     :class:`NotPosted` if it had no room, :class:`Aborted` if the driver gave up on it,
-    ``TimeoutError`` after ``ticket.timeout_s``.
+    :class:`Late` after ``ticket.timeout_s``.
 
     Inside a Dask task the wait and the read are metered apart (``mailbox-wait``, ``mailbox-read``):
     the dashboard's Fine Performance Metrics then show them for the task's prefix, and they leave
@@ -271,7 +282,7 @@ def _wait(ticket: Ticket) -> mmap.mmap:
             raise Aborted(f"{ticket.producer}: its iteration was cancelled")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no value from {ticket.producer} in {ticket.timeout_s:g} s")
+            raise Late(ticket.producer, ticket.timeout_s)
         select.select([fd], [], [], min(POLL_S, left))
         with contextlib.suppress(BlockingIOError):
             os.read(fd, 4096)

@@ -1,11 +1,12 @@
 """Supervision of role actors: Dask does not rebuild an actor whose worker died, so dagrl does.
 
-Every call to a remote role host is *watched*: while it waits, it checks every ``poll_s`` that the
-actor's worker is still in the cluster and that the call has not run past ``hang_timeout_s``. A
-failed call raises :class:`RoleFailure` naming the handle and what happened:
+Every call to a remote role host is *watched*: it ends as soon as the scheduler removes the actor's
+worker (its ``remove-worker`` event, :class:`~dagrl.runtime.workers.Departures`), and checks every
+``poll_s`` that the worker is still in the cluster and that the call has not run past
+``hang_timeout_s``. A failed call raises :class:`RoleFailure` naming the handle and what happened:
 
-* ``lost``: the worker died (SIGKILL, out of memory, preemption): the pending call fails at once,
-  a later one is caught by the liveness check;
+* ``lost``: the worker died (SIGKILL, out of memory, preemption) or was cut off: the pending call
+  fails when the scheduler removes the worker, a later one is caught by the liveness check;
 * ``hung``: no answer within ``hang_timeout_s``: the worker process is restarted (the only way to
   stop a stuck thread) and the role treated as lost;
 * ``raised``: the fragment raised (an env error in ``step`` names the env id, with its traceback).
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagrl.core.graph import Graph
-from dagrl.runtime.workers import answers
+from dagrl.runtime.workers import WorkerGone, answers, departures
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
@@ -95,7 +96,9 @@ class Watched:
         sup, start = self.supervisor, time.monotonic()
         while True:
             try:
-                return self.future.result(timeout=sup.spec.poll_s)
+                return sup.departures.wait(self.future, self.handle.address, sup.spec.poll_s)
+            except WorkerGone:
+                raise RoleFailure(self.handle, "lost", OSError("worker removed from the scheduler")) from None
             except TimeoutError:
                 waited = time.monotonic() - start
                 if not sup.alive(self.handle.address):
@@ -154,6 +157,8 @@ class Supervisor:
         self._probed: dict[str, float] = {}
         """Worker address -> when its host was last asked whether it answers (:meth:`_probe`)."""
         self.listeners: list[Any] = []
+        self.departures = departures(client)
+        """Workers removed from the scheduler, as it removes them: a watched call on one fails at once."""
         for handles in hosts.values():
             for h in handles:
                 h.supervisor = self
@@ -238,7 +243,9 @@ class Supervisor:
             log.warning("could not remove unreachable worker %s from the scheduler: %s", address, err)
 
     def alive(self, address: str | None, fresh: bool = False) -> bool:
-        return address is None or address in self.workers(max_age=0.0 if fresh else 0.5)
+        if address is None:
+            return True
+        return address not in self.departures.gone and address in self.workers(max_age=0.0 if fresh else 0.5)
 
     # -- restarts --------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 
@@ -51,3 +53,77 @@ def answers(client: Any, address: str, timeout_s: float = 1.0) -> bool:
         return bool(client.run_on_scheduler(connect))
     except Exception:  # noqa: BLE001 (a client reconnecting: no verdict)
         return True
+
+
+class WorkerGone(Exception):
+    """The worker a call waits on was removed from the scheduler (:meth:`Departures.wait`)."""
+
+
+class Departures:
+    """The workers the scheduler removes, heard as it removes them (its ``remove-worker`` events).
+
+    A call to a Dask actor whose worker is SIGKILLed does not fail: Dask retries it once the actor's
+    task is back, which for a role never happens. A watch that asks the scheduler every ``poll_s``
+    notices the death up to ``poll_s`` late; :meth:`wait` ends at the scheduler's event instead. One
+    per client (:func:`departures`): Dask keeps one handler per topic and client.
+    """
+
+    def __init__(self, client: Any):
+        self.loop = client.loop  # not the client: the registry keys on it weakly (:func:`departures`)
+        self.gone: set[str] = set()
+        self._events: dict[str, Any] = {}
+        """Address -> an ``asyncio.Event`` set on its removal, made on the client's loop as waits ask."""
+        client.subscribe_topic("all", self._on_event)
+
+    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
+        msg, address = event[1], event[1].get("worker")
+        if msg.get("action") == "remove-worker" and address:
+            self.gone.add(address)
+            if address in self._events:
+                self._events.pop(address).set()
+        elif msg.get("action") == "add-worker" and address:  # a worker started again at that address
+            self.gone.discard(address)
+
+    def wait(self, future: Any, address: str | None, timeout: float) -> Any:
+        """``future.result(timeout)``, or :class:`WorkerGone` as soon as ``address`` leaves."""
+        from distributed.actor import ActorFuture
+
+        if address is None or not isinstance(future, ActorFuture):
+            return future.result(timeout=timeout)
+
+        async def first() -> Any:
+            import asyncio
+
+            if address in self.gone:
+                raise WorkerGone(address)
+            left = self._events.setdefault(address, asyncio.Event())
+
+            async def call() -> Any:
+                return await future
+
+            answer, removed = asyncio.ensure_future(call()), asyncio.ensure_future(left.wait())
+            await asyncio.wait({answer, removed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if answer.done():
+                removed.cancel()
+                return answer.result()
+            answer.cancel()
+            if removed.done():
+                raise WorkerGone(address)
+            removed.cancel()
+            raise TimeoutError
+
+        from distributed.utils import sync
+
+        return sync(self.loop, first)
+
+
+_DEPARTURES: weakref.WeakKeyDictionary[Any, Departures] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def departures(client: Any) -> Departures:
+    """The client's one :class:`Departures`."""
+    with _LOCK:
+        if client not in _DEPARTURES:
+            _DEPARTURES[client] = Departures(client)
+        return _DEPARTURES[client]
