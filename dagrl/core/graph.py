@@ -211,7 +211,8 @@ class SupervisionSpec:
     """Sooner than ``unreachable_s``: a worker whose heartbeats are this late has its host asked for a
     TCP connection from the scheduler (1 s to answer). The host's kernel answers for a busy worker; a
     host behind a partition does not, and is treated as lost at once. Dask's workers beat every 0.5 s
-    up to 10 workers, 1 s to 50, 2 s to 200: a late heartbeat alone costs one connection."""
+    up to 10 workers, 1 s to 50, 2 s to 200, then slower: where that is longer, this bound and
+    ``unreachable_s`` rise to 2 and 5 heartbeat intervals."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

@@ -296,6 +296,8 @@ class Policy:
                 self.executor.client.run(mailbox.sweep, True)
         shm.sweep()
         mailbox.sweep()
+        if self.supervisor is not None:
+            self.supervisor.close()
 
 
 def merge_outputs(values: list[Any]) -> Any:

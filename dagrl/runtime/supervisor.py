@@ -42,6 +42,22 @@ PROBE_TIMEOUT_S = 1.0
 the same network answers in milliseconds."""
 
 
+def lateness_bounds(spec: Any, n_workers: int) -> tuple[float, float]:
+    """How late (s) a worker's heartbeats may be before its host is probed, and before it is taken for
+    lost: ``probe_after_s`` and ``unreachable_s``, raised to 2 and 5 of Dask's heartbeat intervals on
+    clusters large enough for the scheduler to space heartbeats out (0.5 s up to 10 workers, 1 s to 50,
+    2 s to 200, then growing with the count), so a worker between two beats is not probed for it.
+
+    >>> from dagrl.core.graph import SupervisionSpec
+    >>> lateness_bounds(SupervisionSpec(), 8), lateness_bounds(SupervisionSpec(), 100)
+    ((2.0, 10.0), (4.0, 10.0))
+    """
+    from distributed.scheduler import heartbeat_interval
+
+    beat = float(heartbeat_interval(n_workers))
+    return max(spec.probe_after_s, 2 * beat), max(spec.unreachable_s, 5 * beat)
+
+
 class RoleFailure(Exception):
     """A call to ``handle`` failed: ``kind`` is ``lost``, ``hung`` or ``raised``."""
 
@@ -158,11 +174,18 @@ class Supervisor:
         """Worker address -> when its host was last asked whether it answers (:meth:`_probe`)."""
         self.listeners: list[Any] = []
         self.departures = departures(client)
+        self._released = False
         """Workers removed from the scheduler, as it removes them: a watched call on one fails at once."""
         for handles in hosts.values():
             for h in handles:
                 h.supervisor = self
         self.workers(max_age=0.0)  # names of the workers as they start (a dead one's is needed later)
+
+    def close(self) -> None:
+        """Stop hearing of the scheduler's departures (the client stays the caller's)."""
+        if not self._released:
+            self._released = True
+            self.departures.release()  # a call watched after this waits on polls alone
 
     # -- liveness --------------------------------------------------------------------------------
 
@@ -189,6 +212,7 @@ class Supervisor:
         newest = max(seen.values(), default=0.0)  # the scheduler's clock on both sides: no skew
         hosts = {w.get("host") for w in workers.values()}
         spans_hosts = len(hosts) > 1  # one host's workers (a LocalCluster) cannot be cut off from each other
+        probe_after, unreachable = lateness_bounds(self.spec, len(workers))
         for addr, last in seen.items():
             if addr in self.cut_off:
                 if last > self.cut_off[addr]:  # heard from again
@@ -196,11 +220,11 @@ class Supervisor:
                     log.warning("worker %s is reachable again: restarting it (its roles were replaced)", addr)
                     self.cut_off[addr] = float("inf")  # until the restart is through
                     threading.Thread(target=self._restart_returned, args=(addr,), daemon=True).start()
-            elif spans_hosts and newest - last > self.spec.unreachable_s:
-                lag, bound = newest - last, self.spec.unreachable_s
-                self._cut(addr, last, f"no heartbeat for {lag:.0f} s while others' arrive (unreachable_s {bound:g})")
-            elif spans_hosts and newest - last > self.spec.probe_after_s:
-                self._probe_soon(addr, last)
+            elif spans_hosts and newest - last > unreachable:
+                lag = newest - last
+                self._cut(addr, last, f"no heartbeat for {lag:.0f} s while others' arrive (bound {unreachable:g} s)")
+            elif spans_hosts and newest - last > probe_after:
+                self._probe_soon(addr, last, probe_after)
         return {a: w for a, w in workers.items() if a not in self.cut_off}
 
     def _cut(self, address: str, last_seen: float, why: str) -> None:
@@ -210,11 +234,11 @@ class Supervisor:
         log.warning("worker %s: %s: taken for lost", address, why)
         threading.Thread(target=self._remove_worker, args=(address,), daemon=True).start()
 
-    def _probe_soon(self, address: str, last_seen: float) -> None:
-        """Ask once per ``probe_after_s`` whether a lagging worker's host still answers (in a thread:
+    def _probe_soon(self, address: str, last_seen: float, every: float) -> None:
+        """Ask once per ``every`` seconds whether a lagging worker's host still answers (in a thread:
         an unanswered connection takes its whole timeout)."""
         now = time.monotonic()
-        if now - self._probed.get(address, -float("inf")) < self.spec.probe_after_s:
+        if now - self._probed.get(address, -float("inf")) < every:
             return
         self._probed[address] = now
         threading.Thread(target=self._probe, args=(address, last_seen), daemon=True).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any
@@ -69,7 +70,11 @@ class Departures:
     """
 
     def __init__(self, client: Any):
-        self.loop = client.loop  # not the client: the registry keys on it weakly (:func:`departures`)
+        self.loop = client.loop
+        self._client = weakref.ref(client)  # not the client itself: the registry keys on it weakly
+        self.users = 0
+        """Who holds it (:func:`departures`, :meth:`release`): the last to let go unsubscribes, before
+        its client closes (the scheduler otherwise tells the closing client of its own removal)."""
         self.gone: set[str] = set()
         self._events: dict[str, Any] = {}
         """Address -> an ``asyncio.Event`` set on its removal, made on the client's loop as waits ask."""
@@ -116,14 +121,27 @@ class Departures:
 
         return sync(self.loop, first)
 
+    def release(self) -> None:
+        """One holder lets go; the last unsubscribes."""
+        with _LOCK:
+            self.users -= 1
+            client = self._client()
+            if self.users > 0 or client is None:
+                return
+            _DEPARTURES.pop(client, None)
+            with contextlib.suppress(Exception):  # the client may be closing
+                client.unsubscribe_topic("all")
+
 
 _DEPARTURES: weakref.WeakKeyDictionary[Any, Departures] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
 def departures(client: Any) -> Departures:
-    """The client's one :class:`Departures`."""
+    """The client's one :class:`Departures`, held until :meth:`Departures.release`."""
     with _LOCK:
         if client not in _DEPARTURES:
             _DEPARTURES[client] = Departures(client)
-        return _DEPARTURES[client]
+        found = _DEPARTURES[client]
+        found.users += 1
+        return found
