@@ -362,3 +362,12 @@ def test_a_failure_heard_through_the_mailbox_is_the_producers_own_error_with_its
     assert failure.value.handle is handles[0]
     assert isinstance(failure.value.cause, ValueError)
     assert "_pole_falls" in remote_traceback(failure.value.cause)
+
+
+def test_the_errors_a_consumer_raises_keep_their_producer_through_pickle():
+    """They travel from a worker to the driver, which blames their producer."""
+    import pickle
+
+    for err in (mailbox.Upstream("sample-replay-0-abc", "boom"), mailbox.Late("sample-replay-0-abc", 3.0)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.producer == "sample-replay-0-abc" and str(back) == str(err)

@@ -66,7 +66,10 @@ class Upstream(RuntimeError):
 
     def __init__(self, producer: str, message: str):
         super().__init__(f"{producer} failed: {message}")
-        self.producer = producer
+        self.producer, self.message = producer, message
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.producer, self.message)
 
 
 class Late(TimeoutError):
@@ -75,7 +78,10 @@ class Late(TimeoutError):
 
     def __init__(self, producer: str, timeout_s: float):
         super().__init__(f"no value from {producer} in {timeout_s:g} s")
-        self.producer = producer
+        self.producer, self.timeout_s = producer, timeout_s
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.producer, self.timeout_s)
 
 
 class NotPosted(LookupError):
