@@ -462,7 +462,7 @@ class Executor:
         the full :meth:`_check` runs once per ``poll``. When the last full check ran."""
         sup = self.supervisor
         if sup is not None:
-            gone = next((c for c in watched if c.handle.address in sup.departures.gone), None)
+            gone = next((c for c in watched if sup.removed(c.handle.address)), None)
             if gone is not None:
                 raise RoleFailure(gone.handle, "lost", OSError("worker removed from the scheduler"))
         if time.monotonic() - checked < poll:

@@ -174,8 +174,8 @@ class Supervisor:
         """Worker address -> when its host was last asked whether it answers (:meth:`_probe`)."""
         self.listeners: list[Any] = []
         self.departures = departures(client)
-        self._released = False
         """Workers removed from the scheduler, as it removes them: a watched call on one fails at once."""
+        self._released = False
         for handles in hosts.values():
             for h in handles:
                 h.supervisor = self
@@ -266,10 +266,14 @@ class Supervisor:
         except Exception as err:  # noqa: BLE001 (the roles are replaced either way)
             log.warning("could not remove unreachable worker %s from the scheduler: %s", address, err)
 
+    def removed(self, address: str | None) -> bool:
+        """Whether the scheduler has removed ``address``'s worker (heard as it happens: no round trip)."""
+        return address is not None and address in self.departures.gone
+
     def alive(self, address: str | None, fresh: bool = False) -> bool:
         if address is None:
             return True
-        return address not in self.departures.gone and address in self.workers(max_age=0.0 if fresh else 0.5)
+        return not self.removed(address) and address in self.workers(max_age=0.0 if fresh else 0.5)
 
     # -- restarts --------------------------------------------------------------------------------
 

@@ -101,7 +101,9 @@ class Departures:
 
             if address in self.gone:
                 raise WorkerGone(address)
-            left = self._events.setdefault(address, asyncio.Event())
+            if address not in self._events:
+                self._events[address] = asyncio.Event()
+            left = self._events[address]
 
             async def call() -> Any:
                 return await future
