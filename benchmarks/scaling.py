@@ -239,7 +239,12 @@ def main() -> None:
     p.add_argument("--busy-max", type=int, default=None, help="largest k for --cost busy (default: core count)")
     p.add_argument("--skip-sb3", action="store_true")
     p.add_argument("--sb3-max", type=int, default=16, help="largest k for SB3 (k x envs env processes)")
-    p.add_argument("--plain-max", type=int, default=16, help="largest k for plain || k (k processes)")
+    p.add_argument(
+        "--plain-max",
+        type=int,
+        default=64,
+        help="largest k for plain || k (k processes: what the machine allows k samplers)",
+    )
     args = p.parse_args()
     import os
 
