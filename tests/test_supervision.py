@@ -127,20 +127,41 @@ def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, t
     assert at["iteration"] > 5 and at["mean_return"] >= threshold, at
 
 
-def test_under_sync_a_killed_workers_call_fails_when_the_scheduler_removes_it_not_at_the_next_poll(cluster, tmp_path):
+@pytest.mark.parametrize("user_subscribes", ["before", "after"])
+def test_under_sync_a_killed_workers_call_fails_when_the_scheduler_removes_it_not_at_the_next_poll(
+    cluster, tmp_path, user_subscribes
+):
     """A call to an actor whose worker was SIGKILLed never fails by itself (Dask waits for the actor's
-    task to come back); the scheduler's ``remove-worker`` event ends it, long before ``poll_s``."""
+    task to come back); the scheduler's ``remove-worker`` event ends it, long before ``poll_s``. The
+    user's own handler of the scheduler's ``"all"`` events, subscribed on the same client before or
+    after the run starts, keeps hearing them (Dask keeps one handler per topic and client)."""
+    heard = []
+
+    def mine(event):
+        heard.append(event[1])
+
     overrides = ["stop.iterations=7", "stop.mean_return=null", "supervision.poll_s=120"]
-    run = Run(load_graph("graphs/ppo-cartpole-sync.yaml", overrides), cluster, tmp_path)
-    run.wait_iteration(3)
-    killed_at = time.time()
-    run.kill("sampler", 1)
-    summary = run.finish()
-    assert summary["stop_reason"] == "iterations", summary
-    restarts = run.events("restart")
-    assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
-    noticed = restarts[0]["time"] - killed_at
-    assert noticed < 30, f"noticed {noticed:.1f} s after the kill: at a poll (120 s), not at the event"
+    if user_subscribes == "before":
+        cluster.subscribe_topic("all", mine)
+    try:
+        run = Run(load_graph("graphs/ppo-cartpole-sync.yaml", overrides), cluster, tmp_path)
+        if user_subscribes == "after":
+            cluster.subscribe_topic("all", mine)
+        run.wait_iteration(3)
+        killed_at, address = time.time(), run.policy.hosts["sampler"][1].address
+        run.kill("sampler", 1)
+        summary = run.finish()
+        assert summary["stop_reason"] == "iterations", summary
+        restarts = run.events("restart")
+        assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
+        noticed = restarts[0]["time"] - killed_at
+        assert noticed < 30, f"noticed {noticed:.1f} s after the kill: at a poll (120 s), not at the event"
+        deadline = time.monotonic() + 10  # the user's handler runs on the client's event loop
+        while not any(m.get("action") == "remove-worker" and m.get("worker") == address for m in heard):
+            assert time.monotonic() < deadline, f"the user's handler did not hear {address} leave: {heard}"
+            time.sleep(0.05)
+    finally:
+        cluster.unsubscribe_topic("all")
 
 
 @pytest.mark.slow

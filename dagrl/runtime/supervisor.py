@@ -179,6 +179,8 @@ class Supervisor:
         for handles in hosts.values():
             for h in handles:
                 h.supervisor = self
+                if h.address is not None:
+                    self.departures.watch(h.address)
         self.workers(max_age=0.0)  # names of the workers as they start (a dead one's is needed later)
 
     def close(self) -> None:
@@ -268,7 +270,7 @@ class Supervisor:
 
     def removed(self, address: str | None) -> bool:
         """Whether the scheduler has removed ``address``'s worker (heard as it happens: no round trip)."""
-        return address is not None and address in self.departures.gone
+        return address is not None and self.departures.left(address)
 
     def alive(self, address: str | None, fresh: bool = False) -> bool:
         if address is None:
@@ -311,6 +313,8 @@ class Supervisor:
                     event.failed_starts.append(attempt.reason)
                     time.sleep(min(2.0, 0.2 * len(self.recent[old.role])))
             new.supervisor = self
+            if new.address is not None:
+                self.departures.watch(new.address)
             event.new_worker, event.replace_s = new.address, time.monotonic() - t0
             event.env_steps = self.env_steps
             self.hosts[old.role][old.index] = new

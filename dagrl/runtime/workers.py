@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from typing import Any
@@ -65,8 +66,12 @@ class Departures:
 
     A call to a Dask actor whose worker is SIGKILLed does not fail: Dask retries it once the actor's
     task is back, which for a role never happens. A watch that asks the scheduler every ``poll_s``
-    notices the death up to ``poll_s`` late; :meth:`wait` ends at the scheduler's event instead. One
-    per client (:func:`departures`): Dask keeps one handler per topic and client.
+    notices the death up to ``poll_s`` late; :meth:`wait` ends at the scheduler's event instead.
+
+    It hears each watched worker on that worker's own event topic (the scheduler logs a removal there
+    and on ``"all"``), not on ``"all"``: Dask keeps one handler per topic and client, so a user's own
+    ``client.subscribe_topic("all", ...)`` would silence it, or it the user's. One per client
+    (:func:`departures`).
     """
 
     def __init__(self, client: Any):
@@ -76,17 +81,32 @@ class Departures:
         """Who holds it (:func:`departures`, :meth:`release`): the last to let go unsubscribes, before
         its client closes (the scheduler otherwise tells the closing client of its own removal)."""
         self.gone: set[str] = set()
+        self.topics: set[str] = set()
+        """The addresses watched (:meth:`watch`): their topics are subscribed."""
         self._events: dict[str, Any] = {}
         """Address -> an ``asyncio.Event`` set on its removal, made on the client's loop as waits ask."""
-        client.subscribe_topic("all", self._on_event)
 
-    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
-        msg, address = event[1], event[1].get("worker")
-        if msg.get("action") == "remove-worker" and address:
+    def watch(self, address: str) -> None:
+        """Hear of ``address``'s removal from now on (a removal before this is found by a poll)."""
+        client = self._client()
+        with _LOCK:
+            if address in self.topics or client is None or self.users <= 0:
+                return
+            self.topics.add(address)
+        client.subscribe_topic(address, functools.partial(self._on_event, address))
+
+    def left(self, address: str) -> bool:
+        """Whether the scheduler removed ``address``'s worker since it was first watched (no round trip)."""
+        self.watch(address)
+        return address in self.gone
+
+    def _on_event(self, address: str, event: tuple[float, dict[str, Any]]) -> None:  # on the client's loop
+        action = event[1].get("action")
+        if action == "remove-worker":
             self.gone.add(address)
             if address in self._events:
                 self._events.pop(address).set()
-        elif msg.get("action") == "add-worker" and address:  # a worker started again at that address
+        elif action == "add-worker":  # a worker started again at that address
             self.gone.discard(address)
 
     def wait(self, future: Any, address: str | None, timeout: float) -> Any:
@@ -95,6 +115,7 @@ class Departures:
 
         if address is None or not isinstance(future, ActorFuture):
             return future.result(timeout=timeout)
+        self.watch(address)
 
         async def first() -> Any:
             import asyncio
@@ -131,8 +152,10 @@ class Departures:
             if self.users > 0 or client is None:
                 return
             _DEPARTURES.pop(client, None)
+            topics, self.topics = self.topics, set()
+        for address in topics:
             with contextlib.suppress(Exception):  # the client may be closing
-                client.unsubscribe_topic("all")
+                client.unsubscribe_topic(address)
 
 
 _DEPARTURES: weakref.WeakKeyDictionary[Any, Departures] = weakref.WeakKeyDictionary()
