@@ -25,6 +25,17 @@ def train(graph_file: str, tmp_path: Any, overrides: list[str] = (), client: Any
     return summary, RunDir(summary["run_dir"])
 
 
+def wait_for(predicate: Any, timeout: float, what: str, every: float = 0.25) -> Any:
+    """``predicate()``'s first true value, asked every ``every`` s; an ``AssertionError`` naming ``what``
+    after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(every)
+    return value
+
+
 def descendants() -> dict[int, list[str]]:
     """This process's descendants by pid, with their command lines, less multiprocessing's resource
     tracker (one per process, kept) and the Debian installs the tests run meanwhile (``tests/debian.py``)."""

@@ -27,13 +27,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import wait_for  # noqa: F401 (the host tests and benchmarks/supervision.py take it from here)
 
 TOOLS = (["ip", "unshare", "nsenter"], ["iproute2", "util-linux"])
 """What the hosts are made with: binaries, then the Debian packages that hold them."""
@@ -214,14 +215,6 @@ class EmulatedHosts:
 
 def python(*args: str) -> list[str]:
     return [sys.executable, *args]
-
-
-def wait_for(predicate, timeout: float, what: str, every: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:.0f} s for {what}")
-        time.sleep(every)
 
 
 @contextlib.contextmanager

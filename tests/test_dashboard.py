@@ -17,6 +17,7 @@ import pytest
 
 from dagrl.dashboard import ACTORS, METRICS
 from tests.debian import CHROMIUM, HEADLESS_CHROMIUM_FLAGS, ensure
+from tests.helpers import wait_for
 
 ARTIFACTS = Path(os.environ.get("DAGRL_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
@@ -93,29 +94,19 @@ def column(driver, source: str, field: str) -> list:
     )
 
 
-def wait(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_rl_page_shows_live_training_and_every_role(browser, running):
     base = running.rsplit("/", 1)[0]
     plots = json.loads(urllib.request.urlopen(f"{base}/individual-plots.json", timeout=10).read())
     assert "/individual-dagrl" in plots.values(), plots
 
     browser.get(running)
-    wait(lambda: points(browser, "dagrl-episodes") > 20, 120, "episode returns on the page")
-    wait(lambda: set(column(browser, "dagrl-episodes", "sampler")) == {0, 1}, 60, "episodes of both samplers")
-    wait(lambda: points(browser, "dagrl-rates") > 3, 60, "throughput points")
-    wait(lambda: points(browser, "dagrl-replay") > 1, 60, "replay fill points")
-    wait(lambda: points(browser, "dagrl-staleness") > 1, 60, "staleness points")
-    wait(lambda: points(browser, "dagrl-runs") == 1, 60, "the run in the plot of every run's mean return")
-    roles = wait(lambda: set(column(browser, "dagrl-actors", "role")), 60, "the actor table")
+    wait_for(lambda: points(browser, "dagrl-episodes") > 20, 120, "episode returns on the page")
+    wait_for(lambda: set(column(browser, "dagrl-episodes", "sampler")) == {0, 1}, 60, "episodes of both samplers")
+    wait_for(lambda: points(browser, "dagrl-rates") > 3, 60, "throughput points")
+    wait_for(lambda: points(browser, "dagrl-replay") > 1, 60, "replay fill points")
+    wait_for(lambda: points(browser, "dagrl-staleness") > 1, 60, "staleness points")
+    wait_for(lambda: points(browser, "dagrl-runs") == 1, 60, "the run in the plot of every run's mean return")
+    roles = wait_for(lambda: set(column(browser, "dagrl-actors", "role")), 60, "the actor table")
     assert roles == {"sampler", "replay", "learner"}
     states = column(browser, "dagrl-actors", "state")
     assert all(s == "idle" or s.startswith("running") for s in states), states
@@ -128,11 +119,13 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
             out.setdefault(role, []).append(share)
         return out
 
-    shares = wait(lambda: all(s.endswith(" %") for s in in_env()["sampler"]) and in_env(), 60, "samplers' env share")
+    shares = wait_for(
+        lambda: all(s.endswith(" %") for s in in_env()["sampler"]) and in_env(), 60, "samplers' env share"
+    )
     assert shares["learner"] == ["-"] and shares["replay"] == ["-"], shares
     assert max(column(browser, "dagrl-rates", "sample_hz")) > 0
     disk = column(browser, "dagrl-replay", "disk")
-    wait(lambda: max(column(browser, "dagrl-replay", "disk")) > 0, 90, "replay rows spilled to disk")
+    wait_for(lambda: max(column(browser, "dagrl-replay", "disk")) > 0, 90, "replay rows spilled to disk")
     assert "iteration" in browser.execute_script("return Bokeh.documents[0].get_model_by_name('dagrl-header').text"), (
         disk
     )
@@ -149,7 +142,7 @@ def test_rl_page_shows_live_training_and_every_role(browser, running):
         }
         return out;
     """
-    seen = wait(
+    seen = wait_for(
         lambda: {n for n in browser.execute_script(names) if n.startswith(("collect-", "update-", "add-"))} >= {
             "collect-sampler", "add-replay", "update-learner"
         } and browser.execute_script(names),
@@ -175,7 +168,7 @@ def test_a_scheduler_started_by_hand_has_the_page_only_with_the_preload(preload)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         link = f"http://127.0.0.1:{port}/status"
-        wait(lambda: "could not ask" not in rl_page(link), 60, "the scheduler's dashboard")
+        wait_for(lambda: "could not ask" not in rl_page(link), 60, "the scheduler's dashboard")
         page = rl_page(link)
     finally:
         proc.terminate()

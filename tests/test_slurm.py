@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
+
 pytestmark = pytest.mark.slurm
 
 CLUSTER = """kind: slurm
@@ -68,16 +70,6 @@ def status(run: Path) -> str:
     out = dagrl("status", str(run))
     assert out.returncode == 0, out.stderr
     return out.stdout
-
-
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def driver_state(run: Path) -> str:
