@@ -74,17 +74,11 @@ def dagrl(name: str, seed: int, budget: int, client, root: str) -> dict:
 def frame_rates(seconds: float, device: str = "cpu", batch: int = BATCH, graphs: bool = False) -> tuple[float, float]:
     """Transitions/s through 16-step update calls: dagrl's two fragments vs one raw torch loop
     (``graphs``: dagrl's steps replayed from CUDA graphs, the raw loop as written)."""
-    import gymnasium as gym
-
-    env = gym.make("Pendulum-v1")
     cfg = sac.Config(hidden=128, batch_size=batch, gradient_steps=STEPS, cuda_graphs=graphs)
-    ctx = RoleContext(
-        "critic", 0, 1, 0, "Pendulum-v1", device=device,
-        observation_space=env.observation_space, action_space=env.action_space,
-    )  # fmt: skip
+    ctx = RoleContext("critic", 0, 1, 0, "Pendulum-v1", device=device).with_spaces()
     crit, act = sac.critic(ctx, cfg), sac.actor(ctx, cfg)
     n = batch * STEPS
-    samples = [random_sample(env.observation_space, env.action_space, n)]
+    samples = [random_sample(ctx.observation_space, ctx.action_space, n)]
     data = samples[0].data
 
     def dagrl_call() -> None:

@@ -21,12 +21,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def pendulum_learners(device: str, graphs: bool, algo=sac, batch: int = 64, steps: int = 4):
-    env = gym.make("Pendulum-v1")
     cfg = algo.Config(hidden=32, batch_size=batch, gradient_steps=steps, cuda_graphs=graphs)
-    ctx = RoleContext(
-        "critic", 0, 1, 0, "Pendulum-v1", device=device,
-        observation_space=env.observation_space, action_space=env.action_space,
-    )  # fmt: skip
+    ctx = RoleContext("critic", 0, 1, 0, "Pendulum-v1", device=device).with_spaces()
     return algo.critic(ctx, cfg), algo.actor(ctx, cfg)
 
 

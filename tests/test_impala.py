@@ -95,11 +95,7 @@ def _learn_from_the_first_weights(vtrace: bool, updates: int = 100, seed: int = 
     env_id = "dagrl.envs:LaterPayoff-v0"
     cfg = impala.Config(vtrace=vtrace, num_steps=8, eval_episodes=8)
     sampler = ppo.sampler(RoleContext("sampler", 0, 1, seed=seed, env_id=env_id, num_envs=8), cfg)
-    spaces = {
-        "observation_space": sampler.envs.single_observation_space,
-        "action_space": sampler.envs.single_action_space,
-    }
-    learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id=env_id, **spaces), cfg)
+    learner = impala.learner(RoleContext("learner", 0, 1, seed=seed + 1, env_id=env_id).with_spaces(), cfg)
     evaluator = ppo.evaluator(RoleContext("evaluator", 0, 1, seed=seed + 2, env_id=env_id), cfg)
     first = ppo.publish(learner)
     for _ in range(updates):

@@ -39,10 +39,7 @@ def test_moments_reduced_over_replicas_count_every_replica():
 def _roles(cfg: ppo.Config, env_id: str = "Pendulum-v1"):
     s_ctx = RoleContext("sampler", 0, 1, seed=0, env_id=env_id, num_envs=2)
     sampler = ppo.sampler(s_ctx, cfg)
-    space = sampler.envs.single_observation_space, sampler.envs.single_action_space
-    learner = ppo.learner(
-        RoleContext("learner", 0, 1, 0, env_id, observation_space=space[0], action_space=space[1]), cfg
-    )
+    learner = ppo.learner(RoleContext("learner", 0, 1, 0, env_id).with_spaces(), cfg)
     return sampler, learner
 
 

@@ -25,11 +25,7 @@ LOSSES = ["losses/policy", "losses/value", "losses/entropy", "losses/approx_kl"]
 def roles(cfg: ppo_lstm.Config, envs: int = 3):
     ctx = RoleContext("sampler", 0, 1, 1, "dagrl.envs:BrightHalf-v0", BLINK, num_envs=envs)
     sampler = ppo_lstm.sampler(ctx, cfg)
-    spaces = {
-        "observation_space": sampler.envs.single_observation_space,
-        "action_space": sampler.envs.single_action_space,
-    }
-    learner = ppo_lstm.learner(RoleContext("learner", 0, 1, 1, ctx.env_id, BLINK, **spaces), cfg)
+    learner = ppo_lstm.learner(RoleContext("learner", 0, 1, 1, ctx.env_id, BLINK).with_spaces(), cfg)
     return sampler, learner
 
 

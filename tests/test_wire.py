@@ -16,11 +16,7 @@ from dagrl.runtime.wire import to_cpu
 
 
 def learner_context(seed: int) -> RoleContext:
-    import gymnasium as gym
-
-    env = gym.make("CartPole-v1")
-    return RoleContext("learner", 0, 1, seed, "CartPole-v1", observation_space=env.observation_space,
-                       action_space=env.action_space)  # fmt: skip
+    return RoleContext("learner", 0, 1, seed, "CartPole-v1").with_spaces()
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

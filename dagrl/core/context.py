@@ -196,6 +196,25 @@ class RoleContext:
         self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
         return self.made[-1]
 
+    def with_spaces(self) -> RoleContext:
+        """This context with :attr:`observation_space` and :attr:`action_space` those of one of its envs,
+        as a run sets them from the graph's env: for a role built outside a run (a test, a notebook, a
+        benchmark) whose state needs them but who makes no envs, such as a learner.
+
+        >>> ctx = RoleContext("learner", 0, 1, seed=0, env_id="CartPole-v1").with_spaces()
+        >>> ctx.observation_space.shape, ctx.action_space
+        ((4,), Discrete(2))
+        """
+        import dataclasses
+
+        envs = dataclasses.replace(self, num_envs=1, made=[]).make_envs()
+        try:
+            return dataclasses.replace(
+                self, observation_space=envs.single_observation_space, action_space=envs.single_action_space
+            )
+        finally:
+            envs.close()
+
     def start_envs(self) -> tuple[Any, Any, dict[str, Any]]:
         """:meth:`make_envs`, env ``i`` reset with seed ``seed + i`` and the action space seeded with
         ``seed`` (a sampler's start): the envs, their first observations and the reset's info."""
