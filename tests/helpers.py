@@ -36,6 +36,25 @@ def wait_for(predicate: Any, timeout: float, what: str, every: float = 0.25) -> 
     return value
 
 
+@contextlib.contextmanager
+def dagrl_log() -> Iterator[list[str]]:
+    """The messages the ``dagrl`` logger gives at INFO and above meanwhile (a handler of its own: the
+    CLI's tests may have stopped ``dagrl`` propagating to pytest's capture)."""
+    import logging
+
+    logger, messages = logging.getLogger("dagrl"), []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def descendants() -> dict[int, list[str]]:
     """This process's descendants by pid, with their command lines, less multiprocessing's resource
     tracker (one per process, kept) and the Debian installs the tests run meanwhile (``tests/debian.py``)."""

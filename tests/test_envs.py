@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dagrl.app.graphs import load_graph
-from tests.helpers import descendants, train
+from tests.helpers import dagrl_log, descendants, train
 from tests.test_policies import LOSSES, first_iterations
 
 COSTLY = "dagrl.envs:CostlyCartPole-v0"
@@ -89,27 +89,16 @@ def test_the_atari_preset_steps_as_gymnasiums_preprocessing_over_rgb_screens():
 def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_path):
     """Each sampler's seconds inside ``env.step`` are counted beside its fragments' seconds: in
     ``actors.json`` at the end, on the RL page's actor table (heartbeats) and in one log line per role."""
-    import logging
-
     from dagrl.runtime.report import in_env
 
     steps, envs, step_ms = 16, 2, 4.0
-    logger, records = logging.getLogger("dagrl"), []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # the CLI's tests may have stopped "dagrl" propagating to pytest's capture
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with dagrl_log() as messages:
         summary, rundir = train(
             "graphs/ppo-costly-cartpole.yaml", tmp_path,
             ["policy=sync", "roles.sampler.replicas=2", f"roles.sampler.envs={envs}", f"env.kwargs.step_ms={step_ms}",
              f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1", "stop.iterations=3"],
             client,
         )  # fmt: skip
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     actors = rundir.read_json("actors.json")
     samplers = [a for a in actors if a["role"] == "sampler"]
     assert len(samplers) == 2
@@ -117,5 +106,31 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
         assert a["env_s"] >= 0.9 * summary["iterations"] * steps * envs * step_ms / 1e3
         assert a["env_s"] <= a["busy_s"]["collect"] and 0.5 < in_env(a) <= 1.0
     assert all(a["env_s"] == 0.0 and in_env(a) is None for a in actors if a["role"] == "learner")
-    lines = [r.getMessage() for r in records if "inside env.step" in r.getMessage()]
+    lines = [m for m in messages if "inside env.step" in m]
     assert len(lines) == 1 and lines[0].startswith("sampler: ") and "summed over 2" in lines[0]
+    assert any(m.startswith("learner: busy ") and m.endswith(" % of the run") for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("learner_s", "sampler_s", "pace"),
+    [(9.7, 2.0, "learner"), (3.0, 9.5, "sampler"), (9.5, 9.6, None), (5.0, 4.0, None)],
+)
+def test_a_runs_last_lines_name_the_role_that_set_its_pace(tmp_path, learner_s, sampler_s, pace):
+    """Each role's busy share of the run (its instances' mean), and the one role busy nearly all of it
+    while no other was: the others waited on it."""
+    from dagrl.app.training import time_in_roles
+    from dagrl.runtime.rundir import RunDir
+
+    class Finished:
+        def actors(self):
+            sampler = {"role": "sampler", "busy_s": {"collect": sampler_s}, "env_s": sampler_s / 2}
+            return [sampler, dict(sampler), {"role": "learner", "busy_s": {"update": learner_s}, "env_s": 0.0}]
+
+    with dagrl_log() as lines:
+        time_in_roles(Finished(), RunDir.create(tmp_path, "pace"), wall_s=10.0)
+    assert f"learner: busy {10 * learner_s:.0f} % of the run" in lines
+    sampler = next(line for line in lines if line.startswith("sampler: "))
+    assert sampler.endswith(f"busy {10 * sampler_s:.0f} % of the run (mean of its instances)"), sampler
+    assert "50 % of its fragment time inside env.step" in sampler
+    paced = [line for line in lines if "set the run's pace" in line]
+    assert paced == ([f"{pace} set the run's pace (no other role was busy 90 % of it)"] if pace else []), lines

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -127,21 +128,23 @@ def train(
             feed = Feed(client, policy, rundir.path.name).start()
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
+        started = time.perf_counter()
         summary = trainer.run()
         if curve is not None:
             curve.draw()
-        time_in_envs(policy, rundir)
+        time_in_roles(policy, rundir, time.perf_counter() - started)
         if wandb_log is not None:
             wandb_log.on_end(summary)
         return summary
 
 
-def time_in_envs(policy: Any, rundir: RunDir) -> None:
+def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
     """At a run's end: ``actors.json`` again, now with each role instance's seconds in its fragments
-    (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role with envs saying
-    what share of its fragment time the envs took: what bounds the samplers, the simulator or the
-    rest (acting, recording, transfers)."""
-    from dagrl.runtime.report import in_env, role_time
+    (``busy_s``) and inside its envs' ``step`` (``env_s``), and one log line per role: how much of the
+    run's ``wall_s`` its instances were busy, and for a role with envs what share of that the envs took
+    (what bounds the samplers: the simulator, or the rest: acting, recording, transfers). Where one role
+    was busy nearly all the run and no other was, a last line names it: the others waited on it."""
+    from dagrl.runtime.report import bounding, in_env, role_time
 
     try:
         actors = policy.actors()
@@ -149,13 +152,21 @@ def time_in_envs(policy: Any, rundir: RunDir) -> None:
         log.debug("actors at the end: %s", err)
         return
     rundir.write_json("actors.json", actors)
+    busy: dict[str, float] = {}
     for role in dict.fromkeys(a["role"] for a in actors):
         summed = role_time(actors, role)
+        n, busy_s = summed["instances"], sum(summed["busy_s"].values())
+        busy[role] = busy_s / n / wall_s if wall_s > 0 else 0.0
+        run = f"busy {100 * busy[role]:.0f} % of the run" + (" (mean of its instances)" if n > 1 else "")
         share = in_env(summed)
-        if share is not None:
-            n, env_s, busy_s = summed["instances"], summed["env_s"], sum(summed["busy_s"].values())
-            where = f"{env_s:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
-            log.info("%s: %.0f %% of its fragment time inside env.step (%s)", role, 100 * share, where)
+        if share is None:
+            log.info("%s: %s", role, run)
+            continue
+        where = f"{summed['env_s']:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
+        log.info("%s: %.0f %% of its fragment time inside env.step (%s); %s", role, 100 * share, where, run)
+    role = bounding(busy)
+    if role is not None and len(busy) > 1:
+        log.info("%s set the run's pace (no other role was busy 90 %% of it)", role)
 
 
 @contextlib.contextmanager

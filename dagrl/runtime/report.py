@@ -68,6 +68,18 @@ def in_env(info: dict[str, Any]) -> float | None:
     return min(1.0, env_s / busy) if env_s > 0 and busy > 0 else None
 
 
+def bounding(busy: dict[str, float], at: float = 0.9) -> str | None:
+    """The one role busy at least ``at`` of a run (its instances' mean share of the run's wall time, by
+    role: ``busy``) while every other was not: the role the others waited on, which bounds the run's
+    throughput. ``None`` when no role or more than one was that busy.
+
+    >>> bounding({"sampler": 0.41, "learner": 0.97}), bounding({"sampler": 0.95, "learner": 0.93})
+    ('learner', None)
+    """
+    busiest = [role for role, share in busy.items() if share >= at]
+    return busiest[0] if len(busiest) == 1 else None
+
+
 def role_time(actors: list[dict[str, Any]], role: str) -> dict[str, Any]:
     """``env_s`` and ``busy_s`` (by fragment) of every instance of ``role`` in ``actors`` (``policy.actors()``,
     ``actors.json``) summed, as one instance's would be: :func:`in_env` takes it.
