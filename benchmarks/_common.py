@@ -116,6 +116,43 @@ def sampler_in_env(run_dir: str) -> float | None:
     return in_env(role_time(json.loads((Path(run_dir) / "actors.json").read_text()), "sampler"))
 
 
+def role_busy(run_dir: str, role: str, wall_s: float) -> float | None:
+    """How much of a run's ``wall_s`` the instances of ``role`` were busy in their fragments (their mean),
+    from the run's ``actors.json``; ``None`` without that role."""
+    from pathlib import Path
+
+    from dagrl.runtime.report import role_time
+
+    summed = role_time(json.loads((Path(run_dir) / "actors.json").read_text()), role)
+    n = summed["instances"]
+    return sum(summed["busy_s"].values()) / n / wall_s if n and wall_s > 0 else None
+
+
+class MachineBusy:
+    """The share of all cores' time spent busy (not idle, not waiting on I/O) between :meth:`start` and
+    :meth:`share`, from ``/proc/stat`` (Linux; ``None`` elsewhere): everything on the machine, not only
+    the run's processes."""
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+        except OSError:
+            return None
+        return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
+
+    def start(self) -> MachineBusy:
+        self.begin = self._read()
+        return self
+
+    def share(self) -> float | None:
+        end = self._read()
+        if self.begin is None or end is None or end[0] == self.begin[0]:
+            return None
+        return 1.0 - (end[1] - self.begin[1]) / (end[0] - self.begin[0])
+
+
 def engine_before(policy: str):
     """A context manager under which ``async`` (policy ``async-before``) or ``apex`` (``apex-before``) runs
     on the engine before the streams (the driver issues every collect and every learner round:

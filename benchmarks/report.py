@@ -120,11 +120,14 @@ def replay(r: dict) -> list[str]:
 
 def scaling(r: dict) -> list[str]:
     """Env steps/s by sampler count for each policy run, beside k bare processes and SB3; the driver's CPU per
-    1,000 env steps (above the idle cluster's in brackets)."""
+    1,000 env steps (above the idle cluster's in brackets); where recorded, the learner's and all cores' busy
+    shares of the run."""
     policies = r["args"]["policies"]
+    busy = any(f"{p} learner busy" in x for x in r["rows"] for p in policies)  # runs since 2026-11-29
     header = ["samplers", "plain x k", "plain \\|\\| k"]
     for p in policies:
         header += [p, "eff", "/ plain\\|\\|", "CPU ms / 1k steps (net)"]
+        header += ["learner / machine busy"] if busy else []
     header += ["SB3", *(f"{p} / SB3" for p in policies)]
     rows = []
     for x in r["rows"]:
@@ -132,6 +135,9 @@ def scaling(r: dict) -> list[str]:
         for p in policies:
             cpu = f"{number(x[f'{p} cpu'])} ({number(x[f'{p} net cpu'])})"
             row += [round(x[p]), x[f"{p} eff"], x.get(f"{p} / plain||", ""), cpu]
+            if busy:
+                shares = (x.get(f"{p} learner busy"), x.get(f"{p} machine busy"))
+                row += [" / ".join("" if v is None else f"{v:.2f}" for v in shares)]
         row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)]
         rows.append(row)
     return markdown(header, rows, set(range(len(header))) - {0})

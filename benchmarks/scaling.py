@@ -26,6 +26,9 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
   cluster idle (measured for 2 s before each run), which with many workers is most of it.
 * **in env**: the samplers' share of their ``collect`` time spent inside ``env.step`` (from each
   run's ``actors.json``): near 1 the envs bound the samplers.
+* **learner busy**: the learner's share of the run spent in its fragments (near 1 it sets the pace);
+  **machine busy**: all cores' busy share over the run, every process on the machine counted (near 1
+  the machine is full).
 * **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
 * **plain || k**: k such loops at once, one process each, no Dask: what the machine itself allows k
   samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
@@ -44,7 +47,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import emit, engine_before, sampler_in_env, table
+from _common import MachineBusy, emit, engine_before, role_busy, sampler_in_env, table
 
 from dagrl.algos import ppo
 from dagrl.app.graphs import load_graph
@@ -105,10 +108,11 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     if before:  # the old engine with the old default (one rollout per update)
         graph.policy_options = dataclasses.replace(graph.policy_options, rollouts_per_update=1)
     idle = idle_cpu_rate()
-    window = Window(args.warmup)
+    window, machine = Window(args.warmup), MachineBusy()
     cpu, wall = time.process_time(), time.perf_counter()
     try:
         with engine_before(setup):
+            machine.start()
             summary = train(graph, client, listeners=[window.on_row])
     finally:
         Executor.report_events = True
@@ -120,6 +124,8 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
         "net_cpu_ms_per_1k_steps": 1e6 * net / max(1, summary["env_steps"]),
         "idle_cpu_share": idle,
         "sampler_in_env": sampler_in_env(summary["run_dir"]),
+        "learner_busy": role_busy(summary["run_dir"], "learner", summary["elapsed_s"]),
+        "machine_busy": machine.share(),
     }  # fmt: skip
 
 
@@ -279,6 +285,8 @@ def main() -> None:
                     row[f"{policy} cpu"] = r["driver_cpu_ms_per_1k_steps"]
                     row[f"{policy} net cpu"] = r["net_cpu_ms_per_1k_steps"]
                     row[f"{policy} in env"] = r["sampler_in_env"]
+                    row[f"{policy} learner busy"] = r["learner_busy"]
+                    row[f"{policy} machine busy"] = r["machine_busy"]
                     if "plain || k" in row:
                         row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
@@ -298,13 +306,14 @@ def main() -> None:
     cols = ["cost", "samplers", "envs", "plain x k", "plain || k"]
     for policy in args.policies:
         cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu", f"{policy} net cpu"]
-        cols += [f"{policy} in env"]
+        cols += [f"{policy} in env", f"{policy} learner busy", f"{policy} machine busy"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
     print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler;")
     print("cpu: CPU time of the driver process (client and scheduler) per 1,000 env steps, ms;")
     print("net cpu: the same less the process's CPU with the cluster idle (measured before each run);")
     print("in env: the samplers' share of their collect time spent inside env.step")
+    print("learner busy: the learner's share of the run in its fragments; machine busy: all cores' busy share")
     print(table(rows, cols))
     for cost in args.cost:
         effs = [r.get("async eff") for r in rows if r["cost"] == cost and "async eff" in r]
