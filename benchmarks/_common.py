@@ -121,11 +121,10 @@ def role_busy(run_dir: str, role: str, wall_s: float) -> float | None:
     from the run's ``actors.json``; ``None`` without that role."""
     from pathlib import Path
 
-    from dagrl.runtime.report import role_time
+    from dagrl.runtime.report import busy_share, role_time
 
     summed = role_time(json.loads((Path(run_dir) / "actors.json").read_text()), role)
-    n = summed["instances"]
-    return sum(summed["busy_s"].values()) / n / wall_s if n and wall_s > 0 else None
+    return busy_share(summed, wall_s) if summed["instances"] else None
 
 
 class MachineBusy:

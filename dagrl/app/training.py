@@ -144,7 +144,7 @@ def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
     run's ``wall_s`` its instances were busy, and for a role with envs what share of that the envs took
     (what bounds the samplers: the simulator, or the rest: acting, recording, transfers). Where one role
     was busy nearly all the run and no other was, a last line names it: the others waited on it."""
-    from dagrl.runtime.report import bounding, in_env, role_time
+    from dagrl.runtime.report import bounding, busy_share, in_env, role_time
 
     try:
         actors = policy.actors()
@@ -155,13 +155,13 @@ def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
     busy: dict[str, float] = {}
     for role in dict.fromkeys(a["role"] for a in actors):
         summed = role_time(actors, role)
-        n, busy_s = summed["instances"], sum(summed["busy_s"].values())
-        busy[role] = busy_s / n / wall_s if wall_s > 0 else 0.0
+        n, busy[role] = summed["instances"], busy_share(summed, wall_s)
         run = f"busy {100 * busy[role]:.0f} % of the run" + (" (mean of its instances)" if n > 1 else "")
         share = in_env(summed)
         if share is None:
             log.info("%s: %s", role, run)
             continue
+        busy_s = sum(summed["busy_s"].values())
         where = f"{summed['env_s']:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
         log.info("%s: %.0f %% of its fragment time inside env.step (%s); %s", role, 100 * share, where, run)
     role = bounding(busy)

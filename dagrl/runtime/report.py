@@ -68,6 +68,17 @@ def in_env(info: dict[str, Any]) -> float | None:
     return min(1.0, env_s / busy) if env_s > 0 and busy > 0 else None
 
 
+def busy_share(summed: dict[str, Any], wall_s: float) -> float:
+    """How much of a run's ``wall_s`` a role's instances were busy in their fragments, their mean
+    (``summed``: :func:`role_time`'s).
+
+    >>> busy_share({"instances": 2, "env_s": 0.0, "busy_s": {"collect": 3.0, "publish": 1.0}}, wall_s=4.0)
+    0.5
+    """
+    n = summed["instances"]
+    return sum(summed["busy_s"].values()) / n / wall_s if n and wall_s > 0 else 0.0
+
+
 def bounding(busy: dict[str, float], at: float = 0.9) -> str | None:
     """The one role busy at least ``at`` of a run (its instances' mean share of the run's wall time, by
     role: ``busy``) while every other was not: the role the others waited on, which bounds the run's

@@ -88,6 +88,8 @@ class Departures:
 
     def watch(self, address: str) -> None:
         """Hear of ``address``'s removal from now on (a removal before this is found by a poll)."""
+        if address in self.topics:  # asked at every look of a waiting call: no lock once watched
+            return
         client = self._client()
         with _LOCK:
             if address in self.topics or client is None or self.users <= 0:
