@@ -13,13 +13,15 @@ options (``async``'s defaults: each update takes what has arrived, up to one rol
 hyperparameters (10 epochs); only the samplers, their envs and the env's cost change.
 
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
-* **setups**: ``sync``, ``async`` (samplers step their envs in turn), ``async-subproc`` (each env
-  of a sampler in its own subprocess, ``roles.sampler.vector: async``), ``async-threads`` (each env
-  stepped in a thread of the sampler's process, ``vector: threads``) and ``central-inference``
+* **setups**: ``sync`` and ``async`` (the samplers' envs on the graph's own backend, ``vector: auto``:
+  in turn, each on a thread of its own once their first steps show them waiting), ``async-sync``
+  (in turn, ``vector: sync``), ``async-subproc`` (each env of a sampler in its own subprocess,
+  ``roles.sampler.vector: async``), ``async-threads`` (each env stepped in a thread of the sampler's
+  process, ``vector: threads``) and ``central-inference``
   (as ``sync``, one inference actor acting for all samplers: one batched forward per env step),
   ``central-async`` (the same, the samplers streaming as under ``async``);
   ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event;
-  ``async-before`` is ``async`` on the engine before the streams (the driver issues every collect and
+  ``async-before`` is ``async-sync`` on the engine before the streams (the driver issues every collect and
   every learner round; its default of one rollout per update), in the same run.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout; **net cpu**: the same less the process's CPU rate with the
@@ -29,7 +31,7 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
 * **learner busy**: the learner's share of the run spent in its fragments (near 1 it sets the pace);
   **machine busy**: all cores' busy share over the run, every process on the machine counted (near 1
   the machine is full).
-* **plain loop**: the same ``collect`` fragment on ``envs`` envs in one process, no Dask.
+* **plain loop**: the same ``collect`` fragment on ``envs`` envs stepped in turn in one process, no Dask.
 * **plain || k**: k such loops at once, one process each, no Dask: what the machine itself allows k
   samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
   is a policy's throughput over it: the framework's share of the loss, apart from the machine's.
@@ -61,16 +63,18 @@ GRAPH = "graphs/ppo-costly-cartpole.yaml"
 ENV = "dagrl.envs:CostlyCartPole-v0"
 NUM_STEPS = 32
 SETUPS = {
-    "sync": "policy sync, each sampler steps its envs in turn",
-    "async": "policy async, each sampler steps its envs in turn",
-    "async-before": "as async, on the engine before the streams: the driver issues every collect and round",
+    "sync": "policy sync, the samplers' envs on the graph's backend (auto: in turn, or threads once they wait)",
+    "async": "policy async, the samplers' envs on the graph's backend (auto: in turn, or threads once they wait)",
+    "async-sync": "policy async, each sampler steps its envs in turn (roles.sampler.vector: sync)",
+    "async-before": "as async-sync, on the engine before the streams: the driver issues every collect and round",
     "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
     "central-async": "as central-inference, the samplers streaming as under async (asynchronous: true)",
 }
-VECTORS = {"subproc": "async", "threads": "threads"}  # a setup's suffix -> roles.sampler.vector
+VECTORS = {"subproc": "async", "threads": "threads", "sync": "sync", "before": "sync"}
+"""A setup's suffix -> roles.sampler.vector; any other setup runs the graph's own."""
 
 
 class Window:
@@ -100,7 +104,7 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     options = {"central-async": "{name: central-inference, asynchronous: true}"}.get(policy, policy)
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
-        f"roles.sampler.vector={VECTORS.get(vector, 'sync')}",
+        *([f"roles.sampler.vector={VECTORS[vector]}"] if vector in VECTORS else []),
         f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
         "checkpoint.every=0", f"runs_dir={root}",
@@ -141,9 +145,8 @@ def plain_loop(args: argparse.Namespace, cost: str) -> float:
     import torch
 
     torch.set_num_threads(1)
-    ctx = RoleContext(
-        "sampler", 0, 1, seed=0, env_id=ENV, num_envs=args.envs, env_kwargs={"step_ms": args.step_ms, "cost": cost}
-    )
+    env_kwargs = {"step_ms": args.step_ms, "cost": cost}
+    ctx = RoleContext("sampler", 0, 1, seed=0, env_id=ENV, num_envs=args.envs, vector="sync", env_kwargs=env_kwargs)
     state = ppo.sampler(ctx, ppo.Config(num_steps=NUM_STEPS))
     weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
     ppo.collect(state, weights)
@@ -159,7 +162,9 @@ def _plain_process(args: argparse.Namespace, cost: str, index: int, start: Any, 
 
     torch.set_num_threads(1)
     env_kwargs = {"step_ms": args.step_ms, "cost": cost}
-    ctx = RoleContext("sampler", index, 1, seed=index, env_id=ENV, num_envs=args.envs, env_kwargs=env_kwargs)
+    ctx = RoleContext(
+        "sampler", index, 1, seed=index, env_id=ENV, num_envs=args.envs, vector="sync", env_kwargs=env_kwargs
+    )
     state = ppo.sampler(ctx, ppo.Config(num_steps=NUM_STEPS))
     weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
     ppo.collect(state, weights)

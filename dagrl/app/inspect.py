@@ -59,7 +59,7 @@ def describe(graph: Graph) -> str:
             frags += "  [not started: " + ("evaluate.every is off]" if name in algo.eval_only_roles else "policy]")
         res = ", ".join(f"{k}={v:g}" for k, v in r.resources.items()) or "-"
         envs = f"envs {r.envs:<3}" if rdef.many else " " * 8
-        if r.vector != "sync":  # how those envs are stepped, when not one after another in the role's thread
+        if r.vector != "auto":  # how those envs are stepped, when the graph chose
             n = r.vector_threads
             threads = f", {n} thread{'s' if n > 1 else ''}" if n else ""
             frags += f"  [vector {r.vector}{threads}]"

@@ -50,9 +50,10 @@ class RoleContext:
     env_wrappers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """The graph's ``env.wrappers``, each ``(import path, kwargs)`` (:mod:`dagrl.envs.wrappers`)."""
     num_envs: int = 1
-    vector: str = "sync"
-    """``sync``: envs stepped one after another in this process; ``async``: each in a subprocess;
-    ``envpool``: EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
+    vector: str = "auto"
+    """``auto``: envs stepped one after another in this process, each in a thread of its own once they
+    are seen to wait; ``sync``: one after another; ``threads``: each in a thread; ``async``: each in
+    a subprocess; ``envpool``: EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
     vector_threads: int = 0
     """EnvPool's thread count under ``envpool`` (0: EnvPool's default, one per core)."""
     device: str = "cpu"

@@ -56,8 +56,8 @@ class EnvSpec:
         return self.id, dict(self.kwargs)
 
 
-VECTOR_MODES = ("sync", "async", "threads", "envpool")
-MAX_ENVS = {"sync": 4096, "async": 256, "threads": 256, "envpool": 4096}
+VECTOR_MODES = ("auto", "sync", "async", "threads", "envpool")
+MAX_ENVS = {"auto": 4096, "sync": 4096, "async": 256, "threads": 256, "envpool": 4096}
 """Most envs one sampler replica steps: ``async`` starts a process per env."""
 
 
@@ -84,12 +84,14 @@ class RoleSpec:
     ``zstd`` or ``none``. Default (:func:`dagrl.replay.spill.default_codec`): ``blosc-zstd`` for uniform
     stores; for prioritized ones ``none`` (rows that are not images: each cold row drawn read alone)
     or ``blosc-lz4`` (images: faster to decode). A store reopened keeps the codec it was written with."""
-    vector: str = "sync"
-    """How a sampler steps its ``envs``: ``sync`` one after another in its own process (gymnasium's
-    SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that one sampler
-    uses several cores or overlaps envs that wait (remote or sleeping simulators), ``threads`` each
-    stepped in a thread of its own (overlaps envs that wait, with no process per env), ``envpool`` in
-    EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
+    vector: str = "auto"
+    """How a sampler steps its ``envs``: ``auto`` (the default) one after another, unless its first
+    steps show the envs waiting rather than computing, then each in a thread of its own
+    (:class:`dagrl.envs.vector.AutoVectorEnv`); ``sync`` one after another in its own process
+    (gymnasium's SyncVectorEnv), ``async`` each in a subprocess of its own (AsyncVectorEnv), so that
+    one sampler uses several cores or overlaps envs that wait (remote or sleeping simulators),
+    ``threads`` each stepped in a thread of its own from the start (overlaps envs that wait, with no
+    process per env), ``envpool`` in EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
     vector_threads: int = 0
     """Threads EnvPool steps one replica's envs on (``vector: envpool`` only). 0: EnvPool's default, a
     thread per core of the host, which oversubscribes a host where several samplers run; set it to

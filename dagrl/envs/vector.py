@@ -1,5 +1,5 @@
-"""Vector env backends beyond gymnasium's own: EnvPool (``roles.sampler.vector: envpool``) and threads
-(``vector: threads``), both with gymnasium's same-step autoreset.
+"""Vector env backends beyond gymnasium's own: EnvPool (``roles.sampler.vector: envpool``), threads
+(``vector: threads``) and the default, ``auto``, all with gymnasium's same-step autoreset.
 
 Threads
 -------
@@ -8,7 +8,8 @@ autoreset) and closed in a thread of its own, so envs that wait overlap: remote 
 simulators, I/O, C extensions that release the GIL. An env whose step is Python holding the GIL
 gains nothing and pays ~0.04 ms a step for the hand-off. Its steps, observations and infos equal
 SyncVectorEnv's for the same seeds and actions (tested); unlike ``async``, no process per env, no
-pickling.
+pickling. :class:`AutoVectorEnv` (``vector: auto``) starts in turn and moves its envs onto such
+threads once its first steps show them waiting.
 
 EnvPool
 -------
@@ -40,9 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import queue
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -54,8 +57,16 @@ import numpy as np
 
 from dagrl.envs.wrappers import Wrapper, as_functions, wrap
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
+log = logging.getLogger("dagrl")
+
 __all__ = [
-    "EnvPoolVector", "ThreadVectorEnv", "envpool_task", "importable_env_id", "make_env", "vector_observations",
+    "AutoVectorEnv", "EnvPoolVector", "ThreadVectorEnv", "envpool_task", "importable_env_id", "make_env",
+    "vector_observations",
 ]  # fmt: skip
 
 ATARI_OPTIONS = {  # dagrl.envs.registry.make_atari's keyword -> EnvPool's Atari option
@@ -332,6 +343,126 @@ class ThreadVectorEnv(gym.vector.SyncVectorEnv):
         self._close_threads()  # each env closed in its thread
 
 
+class AutoVectorEnv(ThreadVectorEnv):
+    """``vector: auto``, the default: steps its envs one after another, as SyncVectorEnv, while it times
+    its first vector steps; if the envs spent that time waiting rather than computing, it hands each
+    env to a thread of its own for the rest of its life, as :class:`ThreadVectorEnv`, so their waits
+    overlap.
+
+    Waiting means, over :attr:`PROBE` vector steps after the first :attr:`SKIP` (first-call costs):
+    the wall time of a step exceeds this thread's CPU time by at least half the wall time and by
+    :attr:`WAIT_S` per env step, and (on Linux, where a thread's context switches are counted) the
+    thread gave up its core at least once every other env step. The last rule keeps envs that compute
+    in turn when other processes take the core from them (involuntary switches): a busy machine
+    stretches their wall time without their waiting. Sleeping, remote and I/O-bound simulators wait;
+    CartPole, MuJoCo and Atari compute, and stay in turn, where a thread hand-off (~0.04 ms a step)
+    would only cost.
+
+    Either way its steps, observations and infos are SyncVectorEnv's for the same seeds and actions
+    (tested), so the choice never changes what a run learns. An env that must stay on the thread
+    that made it (a GL context, a thread-bound client) takes ``vector: threads`` (made in its own
+    thread) or ``sync``. :attr:`backend` says which it steps on now.
+    """
+
+    SKIP, PROBE = 2, 16
+    WAIT_S = 1e-4
+    """Least wait per env step worth a thread: a few times the hand-off it costs."""
+    MOST_THREADS = 256
+    """Most envs it puts on threads, as many as ``vector: threads`` takes; more stay in turn."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], copy: bool = True):
+        gym.vector.SyncVectorEnv.__init__(self, env_fns, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.env_fns, self.threads = env_fns, None
+        self.backend = "sync"
+        self.probe = WaitProbe() if 1 < self.num_envs <= self.MOST_THREADS else None
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
+        if self.threads is None:
+            return gym.vector.SyncVectorEnv.reset(self, seed=seed, options=options)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        if self.threads is not None:
+            return super().step(actions)
+        if self.probe is None:
+            return gym.vector.SyncVectorEnv.step(self, actions)
+        with self.probe.timing():
+            out = gym.vector.SyncVectorEnv.step(self, actions)
+        if self.probe.steps == self.SKIP + self.PROBE:
+            probe, self.probe = self.probe, None
+            if probe.waited(self.num_envs, self.WAIT_S):
+                self._to_threads(probe)
+        return out
+
+    def _to_threads(self, probe: WaitProbe) -> None:
+        self.threads = EnvThreads([lambda env=env: env for env in self.envs])  # adopted, not made there
+        self._close_threads = weakref.finalize(self, self.threads.close)
+        self.backend = "threads"
+        log.info(
+            "vector: auto: %d envs of %s waited %.0f %% of their step time (%.2f ms per env step): each steps "
+            "in a thread of its own from now on",
+            self.num_envs, getattr(self.envs[0].spec, "id", None) or type(self.envs[0].unwrapped).__name__,
+            100 * probe.wait_share(), 1e3 * probe.wait_s / (probe.counted * self.num_envs),
+        )  # fmt: skip
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self.threads is None:
+            gym.vector.SyncVectorEnv.close_extras(self, **kwargs)
+        else:
+            super().close_extras(**kwargs)
+
+
+class WaitProbe:
+    """Times vector steps (after the first :attr:`AutoVectorEnv.SKIP`): their wall time, this thread's
+    CPU time and, where Linux counts them, its voluntary context switches (it gave up the core to
+    wait: a sleep, a socket, a lock)."""
+
+    def __init__(self) -> None:
+        self.steps = self.counted = 0
+        self.wall_s = self.wait_s = 0.0
+        self.switches: int | None = 0 if _switches() is not None else None
+
+    @contextlib.contextmanager
+    def timing(self) -> Any:
+        self.steps += 1
+        if self.steps <= AutoVectorEnv.SKIP:
+            yield
+            return
+        wall, cpu, switches = time.perf_counter(), time.thread_time(), _switches()
+        yield
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        self.counted += 1
+        self.wall_s += wall
+        self.wait_s += max(0.0, wall - cpu)
+        if self.switches is not None:
+            self.switches += _switches() - switches
+
+    def wait_share(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def waited(self, num_envs: int, least_s: float) -> bool:
+        """Whether the envs waited (see :class:`AutoVectorEnv`).
+
+        >>> p = WaitProbe()
+        >>> p.counted, p.wall_s, p.wait_s, p.switches = 16, 0.64, 0.6, 64
+        >>> p.waited(4, 1e-4), p.waited(4, 0.05)
+        (True, False)
+        >>> p.switches = 3  # the core was taken from it, it did not give it up
+        >>> p.waited(4, 1e-4)
+        False
+        """
+        env_steps = self.counted * num_envs
+        if not env_steps or self.wait_share() < 0.5 or self.wait_s / env_steps < least_s:
+            return False
+        return self.switches is None or self.switches >= env_steps / 2
+
+
+def _switches() -> int | None:
+    """Voluntary context switches of this thread so far (``None`` where the OS does not count them)."""
+    who = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
+    return None if who is None else resource.getrusage(who).ru_nvcsw
+
+
 def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:
     obs, reward, terminated, truncated, info = env.step(action)
     final = None
@@ -426,8 +557,9 @@ def make_vector(
     """``num_envs`` copies of ``env_id`` (:func:`make_env`) on gymnasium's ``sync`` or ``async`` vector
     env, or on threads; same-step autoreset. (EnvPool takes other arguments: :class:`EnvPoolVector`.)"""
     same_step = gym.vector.AutoresetMode.SAME_STEP
-    if vector == "threads":
-        return ThreadVectorEnv([lambda: make_env(env_id, wrappers, **kwargs) for _ in range(num_envs)])
+    if vector in ("threads", "auto"):
+        kind = ThreadVectorEnv if vector == "threads" else AutoVectorEnv
+        return kind([lambda: make_env(env_id, wrappers, **kwargs) for _ in range(num_envs)])
     return gym.make_vec(
         env_id,
         num_envs=num_envs,

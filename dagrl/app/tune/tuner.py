@@ -179,13 +179,14 @@ the GIL; its probes count the whole process's CPU, like EnvPool's."""
 def vector_backends(graph: Graph, sampler: str) -> list[str]:
     """The backends worth measuring for ``graph``'s samplers: the graph's own first, then those of
     :data:`VECTOR_CHOICES` that can run its env (EnvPool: installed, with the env's task and spaces).
-    A graph on ``async`` keeps it: the probes could not compare its CPU, spent in other processes."""
+    A graph on ``async`` keeps it: the probes could not compare its CPU, spent in other processes.
+    One on ``auto`` (the default) has them all measured, and the tuned graph names the one chosen."""
     from dagrl.app.graphs import _check_envpool
 
     own = graph.role(sampler).vector
-    out = [own]
-    if own not in VECTOR_CHOICES:
-        return out
+    if own not in (*VECTOR_CHOICES, "auto"):
+        return [own]
+    out = [] if own == "auto" else [own]
     for backend in VECTOR_CHOICES:
         if backend in out:
             continue
@@ -218,6 +219,16 @@ def choose_vector(step_s: dict[str, float], cpu_s: dict[str, float], own: str, b
     if own in cost and cost[own] * (1 - MARGIN) <= cost[best]:
         return own
     return best
+
+
+def auto_backend(step_s: dict[str, float]) -> str:
+    """What ``vector: auto`` steps a graph's envs on, from the backends' measured seconds per vector
+    step: on threads where those overlapped the envs' steps (they wait), else in turn.
+
+    >>> auto_backend({"sync": 4.2e-3, "threads": 1.3e-3}), auto_backend({"sync": 1e-4, "threads": 2e-4})
+    ('threads', 'sync')
+    """
+    return "threads" if step_s.get("threads", math.inf) < step_s.get("sync", math.inf) else "sync"
 
 
 def with_vector(data: dict[str, Any], sampler: str, vector: str) -> dict[str, Any]:
@@ -463,6 +474,8 @@ def tune(
             others = graph.n_actors - graph.role(shape.sampler).replicas
             most = min(most, max(1, int(measurements.cluster.get("workers", most + others)) - others))
         hand = as_candidate(graph, shape.sampler, shape.length, shape.round_steps)
+        if hand.vector == "auto":  # what it steps on here, as far as the measured backends tell
+            hand = replace(hand, vector=auto_backend(measurements.vector.get("step_s", {})))
         slot = max(12.0, (0.6 * budget_s - 5.0 * runs) / runs)
         done: dict[Candidate, float | None] = {}
         if n_verify and not measurements.calibration:
