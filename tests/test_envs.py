@@ -96,7 +96,8 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
         summary, rundir = train(
             "graphs/ppo-costly-cartpole.yaml", tmp_path,
             ["policy=sync", "roles.sampler.replicas=2", f"roles.sampler.envs={envs}", "roles.sampler.vector=sync",
-             f"env.kwargs.step_ms={step_ms}", f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1", "stop.iterations=3"],
+             f"env.kwargs.step_ms={step_ms}", f"hyperparameters.num_steps={steps}", "hyperparameters.update_epochs=1",
+             "stop.iterations=3"],
             client,
         )  # fmt: skip
     actors = rundir.read_json("actors.json")
