@@ -118,6 +118,9 @@ def test_auto_is_every_graphs_default_and_a_run_on_waiting_envs_moves_them(tmp_p
     assert graph.role("sampler").vector == "auto"
     overrides = ["policy=single", "stop.iterations=2", "stop.mean_return=null", "env.kwargs.step_ms=0.5"]
     with dagrl_log() as log:
-        summary, _ = train("graphs/ppo-costly-cartpole.yaml", tmp_path, overrides)
+        summary, rundir = train("graphs/ppo-costly-cartpole.yaml", tmp_path, overrides)
     assert summary["iterations"] == 2
     assert any("CostlyCartPole-v0 waited" in m for m in log), log
+    sampler = next(a for a in rundir.read_json("actors.json") if a["role"] == "sampler")
+    assert sampler["vector"] == ["threads"]
+    assert any(m.startswith("sampler: ") and m.endswith("; envs on threads in 4 of 4") for m in log), log

@@ -163,6 +163,9 @@ def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
             continue
         busy_s = sum(summed["busy_s"].values())
         where = f"{summed['env_s']:.1f} of {busy_s:.1f} s" + (f", summed over {n}" if n > 1 else "")
+        threaded = sum("threads" in (a.get("vector") or ()) for a in actors if a["role"] == role)
+        if threaded:  # not stepped in turn: say so, the share inside env.step then overlaps
+            run += f"; envs on threads in {threaded} of {n}" if n > 1 else "; envs on threads"
         log.info("%s: %.0f %% of its fragment time inside env.step (%s); %s", role, 100 * share, where, run)
     role = bounding(busy)
     if role is not None and len(busy) > 1:

@@ -84,6 +84,11 @@ class RoleContext:
         the seconds its fragments took (the host's ``busy_s``), where a sampler's time goes."""
         return sum(envs.step_s for envs in self.made)
 
+    def env_backends(self) -> list[str]:
+        """What each of its vector envs steps on now: its ``vector`` backend, or for ``auto`` the one
+        its envs' first steps chose (``sync`` or ``threads``)."""
+        return [getattr(envs, "backend", self.vector) for envs in self.made]
+
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
         or :attr:`env_steps` for where its own schedules stand)."""
