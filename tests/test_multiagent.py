@@ -308,3 +308,27 @@ def test_each_group_is_exported_as_a_policy_of_its_own_agents_rows(tmp_path, cap
     assert main(["export", str(run), "--group", "scouts"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--group" in err and "did you mean scout" in err and "\n" not in err
+
+
+def test_mappos_own_simple_spread_reward_is_twice_the_agents_mpe2_rewards_less_three():
+    """The identity the multi-agent guide converts returns with: MAPPO's MPE copy gives every agent the sum
+    over agents of (minus the landmarks' distance term, minus its collisions, itself included), which for
+    the same positions is ``2 x sum(mpe2 rewards at local_ratio 0.5) - 3``."""
+    from mpe2 import simple_spread_v3
+
+    env = simple_spread_v3.parallel_env(N=3, max_cycles=25, local_ratio=0.5)
+    checked = collided = 0
+    for episode in range(20):
+        env.reset(seed=episode)
+        world = env.unwrapped.world
+        while env.agents:
+            rewards = env.step({a: env.action_space(a).sample() for a in env.agents})[1]
+            agents, marks = world.agents, world.landmarks
+            cover = sum(min(np.linalg.norm(a.state.p_pos - m.state.p_pos) for a in agents) for m in marks)
+            near = [[np.linalg.norm(a.state.p_pos - b.state.p_pos) < a.size + b.size for b in agents] for a in agents]
+            hits = [sum(row) for row in near]
+            theirs = sum(-cover - h for h in hits)
+            assert 2 * sum(rewards.values()) - 3 == pytest.approx(theirs, abs=1e-9)
+            checked += 1
+            collided += sum(hits) > len(hits)
+    assert checked == 500 and collided > 0  # collisions between agents were among the steps checked
