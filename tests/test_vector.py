@@ -84,7 +84,9 @@ def test_dagrl_graph_shows_the_backend():
     assert "collect  [vector envpool]" in shown
     threads = ["roles.sampler.vector=envpool", "roles.sampler.vector_threads=2"]
     assert "collect  [vector envpool, 2 threads]" in describe(load_graph("graphs/ppo-cartpole-single.yaml", threads))
-    assert "[vector" not in describe(load_graph("graphs/ppo-cartpole-single.yaml"))
+    assert "[vector" not in describe(load_graph("graphs/ppo-cartpole-single.yaml"))  # auto, the default
+    in_turn = load_graph("graphs/ppo-cartpole-single.yaml", ["roles.sampler.vector=sync"])
+    assert "collect  [vector sync]" in describe(in_turn)
 
 
 def test_a_replicas_envpool_gets_the_thread_count_its_graph_asks_for():
