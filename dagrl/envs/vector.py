@@ -372,9 +372,9 @@ class AutoVectorEnv(ThreadVectorEnv):
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], copy: bool = True):
         gym.vector.SyncVectorEnv.__init__(self, env_fns, copy=copy, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        self.env_fns, self.threads = env_fns, None
+        self.threads = None
         self.backend = "sync"
-        self.probe = WaitProbe() if 1 < self.num_envs <= self.MOST_THREADS else None
+        self.probe = WaitProbe(self.SKIP) if 1 < self.num_envs <= self.MOST_THREADS else None
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
         if self.threads is None:
@@ -402,7 +402,7 @@ class AutoVectorEnv(ThreadVectorEnv):
             "vector: auto: %d envs of %s waited %.0f %% of their step time (%.2f ms per env step): each steps "
             "in a thread of its own from now on",
             self.num_envs, getattr(self.envs[0].spec, "id", None) or type(self.envs[0].unwrapped).__name__,
-            100 * probe.wait_share(), 1e3 * probe.wait_s / (probe.counted * self.num_envs),
+            100 * probe.wait_share(), 1e3 * probe.wait_per_env_step(self.num_envs),
         )  # fmt: skip
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -413,11 +413,12 @@ class AutoVectorEnv(ThreadVectorEnv):
 
 
 class WaitProbe:
-    """Times vector steps (after the first :attr:`AutoVectorEnv.SKIP`): their wall time, this thread's
-    CPU time and, where Linux counts them, its voluntary context switches (it gave up the core to
-    wait: a sleep, a socket, a lock)."""
+    """Times vector steps (after the first ``skip``): their wall time, this thread's CPU time and,
+    where Linux counts them, its voluntary context switches (it gave up the core to wait: a sleep, a
+    socket, a lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip: int = 0) -> None:
+        self.skip = skip
         self.steps = self.counted = 0
         self.wall_s = self.wait_s = 0.0
         self.switches: int | None = 0 if _switches() is not None else None
@@ -425,7 +426,7 @@ class WaitProbe:
     @contextlib.contextmanager
     def timing(self) -> Any:
         self.steps += 1
-        if self.steps <= AutoVectorEnv.SKIP:
+        if self.steps <= self.skip:
             yield
             return
         wall, cpu, switches = time.perf_counter(), time.thread_time(), _switches()
@@ -440,6 +441,9 @@ class WaitProbe:
     def wait_share(self) -> float:
         return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    def wait_per_env_step(self, num_envs: int) -> float:
+        return self.wait_s / (self.counted * num_envs) if self.counted else 0.0
+
     def waited(self, num_envs: int, least_s: float) -> bool:
         """Whether the envs waited (see :class:`AutoVectorEnv`).
 
@@ -451,10 +455,9 @@ class WaitProbe:
         >>> p.waited(4, 1e-4)
         False
         """
-        env_steps = self.counted * num_envs
-        if not env_steps or self.wait_share() < 0.5 or self.wait_s / env_steps < least_s:
+        if not self.counted or self.wait_share() < 0.5 or self.wait_per_env_step(num_envs) < least_s:
             return False
-        return self.switches is None or self.switches >= env_steps / 2
+        return self.switches is None or self.switches >= self.counted * num_envs / 2
 
 
 def _switches() -> int | None:
