@@ -103,6 +103,8 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
     actors = rundir.read_json("actors.json")
     samplers = [a for a in actors if a["role"] == "sampler"]
     assert len(samplers) == 2
+    # summary.json comes last: whoever waits for it (dagrl submit's watchers) finds this account written
+    assert (rundir.path / "actors.json").stat().st_mtime_ns <= (rundir.path / "summary.json").stat().st_mtime_ns
     for a in samplers:  # each vector step sleeps in every env in turn: at least envs x step_ms
         assert a["env_s"] >= 0.9 * summary["iterations"] * steps * envs * step_ms / 1e3
         assert a["env_s"] <= a["busy_s"]["collect"] and 0.5 < in_env(a) <= 1.0

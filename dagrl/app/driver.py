@@ -10,7 +10,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -76,6 +76,9 @@ class Trainer:
         most: a streaming policy's iterations count what arrived, which varies)."""
         self.listeners: list[Any] = []
         """Called with each metrics row and the iteration's StepResult (the dashboard feed, notebooks)."""
+        self.before_summary: list[Callable[[], None]] = []
+        """Called once the final checkpoint is written and before ``summary.json`` is: what the run
+        directory must hold once a watcher sees that the run has ended (``actors.json``'s final account)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
         self.last_eval: float | None = None
         """``eval/return_mean`` of the newest evaluation that finished (``stop.eval_return``)."""
@@ -212,6 +215,8 @@ class Trainer:
         }
         if final_eval:
             summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
+        for call in self.before_summary:
+            call()
         try:
             self.rundir.write_summary(summary)
             if self.curve_later:

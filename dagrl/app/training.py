@@ -129,10 +129,10 @@ def train(
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
         started = time.perf_counter()
+        trainer.before_summary.append(lambda: time_in_roles(policy, rundir, time.perf_counter() - started))
         summary = trainer.run()
         if curve is not None:
             curve.draw()
-        time_in_roles(policy, rundir, time.perf_counter() - started)
         if wandb_log is not None:
             wandb_log.on_end(summary)
         return summary
