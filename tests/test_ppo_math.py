@@ -92,6 +92,52 @@ def test_update_moves_the_policy_toward_positive_advantages():
     assert learner.updates == 1
 
 
+def test_decoupled_clips_around_the_proximal_policy_and_weights_by_it():
+    """Decoupled PPO by hand: with the proximal log-probs equal to the behaviour's it is PPO's loss; with
+    the ratio to the proximal policy 1, each advantage is weighted by proximal / behaviour probability."""
+    from dagrl.algos.common.epochs import clipped_loss
+
+    cfg = ppo.Config(norm_adv=False, ent_coef=0.0, vf_coef=0.0, clip_coef=0.2)
+    dist = torch.distributions.Categorical(logits=torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.5, 0.5]]))
+    actions = torch.tensor([1, 0, 1])
+    new = dist.log_prob(actions)
+    behaviour = new + torch.tensor([0.3, -0.4, 0.0])  # collected by older weights
+    adv, zeros = torch.tensor([1.0, -2.0, 0.5]), torch.zeros(3)
+    plain, _ = clipped_loss(cfg, dist, zeros, actions, behaviour, adv, zeros)
+    same, _ = clipped_loss(cfg, dist, zeros, actions, behaviour, adv, zeros, prox=behaviour)
+    assert torch.equal(plain, same)
+    loss, parts = clipped_loss(cfg, dist, zeros, actions, behaviour, adv, zeros, prox=new)
+    weights = torch.exp(new - behaviour)
+    torch.testing.assert_close(loss, -(weights * adv).mean())
+    assert parts["clipfrac"] == 0  # PPO against the behaviour clips the first two samples
+    _, ppo_parts = clipped_loss(cfg, dist, zeros, actions, behaviour, adv, zeros)
+    assert ppo_parts["clipfrac"] > 0.5
+
+
+def test_decoupled_is_ppo_on_fresh_rollouts_and_measures_the_lag_on_stale_ones():
+    """A rollout of the learner's own weights: the same update with and without ``decoupled`` (no lag,
+    ``losses/stale_kl`` 0). After the learner moves on, the same rollout is stale: the lag is measured."""
+    state = _sampler(num_envs=4)
+    ctx = RoleContext(
+        "learner",
+        0,
+        1,
+        0,
+        "CartPole-v1",
+        observation_space=state.envs.single_observation_space,
+        action_space=state.envs.single_action_space,
+    )
+    make = lambda **kw: ppo.learner(ctx, ppo.Config(num_steps=16, update_epochs=4, minibatch_size=32, **kw))  # noqa: E731
+    plain, decoupled = make(), make(decoupled=True)
+    r = ppo.collect(state, ppo.publish(plain))
+    m_plain, m_dec = ppo.update(plain, [r]), ppo.update(decoupled, [r])
+    assert "losses/stale_kl" not in m_plain and abs(m_dec["losses/stale_kl"]) < 1e-6
+    for (name, a), b in zip(plain.agent.state_dict().items(), decoupled.agent.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    stale = ppo.update(decoupled, [r])  # r is one version old now
+    assert stale["losses/stale_kl"] > 1e-4
+
+
 @pytest.mark.parametrize("bad", [{"num_steps": 0}, {"gamma": 1.5}])
 def test_config_checks_its_values(bad):
     with pytest.raises(ValueError):

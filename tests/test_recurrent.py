@@ -57,6 +57,18 @@ def test_the_learner_unrolls_the_lstm_to_the_log_probs_the_sampler_acted_with():
     assert metrics["perf/frames"] == 2 * 3 * 12  # one epoch: every env sequence once, 2 a minibatch
 
 
+def test_decoupled_unrolls_the_proximal_policy_from_each_sequences_state():
+    """``decoupled``: the learner's log-probs before its update, each env sequence unrolled from the state
+    it carries, a minibatch of sequences at a time, are the sampler's on its own weights' rollouts (no
+    lag) and differ once the learner has moved on."""
+    cfg = ppo_lstm.Config(num_steps=12, minibatch_size=24, update_epochs=2, decoupled=True)
+    sampler, learner = roles(cfg)
+    weights = ppo_lstm.publish.fn(learner)
+    first, second = ppo_lstm.collect.fn(sampler, weights), ppo_lstm.collect.fn(sampler, weights)
+    assert ppo_lstm.update.fn(learner, [first, second])["losses/stale_kl"] < 1e-9
+    assert ppo_lstm.update.fn(learner, [first, second])["losses/stale_kl"] > 1e-5
+
+
 def test_burn_in_rebuilds_the_stored_state_and_moves_it_to_the_learners_weights():
     """With ``burn_in: 6`` each rollout carries its sampler's 6 steps before it. Unrolled with the weights
     that collected them, from the state stored before them, they give the state the sampler stored for

@@ -16,7 +16,7 @@ import torch
 from dagrl.algos.common import actor_critic
 from dagrl.algos.common.actor_critic import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO's)
 from dagrl.algos.common.actor_critic import Config, LearnerState, Metrics, collect, end_update, publish, start_update
-from dagrl.algos.common.epochs import clipped_loss, train_epochs
+from dagrl.algos.common.epochs import clipped_loss, proximal, train_epochs
 from dagrl.algos.common.rollouts import Rollout, gae
 from dagrl.core.fragment import fragment, iteration
 
@@ -44,13 +44,16 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
     b_adv, b_ret = torch.cat(advantages), torch.cat(returns)
     batch = len(b_obs)
     mb = min(cfg.minibatch_size, batch)
+    prox, stale = proximal(cfg, batch, mb, lambda s: agent.dist_value(b_obs[s])[0].log_prob(b_act[s]), b_logp)
 
     def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dist, value = agent.dist_value(b_obs[idx])
-        return clipped_loss(cfg, dist, value, b_act[idx], b_logp[idx], b_adv[idx], b_ret[idx])
+        p = None if prox is None else prox[idx]
+        return clipped_loss(cfg, dist, value, b_act[idx], b_logp[idx], b_adv[idx], b_ret[idx], p)
 
     lr = start_update(state)
     metrics, steps = train_epochs(state, batch, mb, loss_of)
+    metrics.update(stale)
     agent.fold_statistics(b_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     end_update(state, metrics, lr, sum(r.env_steps for r in rollouts))
     metrics["perf/frames"] = float(steps * mb)

@@ -25,7 +25,7 @@ import torch
 from dagrl.algos.common import recurrent
 from dagrl.algos.common.actor_critic import Config as ActorCriticConfig
 from dagrl.algos.common.actor_critic import LearnerState, Metrics, end_update, start_update
-from dagrl.algos.common.epochs import clipped_loss, train_epochs
+from dagrl.algos.common.epochs import clipped_loss, proximal, train_epochs
 from dagrl.algos.common.recurrent import *  # noqa: F403 (the roles, publish, collect, evaluate)
 from dagrl.algos.common.recurrent import (
     Acting,
@@ -101,15 +101,24 @@ def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> Metrics:
     advantages, returns = torch.as_tensor(adv, device=dev), torch.as_tensor(adv + values, device=dev)
     seqs = min(max(1, cfg.minibatch_size // T), N)
 
+    def logprobs_of(s: slice) -> torch.Tensor:  # [T, sequences s], each unrolled from its first state
+        out, _ = agent.unroll(obs[:, s], (h0[:, s], c0[:, s]), starts[:, s])
+        dist = heads.dist_value(out.reshape(-1, out.shape[-1]))[0]
+        return dist.log_prob(actions[:, s].reshape(-1, *actions.shape[2:])).reshape(T, -1)
+
+    prox, stale = proximal(cfg, N, seqs, logprobs_of, logprobs)
+
     def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         out, _ = agent.unroll(obs[:, idx], (h0[:, idx], c0[:, idx]), starts[:, idx])
         dist, value = heads.dist_value(out.reshape(T * len(idx), -1))
         act = actions[:, idx].reshape(T * len(idx), *actions.shape[2:])
         old, adv, ret = (x[:, idx].reshape(-1) for x in (logprobs, advantages, returns))
-        return clipped_loss(cfg, dist, value, act, old, adv, ret)
+        p = None if prox is None else prox[:, idx].reshape(-1)
+        return clipped_loss(cfg, dist, value, act, old, adv, ret, p)
 
     lr = start_update(state)
     metrics, steps = train_epochs(state, N, seqs, loss_of)
+    metrics.update(stale)
     flat_obs = obs.reshape(T * N, *obs.shape[2:])
     agent.fold_statistics(flat_obs, [r.disc_returns for r in rollouts], state.ctx.sum_over_replicas)
     end_update(state, metrics, lr, sum(r.env_steps for r in rollouts))

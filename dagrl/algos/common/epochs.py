@@ -19,15 +19,21 @@ def clipped_loss(
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     returns: torch.Tensor,
+    prox: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped objective on one minibatch (``logprobs``: the behaviour policy's): the loss to
-    minimise and its parts (policy, value, entropy, approximate KL, clip fraction)."""
-    logratio = dist.log_prob(actions) - logprobs
+    minimise and its parts (policy, value, entropy, approximate KL, clip fraction). With ``prox`` (the
+    proximal policy's log-probs, :func:`proximal`) the ratio is taken against it and each sample is
+    weighted by proximal / behaviour probability: decoupled PPO."""
+    logratio = dist.log_prob(actions) - (logprobs if prox is None else prox)
     ratio = logratio.exp()
     adv = advantages
     if cfg.norm_adv and len(adv) > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+    if prox is not None:
+        surrogate = (prox - logprobs).exp() * surrogate
+    pg_loss = surrogate.mean()
     v_loss = ((value - returns) ** 2).mean()
     entropy = dist.entropy().mean()
     loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
@@ -36,6 +42,22 @@ def clipped_loss(
         clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
     parts = {"policy": pg_loss, "value": v_loss, "entropy": entropy, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, parts
+
+
+def proximal(
+    cfg: Config, n: int, mb: int, logprobs_of: Callable[[slice], torch.Tensor], behaviour: torch.Tensor
+) -> tuple[torch.Tensor | None, Metrics]:
+    """With ``decoupled``: the log-probs under the learner's weights before the update's first step of
+    each of the ``n`` samples (``logprobs_of`` a slice of them, ``mb`` at a time; samples along the last
+    dimension) for :func:`clipped_loss`'s ``prox``, and ``losses/stale_kl``; without, ``None`` and no
+    metrics."""
+    if not cfg.decoupled:
+        return None, {}
+    with torch.no_grad():
+        prox = torch.cat([logprobs_of(slice(start, start + mb)) for start in range(0, n, mb)], dim=-1)
+        logratio = behaviour - prox
+        stale_kl = (logratio.exp() - 1 - logratio).mean().item()
+    return prox, {"losses/stale_kl": stale_kl}
 
 
 def train_epochs(

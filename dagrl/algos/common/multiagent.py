@@ -32,7 +32,7 @@ from dagrl.algos.common.actor_critic import (
     publish,
     start_update,
 )
-from dagrl.algos.common.epochs import clipped_loss, train_epochs
+from dagrl.algos.common.epochs import clipped_loss, proximal, train_epochs
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.hyperparameters import ClippedPPO
 from dagrl.algos.common.rollouts import gae
@@ -416,13 +416,16 @@ def update(state: LearnerState, rollouts: list[AgentsRollout]) -> Metrics:
     b_ret = net.learned_units(b_ret, b_agent, state.ctx.sum_over_replicas)
     batch = len(b_x)
     mb = min(cfg.minibatch_size, batch)
+    prox, stale = proximal(cfg, batch, mb, lambda s: net.dist_value(b_x[s], b_agent[s])[0].log_prob(b_act[s]), b_logp)
 
     def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dist, value = net.dist_value(b_x[idx], b_agent[idx])
-        return clipped_loss(cfg, dist, value, b_act[idx], b_logp[idx], b_adv[idx], b_ret[idx])
+        p = None if prox is None else prox[idx]
+        return clipped_loss(cfg, dist, value, b_act[idx], b_logp[idx], b_adv[idx], b_ret[idx], p)
 
     lr = start_update(state)
     metrics, steps = train_epochs(state, batch, mb, loss_of)
+    metrics.update(stale)
     end_update(state, metrics, lr, sum(r.env_steps for r in rollouts))
     metrics["perf/frames"] = float(steps * mb)
     metrics.update(agent_metrics(rollouts, net))
