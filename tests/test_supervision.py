@@ -14,6 +14,7 @@ import pytest
 from dagrl.app.driver import Trainer
 from dagrl.app.graphs import load_graph, resolve_graph
 from dagrl.app.progress import Progress
+from dagrl.app.training import write_actors
 from dagrl.core.schema import apply_overrides
 from dagrl.policies import build_policy
 from dagrl.replay import ReplayStore
@@ -65,6 +66,7 @@ class Run:
         self.rundir = RunDir.create(tmp_path, graph.name)
         self.policy = build_policy(graph, client, run_dir=self.rundir.path)
         self.trainer = Trainer(graph, self.policy, self.rundir, progress=Progress(enabled=False))
+        self.trainer.after_restart.append(lambda: write_actors(self.policy, self.rundir))  # as dagrl.train
         self.summary = self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -115,10 +117,15 @@ class Run:
 def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, tmp_path, graph_file, threshold):
     graph = load_graph(f"graphs/{graph_file}", [f"stop.mean_return={threshold}"])
     run = Run(graph, cluster, tmp_path)
-    summary = run.killed("sampler", 5, 1)
+    run.wait_iteration(5)
+    killed = run.kill("sampler", 1)
+    summary = run.finish()
     assert summary["stop_reason"] == "mean_return", summary
     restarts = run.events("restart")
     assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]
+    # actors.json, written by the training loop after the restart (this harness writes it at no other time)
+    now = {(a["role"], a["index"]): a["pid"] for a in run.rundir.read_json("actors.json")}
+    assert now[("sampler", 1)] != killed and now[("sampler", 0)] != killed
     assert restarts[0]["new_worker"] and restarts[0]["replace_s"] < 30
     rows = run.rundir.read_metrics()
     before = [r["env_steps"] for r in rows if r["iteration"] <= 5]

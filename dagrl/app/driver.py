@@ -79,6 +79,10 @@ class Trainer:
         self.before_summary: list[Callable[[], None]] = []
         """Called once the final checkpoint is written and before ``summary.json`` is: what the run
         directory must hold once a watcher sees that the run has ended (``actors.json``'s final account)."""
+        self.after_restart: list[Callable[[], None]] = []
+        """Called from the training loop once after the iterations in which supervision replaced a role
+        (``actors.json`` rewritten: where the replacement runs)."""
+        self._restarted = False
         self.recent: collections.deque[float] = collections.deque(maxlen=self.stop.window)
         self.last_eval: float | None = None
         """``eval/return_mean`` of the newest evaluation that finished (``stop.eval_return``)."""
@@ -164,9 +168,16 @@ class Trainer:
             }
         )
 
+    def _call_after_restart(self) -> None:
+        if self._restarted:
+            self._restarted = False
+            for call in self.after_restart:
+                call()
+
     def _on_restart(self, event: Any) -> None:
         record = dict(vars(event))
         self.rundir.append_event({"event": record.pop("action"), "iteration": self.counters.iteration, **record})
+        self._restarted = True  # the hooks run in the training loop: this may be the supervisor's thread
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; returns (and writes) the run summary."""
@@ -215,6 +226,7 @@ class Trainer:
         }
         if final_eval:
             summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
+        self._call_after_restart()  # a replacement after the last iteration
         for call in self.before_summary:
             call()
         try:
@@ -254,6 +266,7 @@ class Trainer:
             )
         row = self._row(res)
         self.rundir.log(row)
+        self._call_after_restart()
         self.progress.update(row)
         for listener in self.listeners:
             listener(row, res)

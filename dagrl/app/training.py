@@ -129,6 +129,7 @@ def train(
             stack.callback(feed.close)
             trainer.listeners.append(feed.on_row)
         started = time.perf_counter()
+        trainer.after_restart.append(lambda: write_actors(policy, rundir))
         trainer.before_summary.append(lambda: time_in_roles(policy, rundir, time.perf_counter() - started))
         summary = trainer.run()
         if curve is not None:
@@ -136,6 +137,19 @@ def train(
         if wandb_log is not None:
             wandb_log.on_end(summary)
         return summary
+
+
+def write_actors(policy: Any, rundir: RunDir) -> list[dict[str, Any]] | None:
+    """``actors.json`` anew: where each role instance runs now (after supervision replaced one, the
+    replacement's worker, host and pid). ``None``, and the file left as it was, where an actor does not
+    answer: an account of the run never fails the run."""
+    try:
+        actors = policy.actors()
+    except Exception as err:
+        log.debug("actors: %s", err)
+        return None
+    rundir.write_json("actors.json", actors)
+    return actors
 
 
 def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
@@ -146,12 +160,9 @@ def time_in_roles(policy: Any, rundir: RunDir, wall_s: float) -> None:
     was busy nearly all the run and no other was, a last line names it: the others waited on it."""
     from dagrl.runtime.report import bounding, busy_share, in_env, role_time
 
-    try:
-        actors = policy.actors()
-    except Exception as err:  # an account of a finished run: never fail the run for it
-        log.debug("actors at the end: %s", err)
+    actors = write_actors(policy, rundir)
+    if actors is None:
         return
-    rundir.write_json("actors.json", actors)
     busy: dict[str, float] = {}
     for role in dict.fromkeys(a["role"] for a in actors):
         summed = role_time(actors, role)
