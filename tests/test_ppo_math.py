@@ -36,6 +36,20 @@ def _sampler(num_envs=3, **env_kwargs):
     return ppo.sampler(ctx, ppo.Config(num_steps=16))
 
 
+def _learner_context(sampler):
+    """A learner's context with the spaces of ``sampler``'s envs."""
+    envs = sampler.envs
+    return RoleContext(
+        "learner",
+        0,
+        1,
+        0,
+        "CartPole-v1",
+        observation_space=envs.single_observation_space,
+        action_space=envs.single_action_space,
+    )
+
+
 def test_collect_shapes_and_episode_accounting():
     state = _sampler()
     learner = ppo.learner(
@@ -73,15 +87,7 @@ def test_time_limit_truncation_is_bootstrapped_with_the_critic():
 
 def test_update_moves_the_policy_toward_positive_advantages():
     state = _sampler(num_envs=4)
-    ctx = RoleContext(
-        "learner",
-        0,
-        1,
-        0,
-        "CartPole-v1",
-        observation_space=state.envs.single_observation_space,
-        action_space=state.envs.single_action_space,
-    )
+    ctx = _learner_context(state)
     learner = ppo.learner(ctx, ppo.Config(num_steps=16, update_epochs=10, minibatch_size=64))
     r = ppo.collect(state, ppo.publish(learner))
     m = ppo.update(learner, [r])
@@ -118,15 +124,7 @@ def test_decoupled_is_ppo_on_fresh_rollouts_and_measures_the_lag_on_stale_ones()
     """A rollout of the learner's own weights: the same update with and without ``decoupled`` (no lag,
     ``losses/stale_kl`` 0). After the learner moves on, the same rollout is stale: the lag is measured."""
     state = _sampler(num_envs=4)
-    ctx = RoleContext(
-        "learner",
-        0,
-        1,
-        0,
-        "CartPole-v1",
-        observation_space=state.envs.single_observation_space,
-        action_space=state.envs.single_action_space,
-    )
+    ctx = _learner_context(state)
     make = lambda **kw: ppo.learner(ctx, ppo.Config(num_steps=16, update_epochs=4, minibatch_size=32, **kw))  # noqa: E731
     plain, decoupled = make(), make(decoupled=True)
     r = ppo.collect(state, ppo.publish(plain))
