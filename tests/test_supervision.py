@@ -68,6 +68,7 @@ class Run:
         self.trainer = Trainer(graph, self.policy, self.rundir, progress=Progress(enabled=False))
         self.trainer.after_restart.append(lambda: write_actors(self.policy, self.rundir))  # as dagrl.train
         self.summary = self.error = None
+        self.killed_pids: list[int] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -87,9 +88,10 @@ class Run:
             time.sleep(0.05)
 
     def kill(self, role: str, index: int = 0) -> int:
-        """SIGKILL the worker process hosting ``role[index]``; return its pid."""
+        """SIGKILL the worker process hosting ``role[index]``; return its pid (also kept in ``killed_pids``)."""
         pid = self.policy.hosts[role][index].heartbeat().result()["pid"]
         os.kill(pid, signal.SIGKILL)
+        self.killed_pids.append(pid)
         return pid
 
     def killed(self, role: str, at: int, index: int = 0) -> dict:
@@ -117,9 +119,8 @@ class Run:
 def test_killed_sampler_is_replaced_and_the_run_reaches_its_threshold(cluster, tmp_path, graph_file, threshold):
     graph = load_graph(f"graphs/{graph_file}", [f"stop.mean_return={threshold}"])
     run = Run(graph, cluster, tmp_path)
-    run.wait_iteration(5)
-    killed = run.kill("sampler", 1)
-    summary = run.finish()
+    summary = run.killed("sampler", 5, 1)
+    killed = run.killed_pids[0]
     assert summary["stop_reason"] == "mean_return", summary
     restarts = run.events("restart")
     assert [(e["role"], e["index"], e["kind"]) for e in restarts] == [("sampler", 1, "lost")]

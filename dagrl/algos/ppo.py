@@ -44,7 +44,7 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> Metrics:
     b_adv, b_ret = torch.cat(advantages), torch.cat(returns)
     batch = len(b_obs)
     mb = min(cfg.minibatch_size, batch)
-    prox, stale = proximal(cfg, batch, mb, lambda s: agent.dist_value(b_obs[s])[0].log_prob(b_act[s]), b_logp)
+    prox, stale = proximal(cfg, batch, mb, lambda s: agent.dist(b_obs[s]).log_prob(b_act[s]), b_logp)
 
     def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dist, value = agent.dist_value(b_obs[idx])

@@ -103,7 +103,7 @@ def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> Metrics:
 
     def logprobs_of(s: slice) -> torch.Tensor:  # [T, sequences s], each unrolled from its first state
         out, _ = agent.unroll(obs[:, s], (h0[:, s], c0[:, s]), starts[:, s])
-        dist = heads.dist_value(out.reshape(-1, out.shape[-1]))[0]
+        dist = heads.dist(out.reshape(-1, out.shape[-1]))
         return dist.log_prob(actions[:, s].reshape(-1, *actions.shape[2:])).reshape(T, -1)
 
     prox, stale = proximal(cfg, N, seqs, logprobs_of, logprobs)
