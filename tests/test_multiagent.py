@@ -115,6 +115,29 @@ def test_one_network_per_group_or_per_agent():
     assert actions[:2].max() <= 1 and actions[2] <= 2 and logp.shape == (3,)
 
 
+def test_a_team_reward_gives_every_agent_in_play_the_sum_and_logs_each_agents_own():
+    """``team_reward``: each agent learns from the sum of the step's rewards of the agents in play (MAPPO's
+    shared MPE reward); an agent out of the game gets none, and the logged returns stay the agents' own."""
+    from dagrl.algos.common import multiagent
+    from dagrl.core.context import RoleContext
+
+    got = {}
+    for team in (False, True):
+        cfg = multiagent.Config(num_steps=4, team_reward=team)  # before the time limit adds a value
+        ctx = RoleContext("sampler", 0, 1, seed=0, env_id="dagrl.envs:PettingZoo-v0", num_envs=2)
+        ctx.env_kwargs = {"env": RELAY}
+        state = multiagent.sampler(ctx, cfg)
+        weights = {k: v.numpy() for k, v in state.agent.state_dict().items()}
+        got[team] = multiagent.collect.fn(state, weights)
+    own, shared = got[False], got[True]
+    np.testing.assert_array_equal(own.actions, shared.actions)  # same seed, same play
+    np.testing.assert_array_equal(shared.rewards, own.rewards.sum(2, keepdims=True) * own.active)
+    assert (own.active == 0).any() and (own.rewards != shared.rewards).any()
+    assert len(own.agent_returns["runner_0"]) == 2  # it left the game at step 3 in both games
+    for name in own.agent_returns:
+        np.testing.assert_array_equal(own.agent_returns[name], shared.agent_returns[name])
+
+
 def test_layer_norms_and_activation_shape_every_network():
     game = PettingZooGame(**SPREAD)
     space = game.observation_space
