@@ -111,3 +111,31 @@ class Lottery(ParallelEnv):
         if over:
             self.agents = []
         return obs, rewards, {a: False for a in done}, done, infos
+
+
+class Recall(Lottery):
+    """A game only a policy with memory plays well. Every agent sees a cue of its own (one of two) at the
+    start of the episode, and then no more; each step it scores 1 for the action the cue named. A policy
+    without memory scores the first step and guesses the rest: ``1 + (length - 1) / 2`` at best; one
+    that remembers the cue scores ``length``. (Lottery without its jackpot, its cues kept and hidden.)"""
+
+    metadata = {"name": "recall_v0"}
+
+    def __init__(self, agents: int = 2, length: int = 4):
+        super().__init__(agents, length, spread=0.0)
+
+    def _observe(self) -> dict:
+        shown = self.t == 0
+        return {
+            a: np.array([shown and c == 0, shown and c == 1, self.t / self.length], np.float32)
+            for a, c in zip(self.agents, self.cues, strict=True)
+        }
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        rewards = {a: float(actions[a] == c) for a, c in zip(self.agents, self.cues, strict=True)}
+        obs, over = self._observe(), self.t >= self.length
+        done = {a: over for a in self.agents}
+        if over:
+            self.agents = []
+        return obs, rewards, {a: False for a in done}, done, {a: {} for a in done}

@@ -99,8 +99,8 @@ def test_a_central_critic_reads_the_state_a_local_one_does_not():
         torch.manual_seed(0)
         net = AgentsActorCritic(game.observation_space, game.action_space, 16, True, critic)
         assert (net.value(x, agent) != net.value(moved, agent)).any().item() is differs
-        a, _ = net.act(x, agent, None)
-        b, _ = net.act(moved, agent, None)
+        a, *_ = net.act(x, agent, None)
+        b, *_ = net.act(moved, agent, None)
         assert torch.equal(a, b)  # policies never read the state
 
 
@@ -111,7 +111,7 @@ def test_one_network_per_group_or_per_agent():
     assert (len(shared.actors), shared.names) == (2, ["runner", "scout"])
     assert (len(own.actors), own.names) == (3, ["runner_0", "runner_1", "scout_0"])
     x = torch.as_tensor(game.reset(seed=0)[0])
-    actions, logp = shared.act(x, torch.arange(3), torch.Generator().manual_seed(0))
+    actions, logp, _ = shared.act(x, torch.arange(3), torch.Generator().manual_seed(0))
     assert actions[:2].max() <= 1 and actions[2] <= 2 and logp.shape == (3,)
 
 
@@ -151,7 +151,7 @@ def test_layer_norms_and_activation_shape_every_network():
         net = AgentsActorCritic(space, game.action_space, 16, True, "central", False, activation, layer_norm)
         for mlp in (*net.actors, *net.critics):
             assert [type(m) for m in mlp] == layers
-        actions, _ = net.act(x, agent, torch.Generator().manual_seed(0))
+        actions, *_ = net.act(x, agent, torch.Generator().manual_seed(0))
         assert actions.shape == (3,) and net.value(x, agent).shape == (3,)
         if layer_norm == "none":  # the parameter names of checkpoints written before the LayerNorms
             names = {k.split(".", 2)[2] for k in net.state_dict() if k.startswith("actors.0.")}

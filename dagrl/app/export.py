@@ -124,14 +124,15 @@ def export_policy(
         policy = kind(runner.net, runner.captured, runner.envs.single_action_space)
         obs = _observations(runner.envs, 32)
         agents = None
+        state = runner.captured.initial_state(len(obs)) if recurrent else ()
         if group is not None:
             policy, members = _group_policy(runner.net, group, graph.spec.algorithm)
             agents = [graph.observation_space.agents[a] for a in members]
-            obs = obs[:, members]
+            obs, state = obs[:, members], tuple(s[:, members] for s in state)
         policy.eval().requires_grad_(False)
     finally:
         close_all([h for handles in hosts.values() for h in handles])
-    args = (obs, *runner.captured.initial_state(len(obs))) if recurrent else (obs,)
+    args = (obs, *state)
     batch = {0: torch.export.Dim.DYNAMIC}  # every input's first dimension: the batch
     shapes = {"obs": batch, **({"state": (batch,) * (len(args) - 1)} if recurrent else {})}
     with warnings.catch_warnings():  # nn.LSTM re-assigns its flat weight list when traced; harmless (checked below)
@@ -171,14 +172,15 @@ def export_policy(
 
 
 class GroupPolicy(nn.Module):
-    """One group's greedy policy of a multi-agent network (:meth:`AgentsActorCritic.group_greedy`)."""
+    """One group's greedy policy of a multi-agent network (:meth:`AgentsActorCritic.group_greedy`); with
+    GRU policies it also takes their states and returns the states after the step."""
 
     def __init__(self, net: nn.Module, group: str):
         super().__init__()
         self.net, self.group = net, group
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net.group_greedy(obs.to(torch.float32), self.group)
+    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return self.net.group_greedy(obs.to(torch.float32), self.group, *state)
 
 
 def _group_policy(net: nn.Module, group: str, algorithm: str) -> tuple[nn.Module, list[int]]:
