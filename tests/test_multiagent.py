@@ -247,9 +247,11 @@ def test_mappo_learns_simple_spread(policy, client, graphs_dir, tmp_path):
     assert rundir.list_checkpoints()
 
 
-@pytest.mark.parametrize("policy", ["sync", "dp-learners"])
-def test_mappo_runs_unchanged_under_other_policies(policy, client, graphs_dir, tmp_path):
+@pytest.mark.parametrize("policy, gru", [("sync", 0), ("dp-learners", 0), ("dp-learners", 8), ("async", 8)])
+def test_mappo_runs_unchanged_under_other_policies(policy, gru, client, graphs_dir, tmp_path):
+    """Feed-forward and GRU policies (``gru``) alike, their rollouts carrying the GRU states between workers."""
     overrides = [f"policy={policy}", "stop.env_steps=8000", "stop.mean_return=null", "checkpoint.every=5"]
+    overrides.append(f"hyperparameters.gru={gru}")
     if policy == "dp-learners":
         overrides.append("roles.learner.replicas=2")
     summary, rundir = train(f"{graphs_dir}/mappo-spread.yaml", tmp_path, overrides, client)
