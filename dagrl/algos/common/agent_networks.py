@@ -173,7 +173,8 @@ class AgentsActorCritic(nn.Module):
         return self._values(x, agent, raw=False)
 
     def dist_value(self, x: torch.Tensor, agent: torch.Tensor) -> tuple[Rows, torch.Tensor]:
-        """The action distribution and the value in the units the critic learns (:meth:`learned_units`)."""
+        """The action distribution and the value in the units the critic learns (:meth:`learned_units`), of
+        feed-forward policies (GRU ones unroll over sequences: :meth:`unroll`)."""
         parts = []
         for g, rows in self._groups(agent):
             parts.append((rows, self._dist(g, self.actors[g](self._own(g, x[rows])))))
