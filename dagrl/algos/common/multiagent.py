@@ -99,9 +99,9 @@ class Config(ClippedPPO):
     rMAPPO); its state is kept per game and agent and zeroed where a game starts, and the learner unrolls
     it over each agent's ``num_steps`` steps from the state the rollout began with. 0: feed-forward
     policies. Critics stay feed-forward. For games whose observations hide what an agent needs; on
-    simple_spread, which hides nothing that matters, ``gru: 64`` learned slower (-15.7 against -11.8 over
-    0.5-1M env steps, ``mappo-spread-single``, seed 1), and with each agent seeing only its nearest
-    landmark and agent too (-14.0 against -12.6)."""
+    simple_spread, which hides nothing that matters, ``gru: 64`` learned slower (-15.7 and -15.2 against
+    -11.8 and -12.3 over 0.5-1M env steps, ``mappo-spread-single``, seeds 1 and 2), and with each agent
+    seeing only its nearest landmark and agent too (-14.0 against -12.6, seed 1)."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), every agent acting greedily."""
 
