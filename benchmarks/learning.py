@@ -1,6 +1,6 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent]
+    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent|mappo-paper]
                          [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
@@ -53,6 +53,8 @@ PRESETS = {
     "recurrent": ["ppo-lstm-cartpole-novel:100000"],
     # a central critic against independent ones, the same budget and seeds (no published figure in these units)
     "multiagent": ["mappo-spread-single:300000", "ippo-spread-single:300000"],
+    # MAPPO on the game the MAPPO paper's code plays, in one process and (with --cluster) under async
+    "mappo-paper": ["mappo-spread-paper-single:10000000", "mappo-spread-paper:10000000"],
 }
 
 CLEANRL_SAC = "docs.cleanrl.dev/rl-algorithms/sac (sac_continuous_action.py, training return, MuJoCo v2)"
@@ -61,6 +63,10 @@ TD7_REPO = "github.com/seungju-k1m/sac-td3-td7 README (4 seeds, evaluation retur
 CLEANRL_PPO = (
     "docs.cleanrl.dev/rl-algorithms/ppo (ppo_continuous_action.py, training return, MuJoCo v2; openai/baselines' "
     "PPO on the same page: 2518.95 +- 850.46)"
+)
+ON_POLICY_USERS = (
+    "~-120 in MAPPO's units (6 x dagrl's return - 75: the multi-agent guide) that users of the MAPPO authors' "
+    "code report after 10-20M steps, training return (github.com/marlbenchmark/on-policy issues #49, #112)"
 )
 ZOO_LSTM = (
     "huggingface.co/sb3/ppo_lstm-CartPoleNoVel-v1 model card (rl-zoo RecurrentPPO, CartPole without its velocities, "
@@ -78,6 +84,9 @@ REFERENCES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("td3", "HalfCheetah"): [
         {"steps": 300_000, "return": 7316, "pm": 118, "source": TD7_REPO},
         {"steps": 1_000_000, "return": 9018.31, "pm": 1078.31, "source": CLEANRL_TD3},
+    ],
+    ("mappo", "dagrl.envs.mpe:simple_spread_mappo"): [
+        {"steps": 20_000_000, "return": -7.5, "pm": None, "source": ON_POLICY_USERS}
     ],
     ("ppo", "Hopper"): [{"steps": 1_000_000, "return": 2231.12, "pm": 656.72, "source": CLEANRL_PPO}],
     ("ppo_lstm", "CartPole"): [{"steps": 100_000, "return": 500.0, "pm": 0.0, "source": ZOO_LSTM}],
@@ -200,13 +209,18 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "final_eval": _mean_pm(finals_eval) + (f" ({first['final_eval_episodes']} ep)" if finals_eval else ""),
             "steps/s": statistics.mean(r["steps_per_s"] for r in mine),
             "wall_s": statistics.mean(r["wall_s"] for r in mine),
-            "published": "none carried"
-            if ref is None
-            else f"{ref['return']:,.0f} ± {ref['pm']:,.0f} @ {ref['steps'] // 1000}k",
+            "published": "none carried" if ref is None else _published(ref),
             "source": "" if ref is None else ref["source"],
         }
         rows.append(row)
     return rows
+
+
+def _published(ref: dict[str, Any]) -> str:
+    """``2,231 ± 657 @ 1000k``; a reference without a spread (``pm: None``) as ``-7.5 @ 20000k``."""
+    if ref["pm"] is None:
+        return f"{ref['return']:.3g} @ {ref['steps'] // 1000}k"
+    return f"{ref['return']:,.0f} ± {ref['pm']:,.0f} @ {ref['steps'] // 1000}k"
 
 
 def _mean_pm(values: list[float]) -> str:
@@ -267,7 +281,7 @@ def _png(env: str, runs: list[dict], refs: dict, path: Path) -> Path:
     for (algo, _), ref in refs.items():
         if ref is not None:
             ax.errorbar(
-                [ref["steps"]], [ref["return"]], yerr=[ref["pm"]], fmt="D", capsize=4, label=f"{algo} published"
+                [ref["steps"]], [ref["return"]], yerr=[ref["pm"] or 0], fmt="D", capsize=4, label=f"{algo} published"
             )
     ax.set(title=f"{env}: mean return of the last {WINDOW} episodes", xlabel="env steps", ylabel="return")
     ax.legend(fontsize=8)
