@@ -63,7 +63,8 @@ def test_rewards_follow_local_ratio_as_mpe2s_do():
         while env.agents:
             rewards = env.step({a: env.action_space(a).sample() for a in env.agents})[1]
             agents, marks = positions(env)
+            touch = 2 * env.unwrapped.world.agents[0].size  # agents collide closer than the sum of their sizes
             cover = sum(np.linalg.norm(agents - m, axis=1).min() for m in marks)
             for i, agent in enumerate(env.possible_agents):
-                hits = sum(np.linalg.norm(agents[i] - b) < 0.3 for j, b in enumerate(agents) if j != i)
+                hits = sum(np.linalg.norm(agents[i] - b) < touch for j, b in enumerate(agents) if j != i)
                 assert rewards[agent] == pytest.approx(0.5 * -cover + 0.5 * -hits)
