@@ -204,3 +204,35 @@ def test_a_writer_killed_at_any_moment_leaves_an_intact_checkpoint(tmp_path):
         assert i >= start
         start = i + 1
     assert len(RunDir(tmp_path).list_checkpoints()) <= 4  # keep=3, plus one when killed between rename and prune
+
+
+def test_a_run_still_going_is_not_resumed_twice(tmp_path, graphs_dir, capsys):
+    """A second ``dagrl run`` into a live run's directory is refused before it writes there; once the
+    first process is gone (here SIGKILLed), the directory is free again."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers import wait_for
+
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=2", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    going = ["--set", "stop.iterations=100000", "--set", "stop.wall_time_s=120"]
+    first = subprocess.Popen([sys.executable, "-m", "dagrl", "run", "--resume", str(path), *going, *BASE])
+    try:
+        lock = path / ".lock"
+        wait_for(lambda: lock.exists() and lock.read_text() == str(first.pid), 60, "the first run to hold its dir")
+        wait_for(lambda: len(RunDir(path).read_metrics()) > 2, 60, "the first run to train")
+        config = (path / "config.yaml").read_text()
+        capsys.readouterr()
+        for option in (["--resume", str(path)], [graph, "--run-dir", str(path)]):
+            assert main(["run", *option, "--set", "stop.iterations=3", *BASE]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err == f"dagrl: error: {option[-2]}: {path} is in use by another dagrl process (pid {first.pid})"
+        assert (path / "config.yaml").read_text() == config  # the refused runs wrote nothing
+        assert first.poll() is None, "the first run was disturbed"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=3", *BASE]) == 0

@@ -97,12 +97,23 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     created = rundir is None
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
+    _hold(rundir, "--resume" if args.resume is not None else "--run-dir")  # before the first write
     if changes:  # a resume that changes the run: say what, and keep it in events.jsonl
         log.info("resuming with changes: %s", _said(changes))
         at = resume["counters"]["iteration"]
         rundir.append_event({"event": "config_change", "iteration": at, "changes": changes})
     rundir.write_config(graph.to_dict())
     return graph, cluster, resume, rundir, created
+
+
+def _hold(rundir: Any, option: str) -> None:
+    """Take the run directory before anything in it is read or written (:meth:`RunDir.hold`)."""
+    from dagrl.runtime.rundir import RunDirInUse
+
+    try:
+        rundir.hold()
+    except RunDirInUse as err:
+        raise ConfigError(option, "", str(err)) from None
 
 
 def _said(changes: dict[str, tuple[Any, Any]]) -> str:
@@ -119,6 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if created and not rundir.list_checkpoints():  # never started (no cluster, no placement): leave nothing
             shutil.rmtree(rundir.path, ignore_errors=True)
         raise
+    finally:
+        rundir.release()
     if summary["stop_reason"] == "interrupted":
         log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
         return 130

@@ -74,6 +74,7 @@ def train(
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
         rundir.write_config(graph.to_dict())
+    took = rundir.hold()  # one process trains into a run directory at a time
     spec = graph.spec
     log.info("run %s: %s on %s, policy %s -> %s", graph.name, spec.algorithm, spec.env.id, spec.policy, rundir.path)
     log.info("observations: %s", observations(graph.observation_space, graph.env_observation_space))
@@ -82,6 +83,8 @@ def train(
         log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
     distributed = POLICIES[spec.policy].distributed
     with contextlib.ExitStack() as stack:
+        if took:
+            stack.callback(rundir.release)
         wandb_log = None
         if spec.wandb.project is not None:  # first: a W&B run that cannot start stops the run before a cluster does
             from dagrl.app.wandb_log import WandbLog

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -15,12 +16,43 @@ import yaml
 CHECKPOINT_RE = re.compile(r"ckpt-(\d+)\.pt$")
 
 
+class RunDirInUse(RuntimeError):
+    """Another process trains into this run directory (:meth:`RunDir.hold`)."""
+
+
 class RunDir:
     """``runs/<name>-<timestamp>/`` with ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``curve.html``."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self._lock: int | None = None
+
+    def hold(self) -> bool:
+        """Take this directory for this process, so that a second one training into it (``--resume`` of
+        a run still going, or the same ``--run-dir``) is refused instead of interleaving its metrics
+        and checkpoints with this one's; :class:`RunDirInUse` names the holder's pid. Whether it was
+        taken now (``False``: this object holds it already). An advisory ``flock`` on ``<run>/.lock``,
+        which the system drops when the process ends, however it ends."""
+        if self._lock is not None:
+            return False
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirInUse(f"{self.path} is in use by another dagrl process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock = fd
+        return True
+
+    def release(self) -> None:
+        """Give up what :meth:`hold` took."""
+        if self._lock is not None:
+            os.close(self._lock)  # closing the only descriptor drops the flock
+            self._lock = None
 
     @classmethod
     def create(cls, root: str | Path, name: str) -> RunDir:
