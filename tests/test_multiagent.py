@@ -315,7 +315,7 @@ env: {id: "tests.agent_games:Lottery", api: pettingzoo, kwargs: {spread: 4.0}}
 policy: single
 seed: %d
 roles: {sampler: {replicas: 1, envs: 8}, learner: {replicas: 1}}
-hyperparameters: {num_steps: 10, norm_value: true}
+hyperparameters: {num_steps: 10, norm_value: true, layer_norm: input}
 stop: {env_steps: 15000}
 checkpoint: {every: 1000}
 """
