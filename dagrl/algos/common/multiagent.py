@@ -85,7 +85,8 @@ class Config(ClippedPPO):
     code's feature normalisation); ``all``, also after each hidden layer's activation (its MLP's
     layout). On simple_spread with 16 games per update, mean training return over 0.5-1M env steps:
     ``input`` -15.4 and -15.3 (seeds 1, 2), ``none`` -17.1 and -17.7, ``all`` -15.8 (seed 1; -16.9 with
-    ``relu``); over 3.5-4M, ``input`` and ``none`` end level (-13.0 and -12.7, seed 1)."""
+    ``relu``); over 3.5-4M, ``input`` and ``none`` end level (-13.0 and -12.7, seed 1). IPPO's default is
+    ``none`` (:class:`dagrl.algos.ippo.Config`)."""
     critic: Literal["central", "local"] = "central"
     """``central``: each critic reads the global state too (MAPPO); ``local``: only what the agent sees (IPPO)."""
     team_reward: bool = False
