@@ -107,7 +107,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
 
 
 def _hold(rundir: Any, option: str) -> None:
-    """Take the run directory before anything in it is read or written (:meth:`RunDir.hold`)."""
+    """Take the run directory before anything is written in it (:meth:`RunDir.hold`)."""
     from dagrl.runtime.rundir import RunDirInUse
 
     try:
