@@ -160,7 +160,7 @@ def test_the_samplers_lean_draw_is_the_distributions_own(space):
         dist = agent.dist(obs)
         gen = torch.Generator().manual_seed(7)
         if space == "discrete":
-            expected = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
+            expected = torch.multinomial(dist.logits.exp(), 1, generator=gen).squeeze(-1)
         else:
             base = dist.base_dist
             expected = base.loc + base.scale * torch.randn(base.loc.shape, generator=gen)
@@ -190,6 +190,25 @@ def test_anneal_lr_needs_stop_env_steps():
 
     with pytest.raises(ConfigError, match=r"hyperparameters: anneal_lr: .*stop\.env_steps"):
         load_graph("graphs/ppo-cartpole-single.yaml", ["hyperparameters.anneal_lr=true", "stop.env_steps=null"])
+
+
+def test_the_learners_categorical_is_torchs():
+    """The lean ``Categorical`` the learners build per minibatch gives torch's log-probs, entropies and
+    gradients (to rounding), also where a logit is -inf (an action that cannot be taken)."""
+    from dagrl.algos.common.distributions import Categorical
+
+    logits = torch.randn(32, 5, generator=torch.Generator().manual_seed(3))
+    logits[0, 2] = -float("inf")
+    action = torch.randint(0, 5, (32,), generator=torch.Generator().manual_seed(4))
+    action[0] = 1
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    lean, torchs = Categorical(ours), torch.distributions.Categorical(logits=theirs)
+    torch.testing.assert_close(lean.log_prob(action), torchs.log_prob(action))
+    torch.testing.assert_close(lean.entropy(), torchs.entropy())
+    torch.testing.assert_close(lean.probs, torchs.probs)
+    (lean.log_prob(action).sum() + lean.entropy().sum()).backward()
+    (torchs.log_prob(action).sum() + torchs.entropy().sum()).backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
 
 
 def test_multi_categorical_is_the_product_of_its_heads():

@@ -1,1 +1,2 @@
-"""Neural network building blocks: MLPs and CNNs, encoders for mixed observations, CUDA graphs."""
+"""Neural network building blocks: MLPs and CNNs, encoders for mixed observations, CUDA graphs, the
+learners' optimizer."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.algos.common.distributions import MultiCategorical, action_heads
+from dagrl.algos.common.distributions import ActionDist, Categorical, MultiCategorical, action_heads
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.hyperparameters import ClippedPPO
 from dagrl.algos.common.rollouts import Rollout, Steps
@@ -26,6 +26,7 @@ from dagrl.envs.images import is_image
 from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_tensor
+from dagrl.nn.optim import adam
 
 __all__ = [  # what an actor-critic algorithm module takes as it is (ppo.py, impala.py: a star import)
     "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",
@@ -143,12 +144,12 @@ class ActorCritic(nn.Module):
             return torch.stack([h.argmax(-1) for h in out.split(self.heads, -1)], -1)
         return out.argmax(-1) if self.discrete else out
 
-    def dist_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+    def dist_value(self, obs: torch.Tensor) -> tuple[ActionDist, torch.Tensor]:
         """The action distribution and the value, through the trunk once."""
         features = self.features(obs)
         return self._dist(self.actor(features)), self.critic(features).squeeze(-1)
 
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+    def dist(self, obs: torch.Tensor) -> ActionDist:
         return self._dist(self.actor(self.features(obs)))
 
     def reward_scale(self) -> float:
@@ -168,9 +169,9 @@ class ActorCritic(nn.Module):
         if self.return_norm is not None:
             self.return_norm.update(torch.as_tensor(np.concatenate([d.ravel() for d in disc_returns])), reduce)
 
-    def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
+    def _dist(self, out: torch.Tensor) -> ActionDist:
         if self.discrete:
-            return torch.distributions.Categorical(logits=out, validate_args=False)
+            return Categorical(out)
         if self.heads is not None:
             return MultiCategorical(out, self.heads)
         normal = torch.distributions.Normal(out, self.log_std.exp(), validate_args=False)
@@ -184,8 +185,8 @@ class ActorCritic(nn.Module):
         :meth:`dist` would, with the same operations: the log-probs match the learner's bit for bit."""
         out = self.actor(self.features(obs))
         if self.discrete:
-            logits = out - out.logsumexp(-1, keepdim=True)  # as Categorical(logits=...) normalises them
-            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+            logits = torch.log_softmax(out, -1)  # as the learner's Categorical normalises them
+            action = torch.multinomial(logits.exp(), 1, generator=gen)
             return action.squeeze(-1), logits.gather(-1, action).squeeze(-1)
         if self.heads is not None:
             dist = MultiCategorical(out, self.heads)
@@ -267,7 +268,7 @@ def seeded_agent(ctx: RoleContext, agent_of: AgentOf) -> nn.Module:
 def new_learner(ctx: RoleContext, cfg: Config, agent_of: AgentOf) -> LearnerState:
     """A learner of the network ``agent_of`` makes, with PPO's Adam; what ``learner`` builds."""
     agent = seeded_agent(ctx, agent_of)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=1e-5, foreach=True)
+    optimizer = adam(agent.parameters(), cfg.lr, ctx.device, eps=1e-5)
     return LearnerState(cfg, agent, optimizer, torch.Generator().manual_seed(ctx.seed), torch.device(ctx.device), ctx)
 
 

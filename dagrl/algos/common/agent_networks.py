@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dagrl.algos.common.distributions import ActionDist, Categorical
 from dagrl.envs.agents import AgentsBox
 from dagrl.nn.networks import RunningNorm
 
@@ -68,7 +69,7 @@ class Rows:
     """The action distribution of a batch of agent rows of several groups: log-probs and entropies per
     row, each group's from its own head (the ``dist`` :func:`~dagrl.algos.common.epochs.clipped_loss` takes)."""
 
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.distributions.Distribution]], n: int):
+    def __init__(self, parts: list[tuple[torch.Tensor, ActionDist]], n: int):
         self.parts, self.n = parts, n
 
     def _gather(self, values: list[torch.Tensor]) -> torch.Tensor:
@@ -152,9 +153,9 @@ class AgentsActorCritic(nn.Module):
             return [(0, torch.arange(len(agent), device=agent.device))]
         return [(g, rows) for g in range(len(self.names)) if len(rows := torch.nonzero(of == g).squeeze(-1))]
 
-    def _dist(self, g: int, out: torch.Tensor) -> torch.distributions.Distribution:
+    def _dist(self, g: int, out: torch.Tensor) -> ActionDist:
         if not self.box:
-            return torch.distributions.Categorical(logits=out, validate_args=False)
+            return Categorical(out)
         normal = torch.distributions.Normal(out, self.log_stds[g].exp(), validate_args=False)
         return torch.distributions.Independent(normal, 1, validate_args=False)
 

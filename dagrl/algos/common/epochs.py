@@ -8,12 +8,13 @@ import torch
 from torch import nn
 
 from dagrl.algos.common.actor_critic import Config, LearnerState, Metrics
+from dagrl.algos.common.distributions import ActionDist
 from dagrl.nn.cuda_graphs import step_means
 
 
 def clipped_loss(
     cfg: Config,
-    dist: torch.distributions.Distribution,
+    dist: ActionDist,
     value: torch.Tensor,
     actions: torch.Tensor,
     logprobs: torch.Tensor,
@@ -35,13 +36,22 @@ def clipped_loss(
         surrogate = (prox - logprobs).exp() * surrogate
     pg_loss = surrogate.mean()
     v_loss = ((value - returns) ** 2).mean()
-    entropy = dist.entropy().mean()
-    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+    entropy = entropy_term(cfg.ent_coef, dist)
+    loss = (pg_loss - cfg.ent_coef * entropy if cfg.ent_coef else pg_loss) + cfg.vf_coef * v_loss
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
     parts = {"policy": pg_loss, "value": v_loss, "entropy": entropy, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, parts
+
+
+def entropy_term(ent_coef: float, dist: ActionDist) -> torch.Tensor:
+    """The mean entropy of ``dist``; outside the autograd graph when ``ent_coef`` is 0, where it is only
+    logged (the same weights bit for bit as adding 0 x entropy, without differentiating it)."""
+    if ent_coef:
+        return dist.entropy().mean()
+    with torch.no_grad():
+        return dist.entropy().mean()
 
 
 def proximal(
@@ -76,14 +86,15 @@ def train_epochs(
     each step's kernels before it queues the next step's (without ``target_kl`` nothing else syncs)."""
     cfg, agent = state.cfg, state.agent
     outs: list[dict[str, torch.Tensor]] = []
+    params = list(agent.parameters())
     for _ in range(cfg.update_epochs):
         order = torch.randperm(n, generator=state.gen).to(state.device)
         for start in range(0, n - mb + 1, mb):
             loss, parts = loss_of(order[start : start + mb])
             state.optimizer.zero_grad()
             loss.backward()
-            state.ctx.average_gradients(agent.parameters())
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            state.ctx.average_gradients(params)
+            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             state.optimizer.step()
             outs.append({k: v.detach() for k, v in parts.items()})
         if cfg.target_kl is not None and state.ctx.mean_over_replicas(parts["approx_kl"].item()) > cfg.target_kl:

@@ -12,6 +12,8 @@ from torch import nn
 
 from dagrl.algos.common.actor_critic import Config as ActorCriticConfig
 from dagrl.algos.common.actor_critic import LearnerState
+from dagrl.algos.common.distributions import ActionDist
+from dagrl.algos.common.epochs import entropy_term
 from dagrl.algos.common.rollouts import Rollout
 from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
 from dagrl.nn.encoders import CNN
@@ -127,7 +129,7 @@ def vtrace(
     return targets, advantages
 
 
-Forward = Callable[[], tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]]
+Forward = Callable[[], tuple[ActionDist, torch.Tensor, torch.Tensor]]
 """The network over a batch, with gradients: the policy at its ``T * n`` steps (flat), the values
 ``[T, n]``, and the values of the observations after its last steps ``[n]``."""
 
@@ -137,13 +139,14 @@ def learn(
     rollouts: list[Rollout],
     forward: Forward,
     flat_obs: torch.Tensor,
-    policy: Callable[[], torch.distributions.Distribution] | None = None,
+    policy: Callable[[], ActionDist] | None = None,
 ) -> dict[str, float]:
     """IMPALA's gradient steps on the batch ``rollouts`` make (stacked along envs), the network run by
     ``forward`` (feed-forward here, unrolled by ``impala_lstm``); ``flat_obs``, its observations, for the
     running statistics. ``policy`` runs the policy alone (``kl_adaptive_lr``'s look at where the batch
     left it), when that costs less than ``forward``."""
     cfg, agent, dev = state.cfg, state.agent, state.device
+    params = list(agent.parameters())
     T = len(rollouts[0].rewards)
 
     def cat(field: str) -> torch.Tensor:
@@ -178,12 +181,14 @@ def learn(
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         pg_loss = -(logp * adv).mean()
         v_loss = ((values - targets) ** 2).mean()
-        entropy = dist.entropy().mean()
-        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+        entropy = entropy_term(cfg.ent_coef, dist)
+        loss = pg_loss + cfg.vf_coef * v_loss
+        if cfg.ent_coef:
+            loss = loss - cfg.ent_coef * entropy
         state.optimizer.zero_grad()
         loss.backward()
-        state.ctx.average_gradients(agent.parameters())
-        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+        state.ctx.average_gradients(params)
+        nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         state.optimizer.step()
         stats["policy"] += pg_loss.item()
         stats["value"] += v_loss.item()

@@ -1,0 +1,25 @@
+"""The learners' optimizer, in its fastest form for the device.
+
+On a small network the cost of a CPU gradient step is mostly per-tensor overhead, not arithmetic: for
+PPO's two 64-unit MLPs on 256 rows, Adam's fused kernel takes 0.15 ms a step where its ``foreach``
+form takes 0.35, of about 1.7 ms in all. That sets the learner's pace under ``async`` whenever it,
+not the samplers, is the bottleneck (BENCHMARKS.md, scaling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+FUSED = ("cpu", "cuda")
+"""Devices with a fused Adam kernel; elsewhere (``mps``, ...) Adam's ``foreach`` form."""
+
+
+def adam(params: Iterable[nn.Parameter], lr: float, device: str | torch.device, eps: float = 1e-8) -> torch.optim.Adam:
+    """Adam, fused into one kernel per step where the device has one. Its weights differ from the
+    ``foreach`` form's in the last bit now and then (the same arithmetic, ordered otherwise)."""
+    if torch.device(device).type in FUSED:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
