@@ -69,8 +69,8 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 RESULTS = Path(os.environ.get("DAGRL_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
-"""Where each benchmark keeps its latest result (``DAGRL_BENCH_RESULTS``: elsewhere, as the tests do)."""
-"""Where each benchmark's latest result is kept, as ``<name>.json``, with the command that made it."""
+"""Where each benchmark keeps its latest result, as ``<name>.json`` with the command that made it
+(``DAGRL_BENCH_RESULTS``: elsewhere, as the tests do)."""
 
 
 def emit(name: str, result: dict[str, Any]) -> None:
