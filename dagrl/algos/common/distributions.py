@@ -32,11 +32,12 @@ class ActionDist(Protocol):
 
 class Categorical:
     """A categorical over ``logits``, reduced to what a learner calls: ``log_prob``, ``entropy`` and
-    ``probs``. torch's ``Categorical`` checks its arguments' shapes and normalises with ``logsumexp``
-    each time it is built, once per minibatch: on a small network a measurable share of a CPU gradient
-    step. Here the logits are normalised with ``log_softmax`` (one operation, one backward), as the
-    samplers do when they draw actions (:meth:`~dagrl.algos.common.actor_critic.ActorCritic.sample`),
-    so the learner's log-probs of the behaviour actions match the samplers' bit for bit.
+    ``probs``. torch's ``Categorical``, built once per minibatch, normalises with ``logsumexp`` (two
+    operations, each with its backward) and sets up its shapes through ``Distribution``: on a small
+    network a measurable share of a CPU gradient step. Here the logits are normalised with
+    ``log_softmax`` (one operation, one backward), as the samplers do when they draw actions
+    (:meth:`~dagrl.algos.common.actor_critic.ActorCritic.sample`), so the learner's log-probs of the
+    behaviour actions match the samplers' bit for bit.
 
     >>> d = Categorical(torch.zeros(1, 4))
     >>> d.log_prob(torch.tensor([2])).exp(), d.entropy()  # 1/4; ln 4
