@@ -37,7 +37,7 @@ def clipped_loss(
     pg_loss = surrogate.mean()
     v_loss = ((value - returns) ** 2).mean()
     entropy = entropy_term(cfg.ent_coef, dist)
-    loss = (pg_loss - cfg.ent_coef * entropy if cfg.ent_coef else pg_loss) + cfg.vf_coef * v_loss
+    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
@@ -47,7 +47,8 @@ def clipped_loss(
 
 def entropy_term(ent_coef: float, dist: ActionDist) -> torch.Tensor:
     """The mean entropy of ``dist``; outside the autograd graph when ``ent_coef`` is 0, where it is only
-    logged (the same weights bit for bit as adding 0 x entropy, without differentiating it)."""
+    logged: the loss still subtracts 0 x entropy, which leaves the weights bit for bit as they were, but
+    nothing differentiates the entropy."""
     if ent_coef:
         return dist.entropy().mean()
     with torch.no_grad():

@@ -182,9 +182,7 @@ def learn(
         pg_loss = -(logp * adv).mean()
         v_loss = ((values - targets) ** 2).mean()
         entropy = entropy_term(cfg.ent_coef, dist)
-        loss = pg_loss + cfg.vf_coef * v_loss
-        if cfg.ent_coef:
-            loss = loss - cfg.ent_coef * entropy
+        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
         state.optimizer.zero_grad()
         loss.backward()
         state.ctx.average_gradients(params)
