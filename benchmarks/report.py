@@ -128,7 +128,8 @@ def scaling(r: dict) -> list[str]:
     for p in policies:
         header += [p, "eff", "/ plain\\|\\|", "CPU ms / 1k steps (net)"]
         header += ["learner / machine busy"] if busy else []
-    header += ["SB3", *(f"{p} / SB3" for p in policies)]
+    sb3 = not r["args"].get("skip_sb3")
+    header += ["SB3", *(f"{p} / SB3" for p in policies)] if sb3 else []
     rows = []
     for x in r["rows"]:
         row = [x["samplers"], round(x["plain x k"]), round(x["plain || k"]) if "plain || k" in x else ""]
@@ -138,7 +139,7 @@ def scaling(r: dict) -> list[str]:
             if busy:
                 shares = (x.get(f"{p} learner busy"), x.get(f"{p} machine busy"))
                 row += [" / ".join("" if v is None else f"{v:.2f}" for v in shares)]
-        row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)]
+        row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)] if sb3 else []
         rows.append(row)
     return markdown(header, rows, set(range(len(header))) - {0})
 
@@ -204,6 +205,20 @@ def dp_learners(r: dict) -> list[str]:
     return markdown(["learners", "device", "frames/s", "speedup", "ms per step"], rows, {0, 2, 3, 4})
 
 
+def seed(r: dict) -> list[str]:
+    """Env steps/s of each setup beside ``async``'s in its round; the samplers' share of ``collect`` in
+    their envs; under central inference, the inference role's batches, forward, samplers' round trip and
+    the share of the run it was busy."""
+    rows = [
+        [x["round"], x["policy"], round(x["steps_s"]), x.get("/ async", ""), x["sampler_in_env"],
+         *(x.get(f"inference {k}", "") for k in ("batch_rows", "forward_ms", "latency_ms", "utilisation"))]
+        for x in r["rows"]
+    ]  # fmt: skip
+    header = ["round", "setup", "env steps/s", "/ async", "samplers in env", "rows per forward", "forward (ms)",
+              "round trip (ms)", "inference busy"]  # fmt: skip
+    return markdown(header, rows, set(range(2, 9)))
+
+
 def encoders(r: dict) -> list[str]:
     rows = [
         [x["cnn"], f"{x['params'] / 1e6:.2f}M", x["forward_ms"], x["fwd_bwd_ms"], x["env_step_ms"], x["forward_share"],
@@ -267,6 +282,8 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "dashboard": dashboard,
     "scaling-1ms": scaling,
     "scaling-10ms": scaling,
+    "scaling-10ms-16cores": scaling,
+    "seed": seed,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
 }

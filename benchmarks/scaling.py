@@ -2,7 +2,7 @@
 
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
                         [--policies sync async async-threads async-subproc central-inference central-async]
-                        [--seconds 8] [--skip-sb3]
+                        [--seconds 8] [--skip-sb3] [--learner-device cpu]
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -108,6 +108,7 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
         f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
         "checkpoint.every=0", f"runs_dir={root}",
+        *(["roles.learner.resources.GPU=1"] if args.learner_device == "cuda" else []),
     ])  # fmt: skip
     if before:  # the old engine with the old default (one rollout per update)
         graph.policy_options = dataclasses.replace(graph.policy_options, rollouts_per_update=1)
@@ -249,6 +250,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=4.0)
     p.add_argument("--busy-max", type=int, default=None, help="largest k for --cost busy (default: core count)")
     p.add_argument("--skip-sb3", action="store_true")
+    p.add_argument("--learner-device", choices=["cpu", "cuda"], default="cpu", help="cuda: the learner on the GPU")
     p.add_argument("--sb3-max", type=int, default=16, help="largest k for SB3 (k x envs env processes)")
     p.add_argument(
         "--plain-max",
@@ -258,6 +260,11 @@ def main() -> None:
     )
     args = p.parse_args()
     import os
+
+    from dagrl.clusters.local import cuda_count
+
+    if args.learner_device == "cuda" and not cuda_count():
+        p.error("--learner-device cuda: this machine has no CUDA device")
 
     from distributed import Client
 
