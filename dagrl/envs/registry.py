@@ -115,13 +115,14 @@ class CostlyCartPole(CartPoleEnv):
         self.step_s, self.cost = step_ms / 1000.0, cost
 
     def step(self, action: Any) -> tuple:
-        if self.step_s > 0 and self.cost == "sleep":
-            time.sleep(self.step_s)
-        elif self.step_s > 0:
-            deadline = time.perf_counter() + self.step_s
-            while time.perf_counter() < deadline:
-                pass
-        return super().step(action)  # at no cost CartPole's step alone: a sleep(0) would cost ~30 us of CPU
+        if self.step_s > 0:  # at no cost, CartPole's step alone: even a sleep(0) costs ~30 us of CPU
+            if self.cost == "sleep":
+                time.sleep(self.step_s)
+            else:
+                deadline = time.perf_counter() + self.step_s
+                while time.perf_counter() < deadline:
+                    pass
+        return super().step(action)
 
 
 class BrightHalf(gym.Env):
