@@ -12,6 +12,7 @@ import json
 import logging
 import runpy
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         rundir.release()
     if summary["stop_reason"] == "interrupted":
-        log.warning("interrupted: checkpoint written to %s", rundir.checkpoints)
-        return 130
+        signum = getattr(signal, summary.get("signal") or "SIGINT")
+        log.warning(
+            "stopped by %s at iteration %d: checkpoint written to %s",
+            summary.get("signal") or "SIGINT", summary["iterations"], rundir.checkpoints,
+        )  # fmt: skip
+        return 128 + signum
     evaluated = "" if summary.get("eval_return") is None else f", evaluation return {summary['eval_return']:.1f}"
     at = summary.get("stopped_at") or {}
     if at and at["iteration"] != summary["iterations"]:  # the iteration submitted ahead finished after the stop
@@ -579,9 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as err:
         print(f"dagrl: training stopped: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # a second stop signal (dagrl.app.signals.Aborted), or one outside a run
         print("dagrl: interrupted", file=sys.stderr)
-        return 130
+        return getattr(err, "exit_code", 130)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dagrl.app.progress import Progress
+from dagrl.app.signals import StopRequest, stop_signals
 from dagrl.core.graph import Graph
 from dagrl.runtime.checkpoint import load_checkpoint, non_finite, save_checkpoint
 from dagrl.runtime.rundir import RunDir
@@ -63,8 +62,11 @@ class Trainer:
         resume: dict[str, Any] | None = None,
         progress: Progress | None = None,
         curve_later: bool = False,
+        stop: StopRequest | None = None,
     ):
         self.graph, self.policy, self.rundir = graph, policy, rundir
+        self.stop_request = stop
+        """Set by a stop signal (:mod:`dagrl.app.signals`); ``None``: :meth:`run` listens for them itself."""
         self.curve_later = curve_later
         """Write ``curve.html`` from a process of its own after this one exits (the command line's exit
         does not wait on bokeh); else before :meth:`run` returns."""
@@ -188,7 +190,10 @@ class Trainer:
         if not self.rundir.list_checkpoints():
             self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
         stopped_at = self._stop_row() if reason is not None else None
-        with _stop_on_sigint() as stop_requested:
+        with contextlib.ExitStack() as stack:
+            stop = self.stop_request or stack.enter_context(stop_signals(self.graph.spec.checkpoint.stop_wait_s))
+            if reason is None and stop.is_set():  # asked to stop while the cluster started
+                reason, stopped_at = "interrupted", self._stop_row()
             try:
                 while reason is None or self.policy.pending:  # an iteration submitted ahead still counts
                     try:
@@ -199,16 +204,18 @@ class Trainer:
                         self.restore(failure)
                         reason = None  # rolled back: the stop is decided again
                     if reason is None:
-                        reason = "interrupted" if stop_requested.is_set() else self.stop_reason()
+                        reason = "interrupted" if stop.is_set() else self.stop_reason()
                         stopped_at = self._stop_row() if reason is not None else None
             except CrashLoop as err:  # from a policy replacing a sampler, or from restore()
                 raise TrainingError(f"crash loop: {err}; last good checkpoint kept") from None
-            except KeyboardInterrupt:  # a second Ctrl-C: abort mid-iteration, keep the periodic checkpoint
-                log.warning("aborted; the last periodic checkpoint is kept")
+            except KeyboardInterrupt as err:  # a second signal: abort mid-iteration, keep the periodic checkpoint
+                why = f" ({err.why})" if hasattr(err, "why") else ""
+                log.warning("aborted%s; the last periodic checkpoint is kept", why)
                 raise
             finally:
                 self.progress.close()
-        final_eval = self.evaluation.close()
+            stop.finished.set()  # what is left is bounded: the final checkpoint and the summary
+        final_eval = self.evaluation.close(wait_s=5.0 if stop.is_set() else 300.0)
         try:
             self.checkpoint()
         except (RoleFailure, CrashLoop) as err:
@@ -224,6 +231,8 @@ class Trainer:
             "stopped_at": stopped_at,
             "run_dir": str(self.rundir.path),
         }
+        if reason == "interrupted":
+            summary["signal"] = stop.name  # SIGINT, SIGTERM or SIGUSR1: what the exit code (128 + it) says
         if final_eval:
             summary["eval"] = final_eval  # an evaluation still running at the stop, waited for
         self._call_after_restart()  # a replacement after the last iteration
@@ -395,24 +404,3 @@ class Evaluation:
         out = self._finished(wait_s)
         self.pool.shutdown(wait=False, cancel_futures=True)
         return out
-
-
-@contextlib.contextmanager
-def _stop_on_sigint() -> Iterator[threading.Event]:
-    """First Ctrl-C: finish the iteration, checkpoint, stop. Second: ``KeyboardInterrupt`` at once."""
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if requested.is_set():
-            raise KeyboardInterrupt
-        requested.set()
-        log.warning("Ctrl-C: stopping after this iteration (again to abort)")
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)

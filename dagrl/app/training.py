@@ -69,6 +69,7 @@ def train(
         curve = LiveCurve(f"{graph.name}: {graph.spec.policy}")
         listeners = [*listeners, curve]
     from dagrl.app.progress import Progress
+    from dagrl.app.signals import stop_signals
     from dagrl.policies import POLICIES, build_policy
 
     if rundir is None:
@@ -85,6 +86,8 @@ def train(
     with contextlib.ExitStack() as stack:
         if took:
             stack.callback(rundir.release)
+        # from here a stop signal (SIGTERM from SLURM, Ctrl-C) ends the run cleanly, even while the cluster starts
+        stop = stack.enter_context(stop_signals(spec.checkpoint.stop_wait_s))
         wandb_log = None
         if spec.wandb.project is not None:  # first: a W&B run that cannot start stops the run before a cluster does
             from dagrl.app.wandb_log import WandbLog
@@ -114,7 +117,13 @@ def train(
         if warning := trim_warning(actors):
             log.warning(warning)
         trainer = Trainer(
-            graph, policy, rundir, resume=resume, progress=Progress(enabled=progress), curve_later=curve_later
+            graph,
+            policy,
+            rundir,
+            resume=resume,
+            progress=Progress(enabled=progress),
+            curve_later=curve_later,
+            stop=stop,
         )
         trainer.listeners.extend(listeners)
         if spec.tensorboard:

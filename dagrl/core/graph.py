@@ -165,10 +165,16 @@ class CheckpointSpec:
     """Write a checkpoint every this many iterations (0: only at the end)."""
     keep: int = 3
     """How many recent checkpoints to keep on disk."""
+    stop_wait_s: float = 20.0
+    """After a stop signal (Ctrl-C, ``SIGTERM``, ``SIGUSR1``), how long the iteration in flight may take
+    to finish before it is abandoned and the run ends on its last periodic checkpoint: below SLURM's
+    ``KillWait`` (30 s by default), which ends the job with ``SIGKILL`` after its ``SIGTERM``."""
 
     def __post_init__(self) -> None:
         at_least(self, 0, "every")
         at_least(self, 1, "keep")
+        if self.stop_wait_s <= 0:
+            raise ValueError(f"stop_wait_s must be > 0, got {self.stop_wait_s}")
 
 
 @dataclass
