@@ -236,3 +236,77 @@ def test_a_run_still_going_is_not_resumed_twice(tmp_path, graphs_dir, capsys):
         first.send_signal(signal.SIGKILL)
         first.wait()
     assert main(["run", "--resume", str(path), "--set", "stop.iterations=3", *BASE]) == 0
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_one_warning_and_the_run_resumes(tmp_path, graphs_dir, capsys):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=3", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    with (path / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 4, "env_steps": 10')  # a crash in the middle of a row
+    capsys.readouterr()
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=5", *BASE]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dagrl: {path / 'metrics.jsonl'}: last line torn (a crash while it was written): dropped"]
+    assert [r["iteration"] for r in RunDir(path).read_metrics()] == [1, 2, 3, 4, 5]
+
+
+def test_a_damaged_metrics_line_refuses_the_resume_before_anything_is_written(tmp_path, graphs_dir, capsys):
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--set", f"runs_dir={tmp_path}", "--set", "stop.iterations=5", *BASE]) == 0
+    (path,) = list(tmp_path.iterdir())
+    for lost in RunDir(path).list_checkpoints()[-2:]:  # iterations 4 and 5: the resume goes back to 2
+        lost.unlink()
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    lines[3] = lines[3][:20]  # iteration 4's row, which the resume drops: not the last, no crash does that
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    before = {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main(["run", "--resume", str(path), "--set", "stop.iterations=6", *BASE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metrics.jsonl: byte" in err[0] and "not a JSON row" in err[0], err
+    assert {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} == before
+
+
+def test_rollback_and_status_read_the_tail_of_the_metrics_not_the_whole_file(tmp_path):
+    """A long run's metrics are not read whole: a first line no parser accepts is never reached."""
+    run = RunDir(tmp_path)
+    rows = "".join(json.dumps({"iteration": i, "env_steps": 64 * i}) + "\n" for i in range(1, 200_001))
+    run.metrics_path.write_text("not json\n" + rows)
+    assert run.last_metrics()["iteration"] == 200_000
+    assert run.truncate_metrics(199_990) == 10
+    assert run.last_metrics()["iteration"] == 199_990
+    assert run.metrics_path.read_bytes().endswith(b'"env_steps": 12799360}\n')
+
+
+def test_run_dir_into_a_run_continues_it_and_never_restarts_at_iteration_1(tmp_path, graphs_dir, capsys):
+    """The SLURM driver job's command, run again after a requeue: the run goes on from its newest good
+    checkpoint (here iteration 4, the job killed before iteration 5's checkpoint)."""
+    graph, run = f"{graphs_dir}/ppo-cartpole-single.yaml", tmp_path / "run"
+    run.mkdir()
+    args = ["run", graph, "--run-dir", str(run), "--set", "stop.iterations=5", *BASE]
+    assert main(args) == 0
+    RunDir(run).list_checkpoints()[-1].unlink()
+    capsys.readouterr()
+    assert main([*args[:-1]]) == 0  # the same command, not quiet
+    assert f"{run} holds a run: continuing it from iteration 4" in capsys.readouterr().err
+    rows = RunDir(run).read_metrics()
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
+    (resume,) = [e for e in RunDir(run).read_events() if e["event"] == "resume"]
+    assert (resume["iteration"], resume["checkpoint"]) == (4, "ckpt-00000004.pt")
+
+
+def test_run_dir_into_a_run_of_another_graph_is_refused_in_one_line(tmp_path, graphs_dir, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    args = ["run", f"{graphs_dir}/ppo-cartpole-single.yaml", "--run-dir", str(run), "--set", "stop.iterations=2"]
+    assert main([*args, *BASE]) == 0
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main([*args, "--set", "hyperparameters.lr=3e-4", *BASE]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == (
+        f"dagrl: error: --run-dir: {run} holds a run of another graph (changed: hyperparameters.lr 0.001 -> "
+        f"0.0003); continue it with --resume {run}, or give a directory of its own"
+    )
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before

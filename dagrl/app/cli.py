@@ -10,6 +10,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import runpy
 import shutil
 import signal
@@ -50,26 +51,30 @@ def _setup_logging(quiet: bool) -> None:
 
 def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, Any, bool]:
     """Everything validated before a cluster starts: graph, cluster, checkpoint, run dir (and whether
-    this command created it)."""
+    this command created it). Nothing in an existing run directory is written before all of it holds.
+
+    ``--run-dir`` into a directory that already holds a run (a SLURM driver job started again after a
+    requeue, or a command run twice) continues that run from its newest good checkpoint when the graph is
+    the run's own, and is refused in one line when it is not: it never starts again at iteration 1
+    over the run's metrics and checkpoints."""
     import torch
 
     from dagrl.app.graphs import check_paths, load_graph, validate_device_request
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
-    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
-    from dagrl.runtime.hosts import check_fits
     from dagrl.runtime.rundir import RunDir
 
     resume = rundir = None
+    option = "--resume" if args.resume is not None else "--run-dir"
     graph_path = resolve("graphs", args.graph, "GRAPH")
     if args.resume is not None:
         rundir = RunDir(args.resume)
         if not rundir.config_path.exists():
             raise ConfigError("--resume", "", f"{args.resume} is not a dagrl run directory (no config.yaml)")
         graph_path = graph_path or rundir.config_path
-        try:
-            resume = load_checkpoint(rundir.path)
-        except (FileNotFoundError, CheckpointError) as err:
-            raise ConfigError("--resume", "", str(err)) from None
+    elif args.run_dir is not None:
+        rundir = RunDir(args.run_dir)
+        if not rundir.path.is_dir():
+            raise ConfigError("--run-dir", "", f"{args.run_dir} does not exist")
     if graph_path is None:
         raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
     graph = load_graph(graph_path, args.set)
@@ -79,32 +84,69 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
         check_paths(graph)
     if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
         check_local(cluster, graph)
-    changes = {}
-    if resume is not None:
-        changes = changed_keys(read_yaml(rundir.config_path), graph.to_dict())
-        try:
-            check_fits(graph, resume["roles"], str(rundir.path))
-        except ValueError as err:
-            used = Path(resume["path"]).name
-            fits = f"checkpoint {used} does not fit graph {Path(graph_path).name}"
-            said = f"(changed: {bounded(_said(changes), 100)})"
-            raise ConfigError(
-                "--resume", "", f"{fits}: {bounded(str(err), 280 - len(fits) - len(said))} {said}"
-            ) from None
-    if rundir is None and args.run_dir is not None:
-        rundir = RunDir(args.run_dir)
-        if not rundir.path.is_dir():
-            raise ConfigError("--run-dir", "", f"{args.run_dir} does not exist")
     created = rundir is None
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
-    _hold(rundir, "--resume" if args.resume is not None else "--run-dir")  # before the first write
-    if changes:  # a resume that changes the run: say what, and keep it in events.jsonl
-        log.info("resuming with changes: %s", _said(changes))
+    _hold(rundir, option)  # before the first write, and before a run still going is judged
+    changes = {}
+    try:
+        if args.resume is not None or _holds_run(rundir):
+            if rundir.config_path.exists():
+                changes = changed_keys(read_yaml(rundir.config_path), graph.to_dict())
+            if args.resume is None and changes:
+                said = bounded(_said(changes), 120)
+                raise ConfigError(
+                    "--run-dir", "", f"{rundir.path} holds a run of another graph (changed: {said}); "
+                    f"continue it with --resume {rundir.path}, or give a directory of its own",
+                )  # fmt: skip
+            resume = _checkpoint_to_resume(rundir, graph, graph_path, changes, option)
+    except BaseException:
+        rundir.release()
+        raise
+    if resume is not None:
         at = resume["counters"]["iteration"]
-        rundir.append_event({"event": "config_change", "iteration": at, "changes": changes})
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if args.resume is None:
+            job = os.environ.get("SLURM_JOB_ID")
+            again = f"SLURM started job {job} again (restart {restarts}): " if restarts else ""
+            log.info("%s%s holds a run: continuing it from iteration %d", again, rundir.path, at)
+        if changes:  # a resume that changes the run: say what, and keep it in events.jsonl
+            log.info("resuming with changes: %s", _said(changes))
+            rundir.append_event({"event": "config_change", "iteration": at, "changes": changes})
+        used = Path(resume["path"]).name
+        rundir.append_event({"event": "resume", "iteration": at, "checkpoint": used, "slurm_restarts": restarts})
     rundir.write_config(graph.to_dict())
     return graph, cluster, resume, rundir, created
+
+
+def _holds_run(rundir: Any) -> bool:
+    """Whether a directory given as ``--run-dir`` holds a run already (a checkpoint, or metrics)."""
+    return bool(rundir.list_checkpoints()) or rundir.last_metrics() is not None
+
+
+def _checkpoint_to_resume(rundir: Any, graph: Any, graph_path: Any, changes: dict, option: str) -> dict[str, Any]:
+    """The newest good checkpoint of ``rundir``, checked against ``graph`` and the run's metrics, or a
+    one-line :class:`ConfigError` naming what does not fit."""
+    from dagrl.runtime.checkpoint import CheckpointError, load_checkpoint
+    from dagrl.runtime.hosts import check_fits
+    from dagrl.runtime.rundir import MetricsError
+
+    try:
+        resume = load_checkpoint(rundir.path)
+    except (FileNotFoundError, CheckpointError) as err:
+        raise ConfigError(option, "", str(err)) from None
+    try:
+        check_fits(graph, resume["roles"], str(rundir.path))
+    except ValueError as err:
+        used = Path(resume["path"]).name
+        fits = f"checkpoint {used} does not fit graph {Path(graph_path).name}"
+        said = f"(changed: {bounded(_said(changes), 100)})"
+        raise ConfigError(option, "", f"{fits}: {bounded(str(err), 280 - len(fits) - len(said))} {said}") from None
+    try:
+        rundir.metrics_cut(resume["counters"]["iteration"], warn=False)
+    except MetricsError as err:
+        raise ConfigError(option, "", str(err)) from None
+    return resume
 
 
 def _hold(rundir: Any, option: str) -> None:

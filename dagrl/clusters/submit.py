@@ -185,9 +185,8 @@ def cmd_status(args: Any) -> int:
     for jid, j in sorted(run_jobs(run).items()):
         if jid != job:
             print(f"worker   job {jid} {j['name']}: {j['state']} {j['time']} on {j['node'] or '-'}")
-    rows = run.read_metrics() if run.metrics_path.exists() else []
-    if rows:
-        last = rows[-1]
+    last = run.last_metrics()
+    if last is not None:
         ret = last.get("charts/episode_return_mean")
         print(
             f"progress iteration {last.get('iteration')}, {last.get('env_steps')} env steps, "

@@ -6,8 +6,10 @@ import fcntl
 import json
 import math
 import os
+import logging
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,39 @@ import yaml
 
 CHECKPOINT_RE = re.compile(r"ckpt-(\d+)\.pt$")
 
+log = logging.getLogger("dagrl")
+
 
 class RunDirInUse(RuntimeError):
     """Another process trains into this run directory (:meth:`RunDir.hold`)."""
+
+
+class MetricsError(ValueError):
+    """A line of ``metrics.jsonl`` other than the last does not parse: the file was damaged, not torn by
+    a crash (which can only cut the line being appended)."""
+
+
+def _lines_backwards(path: Path, block: int = 1 << 16) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` of a file's lines from the last to the first, reading ``block`` bytes at a time
+    from the end (the newline that ends the last line starts no line of its own)."""
+    with path.open("rb") as f:
+        pos = f.seek(0, os.SEEK_END)
+        buf = b""
+        first = True
+        while True:
+            cut = buf.rfind(b"\n")
+            if cut < 0 and pos > 0:  # the line goes on in the block before
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                buf = f.read(step) + buf
+                continue
+            line, buf = buf[cut + 1 :], buf[: max(cut, 0)]
+            if not (first and not line and cut >= 0):
+                yield pos + cut + 1, line
+            first = False
+            if cut < 0:
+                return
 
 
 class RunDir:
@@ -83,8 +115,17 @@ class RunDir:
             f.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
 
     def read_events(self) -> list[dict[str, Any]]:
+        """Every event of ``events.jsonl``; a last line torn by a crash mid-write is left out."""
         path = self.path / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        lines = path.read_text().splitlines() if path.exists() else []
+        events = []
+        for i, line in enumerate(lines):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                if i < len(lines) - 1:
+                    raise MetricsError(f"{path}: line {i + 1}: not a JSON event ({line[:60]!r})") from None
+        return events
 
     def read_json(self, name: str) -> Any:
         path = self.path / name
@@ -107,24 +148,70 @@ class RunDir:
             f.write(json.dumps(clean) + "\n")
 
     def truncate_metrics(self, iteration: int) -> int:
-        """Drop the rows after ``iteration`` (a rollback or a resume redoes them); how many were dropped.
+        """Drop the rows after ``iteration`` (a rollback or a resume redoes them), and a last line torn by a
+        crash mid-write (with one warning); how many rows were dropped.
 
-        Rewritten atomically, so the file never shows repeated iterations or env steps going back.
+        Reads the file backwards only as far as the rows it drops, and cuts it there in one ``ftruncate``:
+        a day of metrics (~1 GB at 15 iterations/s) is neither read nor rewritten, and a crash during the
+        cut leaves the file either as it was or cut, never with repeated iterations or env steps going back.
         """
+        cut, dropped = self.metrics_cut(iteration)
+        if cut is not None:
+            os.truncate(self.metrics_path, cut)
+        return dropped
+
+    def metrics_cut(self, iteration: int, warn: bool = True) -> tuple[int | None, int]:
+        """Where :meth:`truncate_metrics` would cut the file (``None``: nowhere) and how many rows it would
+        drop; :class:`MetricsError` if a line it reads is damaged (a resume checks this before it writes)."""
         if not self.metrics_path.exists():
-            return 0
-        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
-        keep = [line for line in lines if json.loads(line).get("iteration", 0) <= iteration]
-        if len(keep) < len(lines):
-            tmp = self.path / ".metrics.jsonl.tmp"
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, self.metrics_path)
-        return len(lines) - len(keep)
+            return None, 0
+        cut, dropped = None, 0
+        for start, line in _lines_backwards(self.metrics_path):
+            row = self._row(line, start, last=cut is None, warn=warn)
+            if row is not None and row.get("iteration", 0) <= iteration:
+                break
+            cut, dropped = start, dropped + (row is not None)
+        return cut, dropped
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """Every row of ``metrics.jsonl`` (a torn last line left out, with a warning)."""
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        lines = self.metrics_path.read_bytes().split(b"\n")
+        rows, offset = [], 0
+        for i, line in enumerate(lines):
+            row = self._row(line, offset, last=i >= len(lines) - 2)
+            offset += len(line) + 1
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def last_metrics(self) -> dict[str, Any] | None:
+        """The newest row of ``metrics.jsonl`` (read from the end: ``dagrl status`` of a long run), if any."""
+        if not self.metrics_path.exists():
+            return None
+        for start, line in _lines_backwards(self.metrics_path):
+            row = self._row(line, start, last=True, warn=False)
+            if row is not None:
+                return row
+        return None
+
+    def _row(self, line: bytes, offset: int, last: bool, warn: bool = True) -> dict[str, Any] | None:
+        """One line of ``metrics.jsonl`` as a row; ``None`` for a blank line or, on the ``last`` line, one
+        a crash cut short; :class:`MetricsError` for any other line that does not parse."""
+        if not line.strip():
+            return None
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if not last:
+                raise MetricsError(f"{self.metrics_path}: byte {offset}: not a JSON row ({line[:60]!r})") from None
+            if warn:
+                log.warning("%s: last line torn (a crash while it was written): dropped", self.metrics_path)
+            return None
+        if not isinstance(row, dict):
+            raise MetricsError(f"{self.metrics_path}: byte {offset}: not a JSON object ({line[:60]!r})")
+        return row
 
     def checkpoint_path(self, iteration: int) -> Path:
         return self.checkpoints / f"ckpt-{iteration:08d}.pt"
