@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
-import logging
 import re
 import time
 from collections.abc import Iterator
