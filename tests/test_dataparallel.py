@@ -198,3 +198,28 @@ def test_dqn_under_dp_learners_reaches_195(tmp_path):
 
     summary, _ = train("graphs/dqn-cartpole-dp.yaml", tmp_path)
     assert summary["stop_reason"] == "mean_return", summary
+
+
+def test_the_groups_rendezvous_and_connections_listen_on_dasks_interface_only(cluster, tmp_path):
+    """A data-parallel group's store (rank 0) and gloo's pairs keep to the interface the workers' Dask
+    address is on (here loopback): nothing of the group listens on every interface of a shared node."""
+    import os
+
+    import psutil
+
+    graph = load_graph("graphs/ppo-cartpole-dp.yaml", ["stop.iterations=2", "stop.mean_return=null"])
+    run = Run(graph, cluster, tmp_path)
+    try:
+        pids = cluster.run(os.getpid).values()
+        listening = {
+            (pid, c.laddr.ip, c.laddr.port)
+            for pid in pids
+            for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+        learners = {h.address for h in run.policy.hosts["learner"]}
+        assert len(learners) == 2
+        assert listening and all(ip == "127.0.0.1" for _, ip, _ in listening), sorted(listening)
+    finally:
+        summary = run.finish()
+    assert summary["iterations"] == 2

@@ -75,6 +75,22 @@ def test_arrays_arrive_as_writable_views_of_the_posting_and_outlive_its_removal(
     assert got["obs"][0].max() == 0 and rollout["obs"][0].max() > 0
 
 
+def test_a_box_is_this_users_alone_and_one_others_can_write_into_is_refused(box):
+    """Postings are unpickled: a box is made mode 0700, and one found open to others (made by another
+    user who guessed or saw its name first) is refused rather than read."""
+    mailbox.post(box, 1, "weights", producer="p")
+    assert os.stat(os.path.join(mailbox.DIR, box)).st_mode & 0o777 == 0o700
+    planted = f"{mailbox.PREFIX}{uuid.uuid4().hex[:16]}"
+    os.mkdir(os.path.join(mailbox.DIR, planted))
+    os.chmod(os.path.join(mailbox.DIR, planted), 0o777)
+    try:
+        with pytest.raises(PermissionError, match="mode 777"):
+            mailbox.post(planted, 1, "weights", producer="p")
+        assert os.listdir(os.path.join(mailbox.DIR, planted)) == []
+    finally:
+        os.rmdir(os.path.join(mailbox.DIR, planted))
+
+
 def test_a_posting_is_replaced_by_its_own_producers_next_one_not_by_another_replica_in_the_process(box):
     """Under ``dp-learners`` a learner replica may share its worker process with a sampler: the sampler's
     rollout posted after the learner's weights must leave those weights for the sampler that reads them."""

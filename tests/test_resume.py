@@ -310,3 +310,34 @@ def test_run_dir_into_a_run_of_another_graph_is_refused_in_one_line(tmp_path, gr
         f"0.0003); continue it with --resume {run}, or give a directory of its own"
     )
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+class _RunsCode:
+    """A pickled object that runs a command when it is unpickled: what a crafted checkpoint carries."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_naming_it(tmp_path, graphs_dir, capsys):
+    """Checkpoints are read with ``weights_only``: one crafted as the newest of a run is refused outright
+    (not skipped for an older one) by ``--resume`` and ``dagrl eval``, and its code never runs."""
+    run, marker = tmp_path / "run", tmp_path / "ran"
+    run.mkdir()
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    assert main(["run", graph, "--run-dir", str(run), "--set", "stop.iterations=2", *BASE]) == 0
+    good = load_checkpoint(run)
+    assert isinstance(good["roles"], dict)  # the real ones read back under weights_only
+    crafted = RunDir(run).checkpoint_path(3)
+    torch.save({"format": 1, "counters": {"iteration": 3}, "roles": {"learner": [_RunsCode(marker)]}}, crafted)
+    capsys.readouterr()
+    for command in (["run", "--resume", str(run), "--quiet"], ["eval", str(run), "--episodes", "1"]):
+        assert main(command) == 2, command
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"{crafted}: refused: loading it would call posix.system" in err, err
+    assert not marker.exists(), "the checkpoint's code ran"

@@ -76,7 +76,7 @@ def driver_state(run: Path) -> str:
     return re.search(r"driver +job \d+: (\S+)", status(run)).group(1)
 
 
-NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 """The driver job's states before its last: COMPLETING while SLURM ends the job's processes."""
 
 
@@ -158,20 +158,73 @@ def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path
     assert not slurm.jobs(), "jobs left behind after a finished run"
 
 
-def test_status_and_cancel_a_running_job(slurm, tmp_path):
-    out, run = submit(tmp_path, "--set", "stop.iterations=100000", "--set", "stop.wall_time_s=600")
+def _restart_now(job: str, restarts: int) -> None:
+    """Wait for the driver job to be queued again (its ``restart_cnt``), then let it start now: SLURM holds
+    a requeued job back for 120 s (its BeginTime), which is a wait on a real cluster and only time here."""
+
+    def queued() -> bool:
+        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        count = re.search(r"Restarts=(\d+)", out)
+        return bool(count) and int(count.group(1)) >= restarts and "JobState=PENDING" in out
+
+    wait_for(queued, 120, f"job {job} queued again ({restarts})")
+    begin = subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, text=True)
+    assert begin.returncode == 0, begin.stderr
+
+
+def _iterations(run: Path) -> list[int]:
+    return [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_walltime_warning_and_preemption_requeue_the_driver_and_cancel_checkpoints(slurm, tmp_path):
+    """SLURM's three ways to end a driver job: the walltime warning (``SIGUSR1`` to the batch shell, as
+    ``--signal=B:USR1@N`` delivers it) queues the job again after a checkpoint; a preemption
+    (``scontrol requeue``: ``SIGTERM``, then the job back in the queue) does too; each start continues the
+    run where it stopped; ``dagrl cancel`` ends it with a checkpoint of its last iteration."""
+    out, run = submit(tmp_path, "--set", "stop.iterations=100000", "--set", "stop.wall_time_s=900")
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: (run / "metrics.jsonl").exists(), 120, "the first metrics")
+    job = json.loads((run / "submit.json").read_text())["driver_job"]
+    script = (run / "jobs" / "driver.sh").read_text()
+    assert "#SBATCH --signal=B:USR1@120" in script and "#SBATCH --requeue" in script
+
+    wait_for(lambda: (run / "metrics.jsonl").exists() and _iterations(run)[-1] >= 3, 120, "three iterations")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)  # the walltime warning
+    _restart_now(job, 1)
+    first = json.loads((run / "summary.json").read_text())
+    assert (first["signal"], first["stop_reason"]) == ("SIGUSR1", "interrupted")
+    assert f"ckpt-{first['iterations']:08d}.pt" in {p.name for p in (run / "checkpoints").iterdir()}
+
+    wait_for(lambda: _iterations(run)[-1] >= first["iterations"] + 3, 180, "iterations after the first restart")
+    subprocess.run(["scontrol", "requeue", job], check=True)  # a preemption
+    _restart_now(job, 2)
+    second = json.loads((run / "summary.json").read_text())
+    assert second["signal"] == "SIGTERM" and second["iterations"] > first["iterations"]
+
+    wait_for(lambda: _iterations(run)[-1] >= second["iterations"] + 2, 180, "iterations after the second restart")
     text = status(run)
     assert re.search(r"driver +job \d+: RUNNING", text), text
     assert re.search(r"progress iteration \d+", text)
     assert re.search(r"ssh -N -L 8787:127\.0\.0\.1:\d+ ", text), text
-    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text
+    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text  # the first allocations' are gone
 
-    cancel = dagrl("cancel", str(run))
+    cancel = dagrl("cancel", str(run), timeout=300)
     assert cancel.returncode == 0, cancel.stderr
     assert not slurm.jobs(), "cancel left jobs behind"
     assert driver_state(run) == "CANCELLED"
+    last = json.loads((run / "summary.json").read_text())
+    assert last["signal"] == "SIGTERM" and f"checkpoint of iteration {last['iterations']} written" in cancel.stdout
+    assert f"ckpt-{last['iterations']:08d}.pt" in {p.name for p in (run / "checkpoints").iterdir()}
+
+    iterations = _iterations(run)
+    assert iterations == list(range(1, last["iterations"] + 1)), "iterations went back, or one is missing"
+    resumes = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines()) if e["event"] == "resume"]
+    assert [(e["iteration"], e["slurm_restarts"]) for e in resumes] == [
+        (first["iterations"], 1),
+        (second["iterations"], 2),
+    ]
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert f"SLURM started job {job} again (restart 2)" in log, log
+    assert "queued again" in log
 
 
 def test_bad_partition_is_one_line_from_slurm_and_leaves_nothing(slurm, tmp_path):

@@ -70,6 +70,8 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
         rundir = RunDir(args.resume)
         if not rundir.config_path.exists():
             raise ConfigError("--resume", "", f"{args.resume} is not a dagrl run directory (no config.yaml)")
+        if not rundir.list_checkpoints():  # before its config is read: that is what is missing
+            raise ConfigError("--resume", "", f"{args.resume}: no checkpoints in {rundir.path / 'checkpoints'}")
         graph_path = graph_path or rundir.config_path
     elif args.run_dir is not None:
         rundir = RunDir(args.run_dir)
@@ -181,6 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             "stopped by %s at iteration %d: checkpoint written to %s",
             summary.get("signal") or "SIGINT", summary["iterations"], rundir.checkpoints,
         )  # fmt: skip
+        if os.environ.get("DAGRL_REQUEUE"):  # a driver job of dagrl submit, at its walltime warning
+            from dagrl.clusters.submit import requeue_after
+
+            requeue_after(summary, started_at=resume["counters"]["iteration"] if resume else 0)
         return 128 + signum
     evaluated = "" if summary.get("eval_return") is None else f", evaluation return {summary['eval_return']:.1f}"
     at = summary.get("stopped_at") or {}

@@ -269,10 +269,19 @@ def jobs_cluster(spec: SlurmSpec, jobs: list[tuple[str, str]], run_dir: Path) ->
     from distributed import Client
 
     run = run_dir.name
+    cancel_stale_jobs(run_dir)
     scripts = _scripts(spec, jobs, run, run_dir)
     for w, _ in jobs:  # one refused pool refuses the run before any job is queued
         check_submittable(scripts[w])
     security = tls_security(run_dir) if spec.tls else None
+    if not spec.tls:
+        log.warning(
+            "SLURM: tls: false: the scheduler takes plain-TCP connections from anyone who can reach its node, "
+            "and runs what they send; keep tls: true on a shared cluster"
+        )
+    options: dict[str, Any] = {"dashboard_address": spec.dashboard_address}
+    if spec.interface is None:  # the host name's address, not every interface of the node
+        options["host"] = socket.gethostbyname(socket.gethostname())
     log.info("SLURM: %d worker jobs in pools %s", len(jobs), ", ".join(sorted({pool for _, pool in jobs})))
     from dagrl.dashboard import register
 
@@ -287,7 +296,7 @@ def jobs_cluster(spec: SlurmSpec, jobs: list[tuple[str, str]], run_dir: Path) ->
             interface=spec.interface,
             security=security,
             protocol="tls://" if spec.tls else "tcp://",
-            scheduler_options={"dashboard_address": spec.dashboard_address},
+            scheduler_options=options,
             log_directory=str(log_directory(spec, run_dir)),
             python=spec.python or sys.executable,
         )
@@ -393,6 +402,18 @@ def _wait_for_workers(client: Any, slurm: Any, n: int, timeout: float) -> None:
             f"only {len(live_workers(client))} of {n} worker jobs started in "
             f"{timeout:g} s (start_timeout_s); job states: {states or 'none known'}"
         ) from None
+
+
+def cancel_stale_jobs(run_dir: Path) -> None:
+    """Cancel the worker jobs an earlier allocation of this run's driver left queued or running (its
+    ``cluster.json``): a driver killed, or requeued, before it could close its cluster. Their workers
+    would wait for a scheduler that is gone until their ``death_timeout``, holding nodes meanwhile."""
+    info = RunDir(run_dir).read_json("cluster.json") or {}
+    old = [str(j) for j in (info.get("worker_jobs") or {}).values() if j]
+    left = sorted(job_states(old))
+    if left:
+        subprocess.run(["scancel", *left], capture_output=True, text=True, timeout=60)
+        log.info("SLURM: cancelled %d worker job(s) of the run's earlier allocation: %s", len(left), ", ".join(left))
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:

@@ -211,8 +211,27 @@ class SlurmSpec:
     quiet: bool = True
     """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, and messages not
     sized for Dask's offload thread, in the scheduler and every worker job; ``false``: Dask's own."""
+    requeue: bool = True
+    """The driver job of ``dagrl submit`` may go back to the queue (``sbatch --requeue``): after a node
+    failure or a preemption SLURM starts it again, and on the walltime warning (``signal_lead_s``) it
+    queues itself again once its checkpoint is written; each time it continues the run from its newest
+    checkpoint, until a stop condition holds. ``false``: the job ends there."""
+    signal_lead_s: int = 120
+    """Seconds before the driver job's walltime that SLURM sends it ``SIGUSR1`` (``sbatch
+    --signal=B:USR1@N``): the driver finishes its iteration, writes a checkpoint and, with ``requeue``,
+    goes back to the queue. SLURM checks time limits about once a minute, so the signal may come up to
+    60 s early. 0: no warning (the ``SIGTERM`` at the walltime, 30 s before the ``SIGKILL``, still
+    checkpoints if an iteration finishes in ``checkpoint.stop_wait_s``)."""
 
     def __post_init__(self) -> None:
+        if self.signal_lead_s < 0:
+            raise ValueError(f"signal_lead_s: must be >= 0, got {self.signal_lead_s}")
+        walltime = slurm_seconds(self.driver.walltime or self.walltime, "walltime")
+        if self.signal_lead_s >= walltime:
+            raise ValueError(
+                f"signal_lead_s: {self.signal_lead_s} s is not before the driver job's walltime "
+                f"({self.driver.walltime or self.walltime}, {walltime} s)"
+            )
         if not self.pools:
             raise ValueError("pools: name at least one pool, e.g. pools: {cpu: {cores: 1, memory: 4GiB}}")
         for name in self.pools:
@@ -220,6 +239,28 @@ class SlurmSpec:
                 raise ValueError(f"pools: pool names are letters, digits, - and _, got {name!r}")
         if self.start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
+
+
+def slurm_seconds(text: str, key: str = "walltime") -> int:
+    """Seconds of a SLURM time limit: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM`` or ``D-HH:MM:SS``.
+
+    >>> slurm_seconds("01:30:00"), slurm_seconds("90"), slurm_seconds("2-00:00:00"), slurm_seconds("1-12")
+    (5400, 5400, 172800, 129600)
+    """
+    days, dash, rest = str(text).strip().rpartition("-")
+    try:
+        parts = [int(p) for p in rest.split(":")]
+        if dash:
+            h, m, sec = (parts + [0, 0])[:3]
+            total = int(days) * 86400 + h * 3600 + m * 60 + sec
+        else:
+            m_s = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+            total = m_s[0] * 3600 + m_s[1] * 60 + m_s[2]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{key}: expected a SLURM time such as 01:00:00 or 2-00:00:00, got {text!r}") from None
+    if total <= 0 or any(p < 0 for p in parts):
+        raise ValueError(f"{key}: must be a positive time, got {text!r}")
+    return total
 
 
 def parse_memory(text: str, key: str = "memory") -> int:

@@ -1,4 +1,4 @@
-"""``dagrl submit | status | logs | cancel``: training that outlives the login session.
+"""``dagrl submit | status | logs | cancel``: training that outlives the login session, and its walltime.
 
 ``submit`` checks everything (graph, cluster file, pools, and every job script through
 ``sbatch --test-only``), creates the run directory, and submits one *driver job* that runs
@@ -9,6 +9,12 @@ other commands need:
 * ``submit.json``: driver job id, login host, user, command;
 * ``cluster.json``: scheduler and dashboard address, worker job ids (written by the driver);
 * ``actors.json``: where every role actor runs; ``metrics.jsonl``, ``checkpoints/``, ``logs/``, ``jobs/``.
+
+The driver job outlives its allocation. It asks SLURM for ``SIGUSR1`` ``signal_lead_s`` before its
+walltime; the driver then finishes its iteration, checkpoints, stops its worker jobs and queues itself
+again (``scontrol requeue``). With ``--requeue`` SLURM also queues it again after a node failure or a
+preemption. However it comes back, the job's command (``dagrl run --run-dir RUN``) finds the run in its
+directory and continues it from the newest good checkpoint, with iterations that never go back.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ from typing import Any
 from dagrl.core.graph import Graph
 from dagrl.core.schema import ConfigError, read_yaml
 from dagrl.runtime.rundir import RunDir
+
+REQUEUE_ENV = "DAGRL_REQUEUE"
+"""Set in a driver job that may queue itself again (``requeue: true``): :func:`requeue_after` then does."""
+
+DRIVER_END_S = 180
+"""How long ``dagrl cancel`` waits for the driver job to end before it cancels the worker jobs anyway:
+more than SLURM's ``KillWait`` (30 s by default) plus the driver's closing."""
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
@@ -52,9 +65,16 @@ def driver_script(spec: Any, run_dir: Path, workdir: Path) -> str:
         f"#SBATCH --cpus-per-task={spec.driver.cores}",
         f"#SBATCH --mem={_slurm_memory(spec.driver.memory)}",
         f"#SBATCH -t {spec.driver.walltime or spec.walltime}",
+        "#SBATCH --open-mode=append",  # a requeued job writes on in its log, not over it
+    ]
+    if spec.signal_lead_s:  # to the batch shell, which is the driver itself (exec below)
+        lines.append(f"#SBATCH --signal=B:USR1@{spec.signal_lead_s}")
+    lines.append("#SBATCH --requeue" if spec.requeue else "#SBATCH --no-requeue")
+    lines += [
         "",
         *spec.prologue,
         "export PYTHONUNBUFFERED=1",
+        *([f"export {REQUEUE_ENV}=1"] if spec.requeue else []),
         " ".join(
             shlex.quote(str(a))
             for a in (
@@ -73,6 +93,28 @@ def driver_script(spec: Any, run_dir: Path, workdir: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def requeue_after(summary: dict[str, Any], started_at: int) -> bool:
+    """In a driver job stopped by SLURM's walltime warning (``SIGUSR1``), queue the job again, so that it
+    continues the run in a new allocation; whether it was queued. Not where the job may not requeue
+    (``requeue: false``), nor where this allocation made no progress since iteration ``started_at``
+    (a lead time too short for one iteration would otherwise requeue it forever)."""
+    import logging
+
+    log = logging.getLogger("dagrl")
+    job = os.environ.get("SLURM_JOB_ID")
+    if summary.get("signal") != "SIGUSR1" or not job or not os.environ.get(REQUEUE_ENV):
+        return False
+    if summary["iterations"] <= started_at:
+        log.warning("no iteration finished in this allocation: job %s is not queued again", job)
+        return False
+    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        log.warning("could not queue job %s again: %s", job, (out.stderr or out.stdout).strip() or "scontrol failed")
+        return False
+    log.warning("walltime near: job %s queued again; it continues from iteration %d", job, summary["iterations"])
+    return True
 
 
 def _slurm_memory(text: str) -> str:
@@ -194,7 +236,10 @@ def cmd_status(args: Any) -> int:
         )
     else:
         print("progress no metrics yet")
-    if summary:
+    if summary and summary.get("stop_reason") == "interrupted":
+        again = " (queued again: it goes on)" if state in ACTIVE else ""
+        print(f"stopped  by {summary.get('signal')} at iteration {summary.get('iterations')}{again}")
+    elif summary:
         print(f"finished {summary.get('stop_reason')} after {summary.get('elapsed_s', 0):.0f} s")
     info = run.read_json("cluster.json")
     if info and info.get("dashboard_port") and state in ACTIVE:
@@ -241,10 +286,16 @@ def cmd_logs(args: Any) -> int:
 
 
 def cmd_cancel(args: Any) -> int:
+    """Cancel the driver job first and wait for it to end: SLURM sends it ``SIGTERM``, on which it finishes
+    its iteration, writes a checkpoint and closes its worker jobs (``KillWait`` later SLURM kills what is
+    left). Then whatever worker job is still listed. The run can be continued with ``--resume``."""
     run, submitted = _open_run(args.run)
     job = submitted["driver_job"]
     ids = sorted({job, *run_jobs(run)})
-    _slurm(["scancel", job], check=False)  # the driver first: it must not submit replacements
+    _slurm(["scancel", job], check=False)
+    end = time.monotonic() + DRIVER_END_S
+    while job in run_jobs(run) and time.monotonic() < end:  # its workers serve its last iteration
+        time.sleep(0.5)
     workers = sorted(run_jobs(run))
     if workers:
         _slurm(["scancel", *workers], check=False)
@@ -256,4 +307,8 @@ def cmd_cancel(args: Any) -> int:
         print(f"dagrl: warning: still listed after 60 s: {', '.join(sorted(left))}", file=sys.stderr)
         return 1
     print(f"cancelled {len(ids)} job(s): {', '.join(ids)}")
+    summary = run.read_json("summary.json") or {}
+    if summary.get("stop_reason") == "interrupted":
+        at = summary.get("iterations")
+        print(f"checkpoint of iteration {at} written; continue with dagrl run --resume {run.path}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,11 @@ log = logging.getLogger("dagrl")
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be read (truncated, corrupt, another format)."""
+
+
+class CheckpointRefused(CheckpointError):
+    """A file that asks to run code when it is read (a pickled global outside :func:`allowed_globals`):
+    refused, never skipped for an older checkpoint, since someone other than dagrl wrote it."""
 
 
 class CheckpointWriteError(OSError):
@@ -64,6 +70,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     for candidate in reversed(found):
         try:
             data = _read(candidate)
+        except CheckpointRefused:
+            raise
         except CheckpointError as err:
             problems.append(str(err))
             continue
@@ -73,12 +81,37 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     raise CheckpointError(f"{path}: no readable checkpoint ({'; '.join(problems)})")
 
 
+def allowed_globals() -> list[Any]:
+    """What a dagrl checkpoint may name besides torch's own tensors and plain Python values: numpy's
+    arrays, scalars and dtypes (replay positions, normalisation statistics, generator states). Each only
+    rebuilds a value; none runs code of the file's choosing."""
+    import numpy as np
+
+    core = np._core.multiarray
+    dtypes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUSVMmO"}
+    return [core._reconstruct, core.scalar, np.ndarray, np.dtype, *sorted(dtypes, key=str)]
+
+
 def _read(path: Path) -> dict[str, Any]:
+    """Read with ``torch.load(weights_only=True)``: a checkpoint is tensors, arrays and plain values, and
+    a file that would run code on load (a crafted pickle) is refused, naming what it asked for."""
+    import pickle
+
     try:
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(allowed_globals()):
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
-    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
+    except pickle.UnpicklingError as err:
+        asked = re.search(r"(?:GLOBAL|global) ([\w.]+)", str(err))
+        if asked is None:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CheckpointError(f"{path}: unreadable checkpoint ({reason})") from None
+        raise CheckpointRefused(
+            f"{path}: refused: loading it would call {asked.group(1)}, which no dagrl checkpoint holds "
+            "(if you trust where the file came from, read it with torch.load(weights_only=False))"
+        ) from None
+    except Exception as err:  # torch raises RuntimeError, EOFError, zipfile errors...
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{path}: unreadable checkpoint ({reason})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -23,15 +23,54 @@ log = logging.getLogger("dagrl")
 # -- in the worker process ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on here now (the rendezvous of a group whose rank 0 is this host)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+_RESERVED: dict[int, socket.socket] = {}
+"""Rendezvous sockets this process listens on (:func:`reserve_port`), by port, until :func:`leave`."""
 
 
-def join(backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
-    """Make this process rank ``rank`` of a fresh default group (leaving any earlier one)."""
+def reserve_port(host: str) -> int:
+    """Listen on a free TCP port of ``host`` (this worker's Dask address), held for the rendezvous of a
+    group whose rank 0 is this process: its store serves on that socket, so it is reachable on the
+    interface Dask uses and no other, and no other process can take the port meanwhile."""
+    sock = socket.create_server((host, 0), backlog=128)
+    port = int(sock.getsockname()[1])
+    _RESERVED[port] = sock
+    return port
+
+
+def interface_of(host: str) -> str | None:
+    """The network interface holding address ``host`` here (``127.0.0.1`` -> ``lo``), if any.
+
+    >>> interface_of("127.0.0.1")
+    'lo'
+    """
+    import psutil
+
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
+def _pin_interfaces(own_host: str | None) -> None:
+    """Gloo's and NCCL's own connections on the interface of this worker's Dask address (where the user
+    has not chosen one): both otherwise pick by the host name, which may be another network."""
+    import os
+
+    name = interface_of(own_host) if own_host else None
+    if name:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, name)
+
+
+def join(
+    backend: str, host: str, port: int, rank: int, world: int, timeout_s: float, own_host: str | None = None
+) -> None:
+    """Make this process rank ``rank`` of a fresh default group (leaving any earlier one). Rank 0 serves
+    the group's store on the socket :func:`reserve_port` holds for ``port``; the others connect to it."""
     global _JOINED
     import torch.distributed as dist
 
@@ -39,15 +78,25 @@ def join(backend: str, host: str, port: int, rank: int, world: int, timeout_s: f
         dist.destroy_process_group()  # an earlier run's, or the worker code's own: a replica needs the default one
     _JOINED = False
     if world == 1:
+        _release(port)
         return
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{host}:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    _pin_interfaces(own_host or (host if rank == 0 else None))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    held = _RESERVED.get(port) if rank == 0 else None
+    if rank == 0 and held is None:
+        raise RuntimeError(f"rendezvous port {port} was not reserved in this process (reserve_port)")
+    store = dist.TCPStore(
+        host, port, world, rank == 0, timeout=timeout, master_listen_fd=held.fileno() if held else None
+    )  # fmt: skip
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     _JOINED = True
+
+
+def _release(port: int | None = None) -> None:
+    for p in [port] if port is not None else list(_RESERVED):
+        sock = _RESERVED.pop(p, None)
+        if sock is not None:
+            sock.close()
 
 
 _JOINED = False
@@ -63,6 +112,7 @@ def leave() -> None:
     if _JOINED and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _JOINED = False
+    _release()
 
 
 def digest(obj: Any) -> str:
@@ -130,8 +180,11 @@ def form_group(client: Any, handles: list[Any], backend: str, timeout_s: float) 
     infos = [f.result() for f in [h.info() for h in handles]]
     backend = choose_backend(backend, infos)
     host = get_address_host(addresses[0])
-    port = client.run(free_port, workers=[addresses[0]])[addresses[0]]
-    joins = [h.join_group(backend, host, port, rank, len(handles), timeout_s) for rank, h in enumerate(handles)]
+    port = client.run(reserve_port, host, workers=[addresses[0]])[addresses[0]]
+    joins = [
+        h.join_group(backend, host, port, rank, len(handles), timeout_s, get_address_host(h.address))
+        for rank, h in enumerate(handles)
+    ]
     for f in joins:
         f.result()
     log.info("%s: %d data-parallel replicas, %s group at %s:%d", handles[0].role, len(handles), backend, host, port)

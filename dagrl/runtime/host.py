@@ -339,12 +339,15 @@ class RoleHost:
             with self.lock:
                 self.state.load_state_dict(sd)
 
-    def join_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
-        """Become rank ``rank`` of this role's data-parallel group (after any running fragment)."""
+    def join_group(
+        self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float, own_host: str | None = None
+    ) -> None:
+        """Become rank ``rank`` of this role's data-parallel group (after any running fragment); ``own_host``:
+        this worker's address, whose interface the group's connections keep to."""
         from dagrl.runtime.collective import join
 
         with self.lock:
-            join(backend, host, port, rank, world, timeout_s)
+            join(backend, host, port, rank, world, timeout_s, own_host)
             self.in_group = world > 1
 
     def digest(self) -> str | None:

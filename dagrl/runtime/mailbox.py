@@ -30,6 +30,7 @@ import mmap
 import os
 import pickle
 import select
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -96,11 +97,24 @@ def _dir(box: str) -> str:
     return os.path.join(DIR, box)
 
 
+def _own_dir(path: str) -> None:
+    """Make ``path`` (mode 0700), or check that the one there is this user's and no one else's: a box's
+    files are unpickled, so one another user made (or can write into) is refused, never used."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"{path}: not a directory of this user's own (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); "
+            "a mailbox another user can write into is never read"
+        )
+
+
 def _mark(box: str, kind: str, suffix: str = "") -> str:
     """Create the box if needed and this process's ``kind`` marker in it (``p``, or ``w``: a FIFO)."""
     path = os.path.join(_dir(box), f"{kind}-{os.getpid()}{suffix}")
     if not os.path.exists(path):
-        os.makedirs(_dir(box), exist_ok=True)
+        _own_dir(_dir(box))
         if kind == "w":
             os.mkfifo(path)
         else:
