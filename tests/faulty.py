@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,24 @@ class CrashLoop(CartPoleEnv):
         return super().step(action)
 
 
+class KillsItsWorkerOnce(CartPoleEnv):
+    """CartPole whose first construction in a Dask worker (in the whole test) SIGKILLs that worker: a
+    worker lost while the roles start (preempted, out of memory), before its sampler's actor exists."""
+
+    def __init__(self, **kwargs):
+        from distributed import get_worker
+
+        try:
+            get_worker()
+        except ValueError:  # the driver's probe of the env: not a worker
+            pass
+        else:
+            if once("worker-killed-while-starting"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        super().__init__(**kwargs)
+
+
+gym.register("KillsItsWorkerOnce-v0", entry_point=KillsItsWorkerOnce, max_episode_steps=500)
 gym.register("StepFailsOnce-v0", entry_point=StepFailsOnce, max_episode_steps=500)
 gym.register("CrashLoop-v0", entry_point=CrashLoop, max_episode_steps=500)
 gym.register("StartFailsOnce-v0", entry_point=StartFailsOnce, max_episode_steps=500)

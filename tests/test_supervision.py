@@ -433,3 +433,19 @@ def test_killed_sampler_leaves_no_shared_memory_segment(cluster, tmp_path):
     sent = sum(s["shm_bytes"] for s in cluster.run(lambda: dict(shm.STATS)).values())
     assert sent >= 8 * 64 * 4 * 84 * 84  # the rollouts did go through shared memory
     assert not [n for n in os.listdir(shm.DIR) if n.startswith(shm.PREFIX)]
+
+
+@pytest.mark.parametrize("graph_file", ["ppo-cartpole-sync.yaml", "ppo-cartpole-async.yaml"])
+def test_a_worker_lost_while_the_roles_start_does_not_end_the_run(cluster, tmp_path, faults, dagrl_log, graph_file):
+    """A sampler's worker SIGKILLed while its actor is being built: the replica starts on another worker
+    (here the restarted one) and the run trains to its last iteration."""
+    graph = load_graph(
+        f"graphs/{graph_file}",
+        ["env.id=tests.faulty:KillsItsWorkerOnce-v0", "stop.iterations=4", "stop.mean_return=null"],
+    )
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish()
+    assert summary["iterations"] == 4
+    assert os.path.exists(os.path.join(faults, "worker-killed-while-starting")), "no worker was killed"
+    moved = [m for m in dagrl_log.messages if "left before the role's actor started; starting it on" in m]
+    assert len(moved) == 1 and moved[0].startswith("sampler["), dagrl_log.messages

@@ -132,6 +132,22 @@ class Trainer:
         }
         save_checkpoint(self.rundir, self.counters.iteration, payload, self.graph.spec.checkpoint.keep)
 
+    def _first_checkpoint(self) -> None:
+        """The checkpoint of iteration 0, what a learner that dies before the first periodic one goes back
+        to. A learner whose worker is lost before it is written is replaced by a fresh one: nothing is
+        trained yet, so nothing is lost."""
+        while True:
+            try:
+                return self.checkpoint()
+            except RoleFailure as failure:
+                if self.policy.supervisor is None:
+                    raise TrainingError(str(failure)) from failure.cause
+                try:
+                    self.policy.supervisor.replace(failure)
+                except CrashLoop as err:
+                    raise TrainingError(f"crash loop: {err}") from None
+                log.warning("%s[%d] replaced before the first checkpoint", failure.handle.role, failure.handle.index)
+
     def restore(self, failure: RoleFailure) -> None:
         """A learner (single-instance role) failed: replace it and roll the run back to the last checkpoint.
 
@@ -185,10 +201,11 @@ class Trainer:
         """Train until a stop condition; returns (and writes) the run summary."""
         reason = self.stop_reason()
         start = time.perf_counter() - self.counters.elapsed_s
-        if self.policy.supervisor is not None:
-            self.policy.supervisor.listeners.append(self._on_restart)
+        supervisor = self.policy.supervisor
+        if supervisor is not None and self._on_restart not in supervisor.listeners:
+            supervisor.listeners.append(self._on_restart)
         if not self.rundir.list_checkpoints():
-            self.checkpoint()  # iteration 0: what a learner that dies before the first checkpoint goes back to
+            self._first_checkpoint()
         stopped_at = self._stop_row() if reason is not None else None
         with contextlib.ExitStack() as stack:
             stop = self.stop_request or stack.enter_context(stop_signals(self.graph.spec.checkpoint.stop_wait_s))
@@ -218,7 +235,14 @@ class Trainer:
         final_eval = self.evaluation.close(wait_s=5.0 if stop.is_set() else 300.0)
         try:
             self.checkpoint()
-        except (RoleFailure, CrashLoop) as err:
+        except RoleFailure as failure:  # a learner lost after the last iteration: train on from the checkpoint
+            try:
+                self.restore(failure)
+            except CrashLoop as err:
+                raise TrainingError(f"final checkpoint: {err}; the last periodic checkpoint is kept") from None
+            self.evaluation = Evaluation(self.policy, self.graph.spec.evaluate)
+            return self.run()
+        except CrashLoop as err:
             raise TrainingError(f"final checkpoint: {err}; the last periodic checkpoint is kept") from None
         summary = {
             "stop_reason": reason,

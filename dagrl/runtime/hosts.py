@@ -273,10 +273,25 @@ def cpu_host(graph: Graph, role: str, index: int, start: Start, state: Any) -> R
     return host
 
 
+class WorkerLeft(RuntimeError):
+    """The worker a role's actor was starting on left the cluster before the actor started."""
+
+
+START_ATTEMPTS = 3
+"""How many workers one replica is started on while the ones it was placed on leave under it."""
+START_REPLACE_WAIT_S = 15.0
+"""How long a replica whose worker left waits for a worker hosting nothing (a nanny restarts a killed
+worker within seconds) before it shares a busy one that fits."""
+
+
 def start_actors(
     client: Any, graph: Graph, start: Start | None = None, roles: list[str] | None = None
 ) -> dict[str, list[Handle]]:
-    """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`."""
+    """Every replica of ``roles`` (default: all) as a Dask actor, pinned to a worker chosen by :func:`place`.
+
+    A worker that leaves while its replicas start (preempted, killed, out of memory) does not end the
+    run: each of its replicas is started again on another worker that fits, :data:`START_ATTEMPTS`
+    times at most."""
     start = start or Start()
     workers = live_workers(client)
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
@@ -284,10 +299,43 @@ def start_actors(
     futures = {key: _submit(client, graph, *key, addr, start) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):
-        actor = _started(client, fut, placement[(role, i)], f"{role}[{i}]")
+        for attempt in range(1, START_ATTEMPTS + 1):
+            address = placement[(role, i)]
+            try:
+                actor = _started(client, fut, address, f"{role}[{i}]")
+                break
+            except WorkerLeft as err:
+                fut.release()
+                if attempt == START_ATTEMPTS:
+                    raise RuntimeError(f"{err} ({attempt} workers tried)") from None
+                placement[(role, i)] = _another_worker(client, graph, role, i, placement, address)
+                log.warning("%s; starting it on %s", err, placement[(role, i)])
+                fut = _submit(client, graph, role, i, placement[(role, i)], start)
         hosts[role].append(Handle(role, i, actor, placement[(role, i)], fut, host_id=fut.key))
     _log_devices(hosts)
     return hosts
+
+
+def _another_worker(client: Any, graph: Graph, role: str, index: int, placement: dict, gone: str) -> str:
+    """A live worker for ``role[index]`` after ``gone`` left: one hosting nothing if one comes within
+    :data:`START_REPLACE_WAIT_S`, else the least loaded that fits (never one of its own data-parallel
+    group's)."""
+    import collections
+
+    from dagrl.runtime.placement import place_one
+
+    spec, end = graph.spec.roles[role], time.monotonic() + START_REPLACE_WAIT_S
+    parallel = not graph.algorithm.roles[role].many and spec.replicas > 1
+    while True:
+        workers = {a: w for a, w in live_workers(client).items() if a != gone}
+        load = collections.Counter(a for key, a in placement.items() if key != (role, index) and a in workers)
+        avoid = frozenset(a for (r, j), a in placement.items() if parallel and r == role and j != index)
+        address = place_one(role, spec, workers, load, graph.spec.gpu_fallback, avoid)
+        if address is not None and (load[address] == 0 or time.monotonic() > end):
+            return address
+        if time.monotonic() > end + 60.0:
+            raise RuntimeError(f"{role}[{index}]: no live worker can host it (needs {spec.resources})")
+        time.sleep(0.25)
 
 
 ACTOR_START_TIMEOUT_S = 300.0
@@ -295,8 +343,9 @@ ACTOR_START_TIMEOUT_S = 300.0
 
 
 def _started(client: Any, fut: Any, address: str, what: str) -> Any:
-    """The actor of ``fut``, or an error naming the role when its worker leaves (an actor pinned to a
-    dead worker would wait forever) or it does not start in :data:`ACTOR_START_TIMEOUT_S`."""
+    """The actor of ``fut``, or an error naming the role when its worker leaves (:class:`WorkerLeft`:
+    an actor pinned to a dead worker would wait forever) or it does not start in
+    :data:`ACTOR_START_TIMEOUT_S`."""
     from distributed import wait
 
     end = time.monotonic() + ACTOR_START_TIMEOUT_S
@@ -306,9 +355,21 @@ def _started(client: Any, fut: Any, address: str, what: str) -> Any:
             return fut.result()
         except TimeoutError:
             if address not in live_workers(client):
-                raise RuntimeError(f"{what}: worker {address} left before the role's actor started") from None
+                raise WorkerLeft(f"{what}: worker {address} left before the role's actor started") from None
             if time.monotonic() > end:
                 raise RuntimeError(f"{what}: actor not started on {address} in {ACTOR_START_TIMEOUT_S:g} s") from None
+        except Exception as err:
+            if address in live_workers(client) or not _lost_with_worker(err):
+                raise  # the role's own constructor raised
+            raise WorkerLeft(f"{what}: worker {address} left before the role's actor started") from None
+
+
+def _lost_with_worker(err: BaseException) -> bool:
+    """Whether ``err`` is Dask's word for a task whose worker died (not the task's own exception)."""
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(err, KilledWorker | CommClosedError | OSError)
 
 
 def start_one(client: Any, graph: Graph, role: str, index: int, address: str, start: Start) -> Handle:
@@ -330,9 +391,15 @@ def _submit(client: Any, graph: Graph, role: str, index: int, address: str, star
 
 
 def _log_devices(hosts: dict[str, list[Handle]]) -> None:
+    """Say where a role asked for a device it did not get; a worker lost meanwhile is the supervisor's
+    to find at the first iteration."""
     for handles in hosts.values():
         for h in handles:
-            info = h.info().result()
+            try:
+                info = h.info().result()
+            except Exception as err:  # its worker left just now
+                log.warning("%s[%d] on %s did not answer (%s)", h.role, h.index, h.address, err)
+                continue
             if info["device_note"]:
                 log.warning("%s[%d] on %s: %s", h.role, h.index, h.address or "this process", info["device_note"])
             log.debug("%s[%d] on %s pid %s device %s", h.role, h.index, h.address, info["pid"], info["device"])
