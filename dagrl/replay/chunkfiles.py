@@ -39,6 +39,8 @@ class ChunkFiles:
         self.partial = str(root / ".partial")
         self.codec = codec  # a numcodecs codec, or None: raw bytes
         self.made: set[int] = set()  # slots whose directory exists (``/`` layout)
+        self.unsynced: set[str] = set()
+        """Directories holding a rename not yet made durable (:meth:`sync`)."""
         os.makedirs(self.partial, exist_ok=True)
 
     def sweep(self) -> int:
@@ -95,11 +97,31 @@ class ChunkFiles:
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes on disk before a name points at them
             os.replace(tmp, path)
+            self.unsynced.add(os.path.dirname(path))
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+    def sync(self) -> None:
+        """Make the renames of every chunk written since durable (the directories' entries on disk):
+        before the store's metadata says their rows are stored, so a host that loses power never comes
+        back with metadata counting a chunk whose file still holds the slot's previous rows."""
+        for directory in sorted(self.unsynced):
+            sync_dir(directory)
+        self.unsynced.clear()
+
+
+def sync_dir(directory: str | Path) -> None:
+    """``fsync`` a directory: the names created or renamed in it survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def chunk_files(rows: Any, codec: str) -> ChunkFiles | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dagrl.replay.chunkfiles import chunk_files
+from dagrl.replay.chunkfiles import chunk_files, sync_dir
 from dagrl.replay.schema import ReplayError, Schema
 
 log = logging.getLogger("dagrl")
@@ -129,8 +129,14 @@ class ChunkStorage:
         assert self.path is not None
         tmp = self.path / (META + ".tmp")
         with self._storage_errors("metadata"):  # a failed write leaves the previous meta.json in place
-            tmp.write_text(json.dumps(self._meta()))
+            if self.files is not None:
+                self.files.sync()  # the chunks it counts are on disk before it says so
+            with tmp.open("w") as f:
+                f.write(json.dumps(self._meta()))
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, self.path / META)
+            sync_dir(self.path)
         self.persisted_head = self.head
         self.meta_due = False
 
@@ -182,7 +188,10 @@ class ChunkStorage:
         if self.tree is not None:
             tmp = self.path / (PRIORITIES + ".tmp.npy")
             with self._storage_errors("priorities"):
-                np.save(tmp, self.tree.leaves())
+                with tmp.open("wb") as f:
+                    np.save(f, self.tree.leaves())
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.replace(tmp, self.path / PRIORITIES)
         self._write_meta()
 
