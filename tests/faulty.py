@@ -93,6 +93,33 @@ class KillsItsWorkerOnce(CartPoleEnv):
         super().__init__(**kwargs)
 
 
+class NanAfter(CartPoleEnv):
+    """CartPole whose observations turn NaN after 100 steps of one env (a simulator gone unstable)."""
+
+    steps = 0
+
+    def step(self, action):
+        NanAfter.steps += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        if NanAfter.steps > 100:
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+class RaisesAfter(CartPoleEnv):
+    """CartPole whose ``step`` raises for good after 100 steps of one env."""
+
+    steps = 0
+
+    def step(self, action):
+        RaisesAfter.steps += 1
+        if RaisesAfter.steps > 100:
+            raise RuntimeError("the physics engine lost its licence")
+        return super().step(action)
+
+
+gym.register("NanAfter-v0", entry_point=NanAfter, max_episode_steps=500)
+gym.register("RaisesAfter-v0", entry_point=RaisesAfter, max_episode_steps=500)
 gym.register("KillsItsWorkerOnce-v0", entry_point=KillsItsWorkerOnce, max_episode_steps=500)
 gym.register("StepFailsOnce-v0", entry_point=StepFailsOnce, max_episode_steps=500)
 gym.register("CrashLoop-v0", entry_point=CrashLoop, max_episode_steps=500)

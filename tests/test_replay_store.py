@@ -349,8 +349,15 @@ def tiny_disk(tmp_path):
         yield disk
 
 
+def test_a_capacity_beyond_the_disks_free_space_is_refused_before_a_file_is_written(tiny_disk):
+    with pytest.raises(ReplayError, match=r"capacity 50000 rows x 81 B is 3.86 MiB, more than the .* free on its disk"):
+        ReplayStore(SCHEMA, 50_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    assert not (tiny_disk / "r").exists()
+
+
 def test_full_disk_is_a_clear_error_and_loses_nothing_acknowledged(tiny_disk):
-    store = ReplayStore(SCHEMA, 50_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    store = ReplayStore(SCHEMA, 10_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    (tiny_disk / "other").write_bytes(b"x" * 500_000)  # what other processes write there meanwhile
     ref_batches, start, flushed = [], 0, 0
     with pytest.raises(ReplayError, match="disk full"):
         while True:
@@ -361,7 +368,7 @@ def test_full_disk_is_a_clear_error_and_loses_nothing_acknowledged(tiny_disk):
             store.flush()
             flushed = start
     ref = {k: np.concatenate([b[k] for b in ref_batches]) for k in SCHEMA}
-    reopened = ReplayStore(SCHEMA, 50_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
+    reopened = ReplayStore(SCHEMA, 10_000, 200_000, tiny_disk / "r", chunk_rows=512, codec="none")
     assert reopened.tail >= flushed > 0
     assert_holds(reopened, ref)
 

@@ -20,9 +20,11 @@ from typing import Any
 
 from dagrl.app.catalog import resolve
 from dagrl.clusters.spec import SlurmError
+from dagrl.core.context import EnvError
 from dagrl.core.schema import ConfigError, bounded, changed_keys, closest, read_yaml
+from dagrl.replay.schema import ReplayError
 from dagrl.runtime.placement import PlacementError
-from dagrl.runtime.supervisor import TrainingError
+from dagrl.runtime.supervisor import DEBUG_ENV, TrainingError
 
 log = logging.getLogger("dagrl")
 
@@ -59,7 +61,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     over the run's metrics and checkpoints."""
     import torch
 
-    from dagrl.app.graphs import check_paths, load_graph, validate_device_request
+    from dagrl.app.graphs import check_memory, check_paths, load_graph, validate_device_request
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
     from dagrl.runtime.rundir import RunDir
 
@@ -84,6 +86,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
         validate_device_request(graph, torch.cuda.is_available())
         check_paths(graph)
+        check_memory(graph)
     if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
         check_local(cluster, graph)
     created = rundir is None
@@ -380,6 +383,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="example: dagrl run ppo-cartpole    (`dagrl COMMAND -h` shows a command's options and an example)",
     )
     p.add_argument("--version", action="version", version=f"dagrl {__version__}")
+    p.add_argument(
+        "--debug", action="store_true", help="print the traceback behind an error (an env's, a role's), not one line"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -589,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (a graph field is set with --set, e.g. --set {overrides[0]})" if overrides else ""
         parser().error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     _setup_logging(getattr(args, "quiet", False))
+    debug_before = os.environ.get(DEBUG_ENV)
+    if args.debug:
+        os.environ[DEBUG_ENV] = "1"  # worker processes started from here inherit it
     try:
         if args.command in SUBMIT_COMMANDS:
             need_jobqueue(f"dagrl {args.command}")
@@ -632,9 +641,17 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as err:
         print(f"dagrl: training stopped: {err}", file=sys.stderr)
         return 1
+    except (EnvError, ReplayError) as err:  # under ``single``, where no supervisor stands between
+        if args.debug:
+            raise
+        print(f"dagrl: training stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:  # a second stop signal (dagrl.app.signals.Aborted), or one outside a run
         print("dagrl: interrupted", file=sys.stderr)
         return getattr(err, "exit_code", 130)
+    finally:
+        if debug_before is None:  # main() called in a process that goes on (a notebook, the tests)
+            os.environ.pop(DEBUG_ENV, None)
 
 
 if __name__ == "__main__":

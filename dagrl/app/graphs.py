@@ -336,6 +336,18 @@ def validate_device_request(graph: Graph, cuda_available: bool) -> None:
             )
 
 
+def check_memory(graph: Graph) -> None:
+    """Refuse, before anything starts, a role ``memory`` (a replay store's RAM budget) beyond this
+    machine's physical memory: for runs whose roles share this machine (``single``, a LocalCluster)."""
+    from dagrl.core.schema import format_bytes, memory_bytes
+
+    ram = memory_bytes()
+    for name, rspec in graph.spec.roles.items():
+        if rspec.memory_bytes is not None and rspec.memory_bytes > ram:
+            said = f"{rspec.memory}: more than this machine's {format_bytes(ram)} of RAM"
+            raise ConfigError(graph.path, f"roles.{name}.memory", said)
+
+
 def check_paths(graph: Graph) -> None:
     """Refuse, before anything starts, a role ``path`` (where replay spills) that cannot be written from
     here: its nearest existing folder is a file, or no file can be made in it. For runs whose workers

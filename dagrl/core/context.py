@@ -281,19 +281,42 @@ class NamedEnvErrors:
     def __init__(self, envs: Any, env_id: str, owner: str):
         self._envs, self._env_id, self._owner = envs, env_id, owner
         self.step_s = 0.0
+        self.steps = 0
+        """Vector steps taken (the step a non-finite value is reported at)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._envs, name)
 
     def reset(self, *args: Any, **kwargs: Any) -> Any:
-        return self._guard("reset", args, kwargs)
+        out = self._guard("reset", args, kwargs)
+        self._finite(out[0], "observation", "reset()")
+        return out
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return self._guard("step", args, kwargs)
+            out = self._guard("step", args, kwargs)
         finally:
             self.step_s += time.perf_counter() - t0
+        self.steps += 1
+        self._finite(out[0], "observation", f"step {self.steps}")
+        self._finite(out[1], "reward", f"step {self.steps}")
+        return out
+
+    def _finite(self, value: Any, what: str, when: str) -> None:
+        """An :class:`EnvError` naming env, role and step where ``value`` (an observation, a reward) holds
+        NaN or inf: found here, not as a sampling error in the policy's network several calls later."""
+        if isinstance(value, dict):
+            for key, part in value.items():
+                self._finite(part, f"{what} {key!r}", when)
+            return
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc" or np.isfinite(value).all():
+            return
+        bad = np.argwhere(~np.isfinite(value))[0]
+        at = f"env {bad[0]}" + (f", index {tuple(int(i) for i in bad[1:])}" if len(bad) > 1 else "")
+        raise EnvError(
+            f"env {self._env_id} gave a non-finite {what} ({value[tuple(bad)]}) at {when} of {self._owner} ({at})"
+        )
 
     def _guard(self, method: str, args: tuple, kwargs: dict) -> Any:
         import traceback

@@ -157,6 +157,8 @@ class ReplayStore(ChunkStorage):
         self.chunk_rows = int(chunk_rows or self._stored_chunk_rows() or self._default_chunk_rows(prioritized))
         self.chunk_bytes = self.chunk_rows * schema.row_bytes
         self.hot_budget = self.memory_budget - self.cache_bytes
+        if self.path is not None and not (self.path / META).exists():
+            _check_disk(self.path, self.capacity, schema.row_bytes)
         if self.hot_budget < self.chunk_bytes:
             raise ReplayError(
                 f"memory budget {self.memory_budget} B (of which {self.cache_bytes} B cache) is smaller than one "
@@ -575,3 +577,21 @@ class ReplayStore(ChunkStorage):
             self.prefetcher = threading.Thread(target=self._prefetch_loop, name="dagrl-replay-prefetch", daemon=True)
             self.prefetcher.start()
         return data
+
+
+def _check_disk(path: Path, capacity: int, row_bytes: int) -> None:
+    """Refuse, before a file is written, a new store whose full capacity (rows as stored, before
+    compression) could never fit the free space of the disk it spills to."""
+    import shutil
+
+    from dagrl.core.schema import format_bytes
+
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    need, free = capacity * row_bytes, shutil.disk_usage(existing).free
+    if need > free:
+        raise ReplayError(
+            f"replay path {path}: capacity {capacity} rows x {row_bytes} B is {format_bytes(need)}, more than the "
+            f"{format_bytes(free)} free on its disk (lower the algorithm's buffer_size, or set the role's path)"
+        )

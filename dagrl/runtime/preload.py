@@ -18,6 +18,7 @@ torch took 1.15 s without it and 0.19 s with it (BENCHMARKS.md, start and stop c
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -47,6 +48,15 @@ def dask_setup(worker: Any) -> None:
     multiprocessing.current_process().daemon = False
     if os.environ.get(LOGS_ENV):
         stderr_to_file(os.environ[LOGS_ENV])
+    if not os.environ.get("DAGRL_DEBUG"):
+        logging.getLogger("distributed.worker").addFilter(_no_task_errors)
+
+
+def _no_task_errors(record: logging.LogRecord) -> bool:
+    """Drop Dask's "Compute Failed" record (a task's exception and traceback, each time): the driver
+    hears of every failed fragment and says it in one line naming role, worker and error, the failure
+    kept in ``events.jsonl``; ``dagrl --debug`` keeps Dask's records."""
+    return not str(record.msg).startswith("Compute Failed")
 
 
 def dask_teardown(worker: Any) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import traceback
@@ -68,6 +69,18 @@ class RoleFailure(Exception):
 
 class CrashLoop(RuntimeError):
     """A role kept failing; the run stops (driver: ``TrainingError``)."""
+
+
+DEBUG_ENV = "DAGRL_DEBUG"
+"""Set by ``dagrl --debug``: errors keep the tracebacks their one line stands for."""
+
+
+def shows_traceback(cause: BaseException) -> bool:
+    """Whether a crash loop's message carries the failure's traceback: not for an env's error, whose
+    line names env, role and call (``--debug`` shows it all the same), but for a bug in a role's code."""
+    from dagrl.core.context import EnvError
+
+    return bool(os.environ.get(DEBUG_ENV)) or not isinstance(cause, EnvError)
 
 
 def describe(kind: str, cause: BaseException) -> str:
@@ -343,7 +356,7 @@ class Supervisor:
             raise CrashLoop(
                 f"{event.role}[{event.index}] on {where} failed {len(recent)} times in {self.spec.window_s:g} s "
                 f"(max_restarts {self.spec.max_restarts}): {describe(event.kind, cause)}"
-                + (f"\n{event.traceback}" if event.traceback else "")
+                + (f"\n{event.traceback}" if event.traceback and shows_traceback(cause) else "")
             )
 
     def _seed_shift(self, role: str) -> int:
