@@ -341,3 +341,18 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_naming_it(tmp_p
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert f"{crafted}: refused: loading it would call posix.system" in err, err
     assert not marker.exists(), "the checkpoint's code ran"
+
+
+def test_a_run_of_an_env_outside_dagrl_says_so_and_its_snapshots_load(tmp_path, graphs_dir, capsys):
+    """A run's config.yaml naming a module outside dagrl is announced before it is imported; the
+    checkpoint's snapshot of that module's env then loads (its classes allowed as imported env code)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    graph = f"{graphs_dir}/ppo-cartpole-single.yaml"
+    env = ["--set", "env.id=tests.faulty:KillsItsWorkerOnce-v0"]
+    assert main(["run", graph, "--run-dir", str(run), "--set", "stop.iterations=2", *env, *BASE]) == 0
+    sampler = load_checkpoint(run)["roles"]["sampler"][0]
+    assert sampler["fields"]["envs"]["__dagrl_envs__"]["envs"][0].unwrapped.__class__.__name__ == "KillsItsWorkerOnce"
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1"]) == 0
+    assert f"{run / 'config.yaml'} imports code from outside dagrl: tests.faulty" in capsys.readouterr().err

@@ -61,7 +61,7 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
     over the run's metrics and checkpoints."""
     import torch
 
-    from dagrl.app.graphs import check_memory, check_paths, load_graph, validate_device_request
+    from dagrl.app.graphs import check_memory, check_paths, import_run_modules, load_graph, validate_device_request
     from dagrl.clusters.spec import LocalClusterSpec, check_local, load_cluster
     from dagrl.runtime.rundir import RunDir
 
@@ -74,7 +74,9 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
             raise ConfigError("--resume", "", f"{args.resume} is not a dagrl run directory (no config.yaml)")
         if not rundir.list_checkpoints():  # before its config is read: that is what is missing
             raise ConfigError("--resume", "", f"{args.resume}: no checkpoints in {rundir.path / 'checkpoints'}")
-        graph_path = graph_path or rundir.config_path
+        if graph_path is None:  # the run's own graph: say what it imports from outside dagrl
+            graph_path = rundir.config_path
+            import_run_modules(graph_path)
     elif args.run_dir is not None:
         rundir = RunDir(args.run_dir)
         if not rundir.path.is_dir():

@@ -83,6 +83,9 @@ def load_run(path: str | Path, command: str = "dagrl eval") -> tuple[Path, dict[
     run = path if path.is_dir() else path.parent.parent
     if not (run / "config.yaml").exists():
         raise ConfigError(command, "RUN", f"{run} is not a dagrl run directory (no config.yaml)")
+    from dagrl.app.graphs import import_run_modules
+
+    import_run_modules(run / "config.yaml")
     try:
         return run, load_checkpoint(path)
     except (FileNotFoundError, CheckpointError) as err:
@@ -200,6 +203,7 @@ def evaluate_checkpoint(
 def _hosts(graph: Graph, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]]:
     """In-process hosts of the evaluation's roles, on the CPU, loaded with the checkpoint's states."""
     from dagrl.runtime.hosts import Handle, Start, cpu_host
+    from dagrl.runtime.snapshot import KEY as SNAPSHOT
 
     counters = ckpt.get("counters", {})
     start = Start(seed_offset=0, run_dir=str(run), env_steps=int(counters.get("env_steps", 0)))
@@ -208,8 +212,11 @@ def _hosts(graph: Graph, run: Path, ckpt: dict[str, Any]) -> dict[str, list[Any]
         states = ckpt.get("roles", {}).get(role) or []
         hosts[role] = []
         for i in range(graph.role(role).replicas):
+            state = states[i] if i < len(states) else None
+            if isinstance(state, dict) and SNAPSHOT in state:
+                state = None  # an evaluator's envs as the run left them: evaluation plays from its own seed
             try:
-                host = cpu_host(graph, role, i, start, states[i] if i < len(states) else None)
+                host = cpu_host(graph, role, i, start, state)
             except ValueError as err:  # a --set that changed a network's shape
                 detail = str(err).removeprefix(f"role {role}: ")
                 raise ConfigError(ckpt["path"], role, f"checkpoint does not load: {detail}") from None

@@ -3,6 +3,7 @@ algorithm, the env (made once here), replay and the installed extras, before any
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -334,6 +335,54 @@ def validate_device_request(graph: Graph, cuda_available: bool) -> None:
                 f"roles.{name}.resources.GPU",
                 f"{rspec.gpus:g} requested but no CUDA device is available (gpu_fallback is false)",
             )
+
+
+TRUSTED_ROOTS = ("dagrl", "gymnasium", "ale_py", "mujoco", "pettingzoo", "envpool", "shimmy", "torch", "numpy")
+"""Packages a run's ``config.yaml`` may name without a word (dagrl's own and its envs' well-known ones)."""
+
+
+def foreign_modules(data: dict[str, Any]) -> list[str]:
+    """The modules outside :data:`TRUSTED_ROOTS` that a graph as run (``config.yaml``) imports when it
+    is loaded: its algorithm (a module path), its env id's module (``package.module:Env-v0``), its
+    wrappers'.
+
+    >>> env = {"id": "mylab.envs:Arm-v0", "wrappers": ["gymnasium.wrappers.ClipReward", "mylab.wrap.Noise"]}
+    >>> foreign_modules({"algorithm": "ppo", "env": env})
+    ['mylab.envs', 'mylab.wrap']
+    """
+    from dagrl.envs.wrappers import parse
+
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    named = []
+    algorithm = str(data.get("algorithm") or "")
+    if "." in algorithm:
+        named.append(algorithm)
+    module = str(env.get("id") or "").rpartition(":")[0]
+    if module:
+        named.append(module)
+    try:
+        wrappers = parse(env.get("wrappers") or [])
+    except ValueError:
+        wrappers = []  # the graph's own check names what is wrong with them
+    for path, _ in wrappers:
+        named.append(path.partition(":")[0] if ":" in path else path.rpartition(".")[0])
+    roots = tuple(f"{r}." for r in TRUSTED_ROOTS)
+    return sorted({m for m in named if m not in TRUSTED_ROOTS and not f"{m}.".startswith(roots)})
+
+
+def import_run_modules(config: Path) -> None:
+    """Say which modules outside dagrl a run's ``config.yaml`` will import (one line), then import them:
+    a run made by someone else runs their code. Imported first so that the checkpoint's snapshots of
+    their envs load (:mod:`dagrl.runtime.snapshot` allows the classes of imported env modules only)."""
+    from dagrl.core.schema import read_yaml
+
+    modules = foreign_modules(read_yaml(config))
+    if not modules:
+        return
+    logging.getLogger("dagrl").warning("%s imports code from outside dagrl: %s", config, ", ".join(modules))
+    for module in modules:
+        with contextlib.suppress(ImportError):  # the graph's own load names what cannot be imported, and where
+            importlib.import_module(module)
 
 
 def check_memory(graph: Graph) -> None:

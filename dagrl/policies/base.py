@@ -8,6 +8,7 @@ through the role actors' own methods.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from dagrl.runtime.executor import Call, Executor
 from dagrl.runtime.hosts import Handle, close_all
 from dagrl.runtime.report import Report
 from dagrl.runtime.supervisor import RoleFailure
+
+log = logging.getLogger("dagrl")
 
 
 @dataclass
@@ -258,15 +261,24 @@ class Policy:
         self.replace_in_place(failure)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
-        futures = [
-            h.load_state_dict(state)
-            for role, states in sd.items()
-            # a role this run does not start (an evaluator, evaluation off), or one whose replicas hold no
-            # state (samplers, whose count may have changed since: an elastic stream's)
-            if role in self.hosts and any(s is not None for s in states)
-            for h, state in zip(self.hosts[role], states, strict=True)
-            if state is not None
-        ]
+        """Load a checkpoint's role states. Skipped: a role this run does not start (an evaluator,
+        evaluation off), replicas that hold no state (samplers under a streaming policy), and the
+        snapshots of a role whose replica count changed since (its envs start fresh, said once)."""
+        from dagrl.runtime.snapshot import KEY
+
+        futures = []
+        for role, states in sd.items():
+            if role not in self.hosts or not any(s is not None for s in states):
+                continue
+            hosts = self.hosts[role]
+            snapshots = all(s is None or KEY in s for s in states if isinstance(s, dict))
+            if len(states) != len(hosts) and snapshots:
+                log.info(
+                    "%s: %d replicas now, %d in the checkpoint: their envs start fresh (the resume goes on "
+                    "from the checkpoint, not exactly as the run would have)", role, len(hosts), len(states),
+                )  # fmt: skip
+                continue
+            futures += [h.load_state_dict(s) for h, s in zip(hosts, states, strict=True) if s is not None]
         for f in futures:
             f.result()
 

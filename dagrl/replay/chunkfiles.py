@@ -40,7 +40,7 @@ class ChunkFiles:
         self.codec = codec  # a numcodecs codec, or None: raw bytes
         self.made: set[int] = set()  # slots whose directory exists (``/`` layout)
         self.unsynced: set[str] = set()
-        """Directories holding a rename not yet made durable (:meth:`sync`)."""
+        """Chunk files written since the last :meth:`sync`."""
         os.makedirs(self.partial, exist_ok=True)
 
     def sweep(self) -> int:
@@ -97,20 +97,26 @@ class ChunkFiles:
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())  # the bytes on disk before a name points at them
             os.replace(tmp, path)
-            self.unsynced.add(os.path.dirname(path))
+            self.unsynced.add(path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
 
     def sync(self) -> None:
-        """Make the renames of every chunk written since durable (the directories' entries on disk):
-        before the store's metadata says their rows are stored, so a host that loses power never comes
-        back with metadata counting a chunk whose file still holds the slot's previous rows."""
-        for directory in sorted(self.unsynced):
+        """Make every chunk written since durable, its bytes and its name, before the store's metadata
+        says their rows are stored: a host that loses power never comes back with metadata counting a
+        chunk whose file is empty or still the slot's previous one. Once per metadata write, not per
+        chunk (a chunk written but not yet counted may be lost: its rows were never acknowledged)."""
+        for path in sorted(self.unsynced):
+            with contextlib.suppress(FileNotFoundError):  # replaced meanwhile by a later write of its slot
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        for directory in sorted({os.path.dirname(p) for p in self.unsynced}):
             sync_dir(directory)
         self.unsynced.clear()
 

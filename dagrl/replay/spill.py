@@ -195,14 +195,35 @@ class ChunkStorage:
                 os.replace(tmp, self.path / PRIORITIES)
         self._write_meta()
 
-    def state_dict(self) -> dict[str, int]:
-        """Checkpoint hook of a replay role: flush (the data stays in the store), return its counts."""
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint hook of a replay role: flush (the data stays in the store), return its counts and
+        what its draws depend on (the sampling generator, the draws so far)."""
         if self.path is not None:
             self.flush()
-        return self.stats()
+        return {**self.stats(), "rng": self.rng.bit_generator.state, "samples_drawn": self.samples_drawn}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Nothing to load: a store reopened at its path already holds everything flushed."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The rows are the store's own, reopened at its path; its draws go on as they would have. A
+        store that holds rows added after the checkpoint (flushed for the next checkpoint, whose file a
+        crash cut short) is wound back to the checkpoint's rows where none of those was dropped since;
+        where one was, or priorities were flushed since, it goes on as it is, which is said once."""
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+        added, rows = state.get("added", self.tail), state.get("rows", len(self))
+        if added < self.tail and self.path is not None and self.head <= added - rows:
+            self.tail = self.durable_tail = added
+            self.samples_drawn = state.get("samples_drawn", self.samples_drawn)
+            self._write_meta()
+            self._restore(self._meta())
+            if self.tree is None:
+                return
+        if added != self.tail or state.get("samples_drawn", self.samples_drawn) != self.samples_drawn:
+            log.info(
+                "replay at %s: %d rows added and %d drawn, the checkpoint's %d and %s: its draws go on from "
+                "there, not exactly as the run's would have", self.path, self.tail, self.samples_drawn, added,
+                state.get("samples_drawn", "?"),
+            )  # fmt: skip
+        self.samples_drawn = state.get("samples_drawn", self.samples_drawn)
 
     def _restore(self, meta: dict[str, Any]) -> None:
         import zarr

@@ -98,7 +98,9 @@ def _read(path: Path) -> dict[str, Any]:
     import pickle
 
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
+        from dagrl.runtime.snapshot import allowed_globals as snapshot_globals
+
+        with torch.serialization.safe_globals([*allowed_globals(), *snapshot_globals()]):
             data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise

@@ -199,6 +199,7 @@ class RoleHost:
         torch_threads: int | None = None,
         host_id: str | None = None,
         shared_memory: bool = False,
+        snapshots: bool = False,
     ):
         if torch_threads is not None:
             import torch
@@ -216,6 +217,8 @@ class RoleHost:
         self.fragments = algo.fragments
         self.ctx = ctx
         self.shared_memory = shared_memory
+        self.snapshots = snapshots
+        """A state without ``state_dict`` (a sampler's) is checkpointed whole (:mod:`dagrl.runtime.snapshot`)."""
         self.state = algo.roles[role].factory(ctx, config)
         self.batcher: Any = None
         self.server: Any = None  # the inference role's BatchServer
@@ -330,13 +333,26 @@ class RoleHost:
         waiting for the fragment in progress (a sampler streaming under ``apex`` always has one)."""
         fn = getattr(self.state, "state_dict", None)
         if fn is None:
-            return None
+            if not self.snapshots:
+                return None
+            from dagrl.runtime.snapshot import snapshot
+
+            with self.lock:
+                snap = snapshot(self.state, f"{self.role}[{self.index}]")
+            self.snapshots = snap is not None  # said once: an env that cannot be saved stays so
+            return snap
         with self.lock:
             return to_cpu(fn())
 
     def load_state_dict(self, sd: Any) -> None:
-        if sd is not None:
-            with self.lock:
+        from dagrl.runtime.snapshot import KEY, restore
+
+        if sd is None:
+            return
+        with self.lock:
+            if isinstance(sd, dict) and KEY in sd:
+                restore(self.state, sd, f"{self.role}[{self.index}]")
+            else:
                 self.state.load_state_dict(sd)
 
     def join_group(

@@ -15,6 +15,7 @@ from dagrl.core.graph import Graph
 from dagrl.envs.wrappers import parse as parse_wrappers
 from dagrl.runtime.host import CLOSE_WAIT_S, Done, RoleHost
 from dagrl.runtime.placement import place
+from dagrl.runtime.snapshot import LOCKSTEP
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
@@ -210,6 +211,7 @@ def _host_args(graph: Graph, role: str, index: int, start: Start) -> tuple[tuple
         "gpu_fallback": graph.spec.gpu_fallback,
         "torch_threads": graph.spec.torch_threads,
         "shared_memory": graph.spec.shared_memory,
+        "snapshots": graph.spec.policy in LOCKSTEP,
     }
     return args, kwargs
 

@@ -254,6 +254,8 @@ class CriticState:
             "target": self.target.state_dict(),
             "opt": self.optimizer.state_dict(),
             "steps": self.steps,
+            "policy": self.policy.state_dict(),
+            "gen": self.gen.get_state(),
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -261,6 +263,9 @@ class CriticState:
         self.target.load_state_dict(sd["target"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
+        if "gen" in sd:  # checkpoints written before exact resume hold neither
+            self.policy.load_state_dict(sd["policy"])
+            self.gen.set_state(sd["gen"])
         restored(self.cfg, self.device, [self.optimizer], *self.captured_steps())
 
     def captured_steps(self) -> list[CapturedStep | None]:
@@ -292,12 +297,21 @@ class ActorState:
     augment: Shift = Shift()  # augment_shift's, on every batch observation
 
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "opt": self.optimizer.state_dict(), "steps": self.steps}
+        return {
+            "policy": self.policy.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "steps": self.steps,
+            "q": self.q.state_dict(),
+            "gen": self.gen.get_state(),
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         self.policy.load_state_dict(sd["policy"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
+        if "gen" in sd:  # checkpoints written before exact resume hold neither
+            self.q.load_state_dict(sd["q"])
+            self.gen.set_state(sd["gen"])
         restored(self.cfg, self.device, self.optimizers(), self.step)
 
     every: int = 1
