@@ -100,7 +100,7 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         from dagrl.runtime.snapshot import allowed_globals as snapshot_globals
 
-        with torch.serialization.safe_globals([*allowed_globals(), *snapshot_globals()]):
+        with torch.serialization.safe_globals([*allowed_globals(), *snapshot_globals(str(path))]):
             data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise

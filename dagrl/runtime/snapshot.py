@@ -99,28 +99,44 @@ def env_modules() -> set[str]:
     return out
 
 
-def allowed_globals(modules: set[str] | None = None) -> list[Any]:
-    """The classes a snapshot may name: dagrl's algorithms', envs' and replay's, gymnasium's, torch's
-    networks, numpy's generators, two collections, and those of ``modules`` (default :func:`env_modules`).
-    Only classes and numpy's generator constructors: no function of the file's choosing is called."""
+TRUSTED = tuple(f"dagrl.{m}." for m in ("algos", "core", "envs", "nn", "replay")) + ("gymnasium.", "torch.nn.")
+"""Packages whose classes a snapshot may name (imported to find them: their code is dagrl's and its
+dependencies')."""
+
+
+def allowed_globals(path: str | None = None, modules: set[str] | None = None) -> list[Any]:
+    """What a snapshot may name: numpy's generators and their constructors, two collections, torch's
+    generator and device, and the classes, among the globals checkpoint ``path`` names, of
+    :data:`TRUSTED` packages and of ``modules`` (default :func:`env_modules`: env code this process has
+    imported already). Only classes and numpy's constructors: no function of the file's choosing runs."""
     import collections
+    import importlib
     import sys
 
     import numpy as np
     import torch
-
-    modules = env_modules() if modules is None else modules
-    roots = (*(f"dagrl.{m}." for m in ("algos", "core", "envs", "nn", "replay")), "gymnasium.", "torch.nn.")
-    out: list[Any] = [collections.OrderedDict, collections.deque, torch.Generator, torch.device]
-    out += [np.random.Generator, np.random.PCG64, np.random.SeedSequence, np.random.MT19937]
     from numpy.random import _pickle, bit_generator
 
+    out: list[Any] = [collections.OrderedDict, collections.deque, torch.Generator, torch.device]
+    out += [np.random.Generator, np.random.PCG64, np.random.SeedSequence, np.random.MT19937]
     out += [v for k, v in vars(_pickle).items() if k.startswith("__") and k.endswith("_ctor")]
     out += [v for k, v in vars(bit_generator).items() if k.startswith("__pyx_unpickle")]  # SeedSequence's
-    for name, module in list(sys.modules.items()):
-        if module is None or not (f"{name}.".startswith(roots) or name in modules):
+    if path is None:
+        return out
+    modules = env_modules() if modules is None else modules
+    for name in torch.serialization.get_unsafe_globals_in_checkpoint(path):
+        module, _, attr = name.rpartition(".")
+        if f"{module}.".startswith(TRUSTED):
+            try:
+                found = getattr(importlib.import_module(module), attr, None)
+            except ImportError:
+                continue
+        elif module in modules and module in sys.modules:
+            found = getattr(sys.modules[module], attr, None)
+        else:
             continue
-        out += [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == name]
+        if isinstance(found, type):
+            out.append(found)
     return out
 
 
