@@ -13,6 +13,11 @@ hosting one role replica with SIGKILL at iteration 6, and lets the run finish. M
   learner: iterations and env steps rolled back to the checkpoint; replay: rows acknowledged by
   ``add`` but not yet flushed (RAM) when the worker died, against the store reopened from zarr.
 
+``--startup`` measures a worker lost while the roles start instead: PPO ``sync`` on four workers, one of
+them SIGKILLed 0.5 s after the actors are submitted (while they build their envs and networks), against
+the same start with no kill, side by side: the seconds the kill adds before the first iteration, and
+whether the run still trains to its last iteration (before, such a kill ended the run).
+
 ``--hosts`` measures what a lost *host* costs instead, on hosts emulated with Linux namespaces
 (``tests/hosts.py``; needs root): PPO ``async`` with its learner on one of two hosts that can hold it,
 a third host sampling, the scheduler and the driver on a fourth. At the 12th metrics row the learner's
@@ -95,6 +100,28 @@ def one(client, role: str, graph_file: str, root: str) -> dict:
     return row
 
 
+def startup_case(client, root: str, kill: bool) -> float:
+    """Seconds from build_policy to the first finished iteration, SIGKILLing a worker 0.5 s in if ``kill``;
+    the run must reach its last iteration."""
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=4", "stop.mean_return=null"])
+    client.wait_for_workers(4, timeout=60)
+    pids = list(client.run(os.getpid).values())
+    rundir = RunDir.create(root, graph.name)
+    if kill:
+        threading.Timer(0.5, os.kill, (pids[0], signal.SIGKILL)).start()
+    t0 = time.perf_counter()
+    policy = build_policy(graph, client, run_dir=rundir.path)
+    try:
+        trainer = Trainer(graph, policy, rundir, progress=Progress(enabled=False))
+        first: list[float] = []
+        trainer.listeners.append(lambda row, _: first or first.append(time.perf_counter() - t0))
+        summary = trainer.run()
+    finally:
+        policy.close()
+    assert summary["iterations"] == 4, summary
+    return first[0]
+
+
 def host_case(fault: str, unreachable_s: float | None = None) -> dict:
     """One lost host (module docstring): kill or cut -> noticed -> learner restored elsewhere."""
     import sys
@@ -139,8 +166,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hosts", action="store_true", help="a crashed and a cut-off host (emulated; needs root)")
     p.add_argument("--unreachable-s", type=float, help="--hosts: supervision.unreachable_s (default: the graph's)")
+    p.add_argument("--startup", action="store_true", help="a worker killed while the roles start")
     args = p.parse_args()
     from distributed import Client, LocalCluster
+
+    if args.startup:
+        with (
+            tempfile.TemporaryDirectory() as root,
+            LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as lc,
+            Client(lc, direct_to_workers=True) as client,
+        ):
+            pairs = [(startup_case(client, root, False), startup_case(client, root, True)) for _ in range(args.repeats)]
+        plain, killed = (statistics.median(x) for x in zip(*pairs, strict=True))
+        row = {"start_s": plain, "start_s_with_kill": killed, "added_s": killed - plain, "runs_finished": len(pairs)}
+        print(table([row], list(row)))
+        emit("supervision-startup", {"repeats": args.repeats, "pairs": pairs, **row})
+        return
 
     rows = []
     if args.hosts:

@@ -195,16 +195,20 @@ def test_every_env_a_run_made_is_closed_when_it_returns(client, graphs_dir, tmp_
 
 
 def test_a_checkpoint_taken_with_another_count_of_samplers_loads(graphs_dir):
-    """Samplers hold no state: a checkpoint taken while a run had more of them (an elastic one, grown
-    since) or fewer loads into this one, its learner's state whole."""
+    """A checkpoint taken while a run had more samplers (an elastic one, grown since), fewer, or none with
+    a state (a streaming policy's) loads into this one, its learner's state whole, its samplers' envs
+    fresh."""
     import torch
+
+    from dagrl.runtime.snapshot import KEY
 
     policy = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-single.yaml"), None)
     try:
         policy.step()
         sd = policy.state_dict()
-        assert sd["sampler"] == [None]
-        for samplers in ([None] * 3, []):
+        (snap,) = sd["sampler"]
+        assert KEY in snap  # under single, a sampler's whole state
+        for samplers in ([snap] * 3, [None] * 3, []):
             policy.load_state_dict({**sd, "sampler": samplers})
             after = policy.state_dict()["learner"][0]["agent"]
             assert all(torch.equal(after[k], v) for k, v in sd["learner"][0]["agent"].items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -166,3 +167,30 @@ def test_sweep_leaves_slots_of_live_processes_until_their_run_ends():
     assert mine <= segments()
     shm.sweep(own=True)  # the run ended
     assert not mine & segments()
+
+
+@pytest.mark.skipif(not os.path.isdir(shm.DIR), reason="no /dev/shm")
+def test_a_runs_start_removes_what_killed_runs_left_in_shared_memory_on_its_workers(client):
+    """A run SIGKILLed leaves its segments and mailbox files in /dev/shm (its close never ran): the next
+    run's start removes them, on the driver's machine and on every worker's, and keeps a live process's."""
+    from dagrl.runtime import mailbox
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = dead.stdout.strip()
+    segment = os.path.join(shm.DIR, f"{shm.PREFIX}{pid}-leftover")
+    box = os.path.join(mailbox.DIR, f"{mailbox.PREFIX}leftover{pid}")
+    live = os.path.join(shm.DIR, f"{shm.PREFIX}{os.getpid()}-live")
+    os.makedirs(box, mode=0o700)
+    for path in (segment, os.path.join(box, f"p-{pid}"), os.path.join(box, "value"), live):
+        open(path, "wb").close()
+    try:
+        policy = build_policy(load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=1"]), client)
+        try:
+            assert not os.path.exists(segment) and not os.path.exists(box)  # before any iteration or close
+            assert os.path.exists(live)
+        finally:
+            policy.close()
+    finally:
+        for path in (live, segment):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

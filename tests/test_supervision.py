@@ -322,7 +322,7 @@ def test_hung_sampler_is_treated_as_dead(cluster, tmp_path, faults):
 
 def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(cluster, faults, dagrl_log):
     """A run that ends while a sampler's env hangs (before supervision calls it hung) does not wait for
-    it, nor does a checkpoint (the sampler has no state to save). The host refuses new fragments, the
+    it, nor does a checkpoint (it holds no snapshot of a sampler inside its env). The host refuses new fragments, the
     close returns, and the worker's one actor thread, which every actor there shares, stays free:
     another actor on that worker answers. The hung fragment closes the state when it returns."""
     four_workers(cluster)
@@ -339,7 +339,7 @@ def test_a_role_closed_while_its_env_hangs_leaves_the_workers_actor_thread_free(
         while hung.heartbeat().result()["running"] != "collect":
             assert time.monotonic() < deadline, "the sampler's collect did not start"
             time.sleep(0.05)
-        assert hung.state_dict().result(timeout=5) is None  # a checkpoint does not wait for a stateless sampler
+        assert hung.state_dict().result(timeout=5) is None  # a checkpoint does not wait for a hung sampler
         t0 = time.monotonic()
         close_all(hosts, wait_s=2.0)
         assert time.monotonic() - t0 < 5

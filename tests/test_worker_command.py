@@ -81,3 +81,25 @@ def test_the_worker_command_adds_gpus_to_the_resources_asked_for():
     assert cmd[cmd.index("--resources") + 1] == "CPU=2,GPU=1" and "MALLOC_TRIM_THRESHOLD_" not in env
     cmd, _ = worker_command(["tcp://h:1", "--resources", "GPU=4"], gpus=1)
     assert cmd[cmd.index("--resources") + 1] == "GPU=4"
+
+
+def test_a_closing_workers_heartbeat_race_is_not_logged_and_a_running_workers_failure_is():
+    """Dask's shutdown race (the scheduler closes the heartbeat's connection as the worker closes) would
+    print a traceback under a run that ended well; the same failure of a running worker is news."""
+    import logging
+    from types import SimpleNamespace
+
+    from distributed.core import Status
+
+    from dagrl.runtime.preload import _no_closing_heartbeat
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None, None)
+
+    worker = SimpleNamespace(status=Status.running)
+    keep = _no_closing_heartbeat(worker)
+    heartbeat = record("Failed to communicate with scheduler during heartbeat.")
+    assert keep(heartbeat)
+    worker.status = Status.closing
+    assert not keep(heartbeat)
+    assert keep(record("Heartbeat to scheduler failed"))

@@ -337,7 +337,7 @@ def validate_device_request(graph: Graph, cuda_available: bool) -> None:
             )
 
 
-TRUSTED_ROOTS = ("dagrl", "gymnasium", "ale_py", "mujoco", "pettingzoo", "envpool", "shimmy", "torch", "numpy")
+TRUSTED_ROOTS = ("dagrl", "gymnasium", "ale_py", "mujoco", "pettingzoo", "mpe2", "envpool", "shimmy", "torch", "numpy")
 """Packages a run's ``config.yaml`` may name without a word (dagrl's own and its envs' well-known ones)."""
 
 

@@ -171,6 +171,10 @@ class PettingZooGame(gym.Env):
     policy (default :func:`default_groups`), ``kwargs`` are the PettingZoo env's own.
     """
 
+    dagrl_snapshot = False
+    """PettingZoo's envs do not come back whole from a pickle (their AEC state is rebuilt by ``reset``):
+    a checkpoint holds no snapshot of a game, and a resume starts its games fresh."""
+
     metadata = {"render_modes": []}
 
     def __init__(self, env: str, groups: Mapping[str, list[str]] | None = None, kwargs: dict | None = None):

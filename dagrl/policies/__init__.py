@@ -13,6 +13,7 @@ Their names and options are data in :mod:`dagrl.core.distribution`.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +41,18 @@ POLICIES: dict[str, type[Policy]] = {
 __all__ = ["POLICIES", "Policy", "StepResult", "build_policy"]
 
 
+def sweep_stale(client: Any = None) -> None:
+    """Remove the shared-memory segments and mailbox files that runs killed before their close left on
+    this machine and, given a ``client``, on its workers' (their makers' processes are gone)."""
+    from dagrl.runtime import mailbox, shm
+
+    for sweep in (shm.sweep, mailbox.sweep):
+        sweep()
+        if client is not None:
+            with contextlib.suppress(Exception):  # a worker going away is the supervisor's to see
+                client.run(sweep)
+
+
 def build_policy(
     graph: Graph, client: Any = None, seed_offset: int = 0, run_dir: Any = None, env_steps: int = 0
 ) -> Policy:
@@ -49,6 +62,7 @@ def build_policy(
     roles without their own ``path`` keep on-disk data; ``env_steps``: the run's so far (a resume).
     """
     begin = Start(seed_offset, None if run_dir is None else str(run_dir), env_steps)
+    sweep_stale(client)
     cls = POLICIES[graph.spec.policy]
     if cls is CentralInference and graph.policy_options.asynchronous:
         cls = StreamingCentralInference

@@ -22,7 +22,8 @@ class CheckpointError(ValueError):
 
 
 class CheckpointRefused(CheckpointError):
-    """A file that asks to run code when it is read (a pickled global outside :func:`allowed_globals`):
+    """A file that asks to run code when it is read (a pickled global outside
+    :func:`dagrl.runtime.snapshot.allowed_globals`):
     refused, never skipped for an older checkpoint, since someone other than dagrl wrote it."""
 
 
@@ -81,26 +82,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     raise CheckpointError(f"{path}: no readable checkpoint ({'; '.join(problems)})")
 
 
-def allowed_globals() -> list[Any]:
-    """What a dagrl checkpoint may name besides torch's own tensors and plain Python values: numpy's
-    arrays, scalars and dtypes (replay positions, normalisation statistics, generator states). Each only
-    rebuilds a value; none runs code of the file's choosing."""
-    import numpy as np
-
-    core = np._core.multiarray
-    dtypes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUSVMmO"}
-    return [core._reconstruct, core.scalar, np.ndarray, np.dtype, *sorted(dtypes, key=str)]
-
-
 def _read(path: Path) -> dict[str, Any]:
     """Read with ``torch.load(weights_only=True)``: a checkpoint is tensors, arrays and plain values, and
     a file that would run code on load (a crafted pickle) is refused, naming what it asked for."""
     import pickle
 
     try:
-        from dagrl.runtime.snapshot import allowed_globals as snapshot_globals
+        from dagrl.runtime.snapshot import allowed_globals
 
-        with torch.serialization.safe_globals([*allowed_globals(), *snapshot_globals(str(path))]):
+        with torch.serialization.safe_globals(allowed_globals(str(path))):
             data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise

@@ -49,6 +49,9 @@ dropped) disappears from here too."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`RoleHost.close` waits for the fragment in progress before leaving the close to it."""
+SNAPSHOT_WAIT_S = 1.0
+"""How long a lockstep checkpoint waits for a sampler's fragment before saving no snapshot of it (between
+iterations none runs: one that does is hung, and the checkpoint goes on without it)."""
 
 
 @dataclass
@@ -337,8 +340,15 @@ class RoleHost:
                 return None
             from dagrl.runtime.snapshot import snapshot
 
-            with self.lock:
-                snap = snapshot(self.state, f"{self.role}[{self.index}]")
+            where = f"{self.role}[{self.index}]"
+            if not self.lock.acquire(timeout=SNAPSHOT_WAIT_S):  # lockstep checkpoints fall between
+                fragment, _ = self.running or ("a fragment", 0.0)  # iterations: this one is hung
+                log.warning("%s: still inside %s: this checkpoint holds no snapshot of it", where, fragment)
+                return None
+            try:
+                snap = snapshot(self.state, where)
+            finally:
+                self.lock.release()
             self.snapshots = snap is not None  # said once: an env that cannot be saved stays so
             return snap
         with self.lock:

@@ -50,6 +50,7 @@ def dask_setup(worker: Any) -> None:
         stderr_to_file(os.environ[LOGS_ENV])
     if not os.environ.get("DAGRL_DEBUG"):
         logging.getLogger("distributed.worker").addFilter(_no_task_errors)
+    logging.getLogger("distributed.worker").addFilter(_no_closing_heartbeat(worker))
 
 
 def _no_task_errors(record: logging.LogRecord) -> bool:
@@ -57,6 +58,19 @@ def _no_task_errors(record: logging.LogRecord) -> bool:
     hears of every failed fragment and says it in one line naming role, worker and error, the failure
     kept in ``events.jsonl``; ``dagrl --debug`` keeps Dask's records."""
     return not str(record.msg).startswith("Compute Failed")
+
+
+def _no_closing_heartbeat(worker: Any) -> Any:
+    """Drop the heartbeat failure a closing worker logs (a traceback of some 30 lines) when the scheduler
+    has already closed its end of the heartbeat's connection: a race of Dask's shutdown, not a fault.
+    A running worker's failure (its scheduler gone) is still logged."""
+    from distributed.core import Status
+
+    def keep(record: logging.LogRecord) -> bool:
+        closing = worker.status in (Status.closing, Status.closing_gracefully, Status.closed)
+        return not (closing and str(record.msg).startswith("Failed to communicate with scheduler during heartbeat"))
+
+    return keep
 
 
 def dask_teardown(worker: Any) -> None:
