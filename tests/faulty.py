@@ -142,6 +142,10 @@ class Config:
     """A sampler's collect hangs once at this collect (0: never)."""
     publish_fails_at: int = 0
     """The learner's ``publish`` raises once at this call (0: never)."""
+    killed_at_checkpoint: int = 0
+    """The learner's worker is SIGKILLed once, at the learner's N-th ``state_dict`` (a checkpoint; 0: never)."""
+    killed_at_close: bool = False
+    """Sampler 0's worker is SIGKILLed once, while the run closes that sampler."""
 
 
 def value_of(source: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -158,6 +162,7 @@ class SamplerState:
     index: int
     rows: int
     hang_at: int
+    killed_at_close: bool = False
     seq: int = 0
     collects: int = 0
 
@@ -165,6 +170,8 @@ class SamplerState:
         """Leave a ``closed-sampler-<index>`` marker: the test sees when the host closed the state."""
         with contextlib.suppress(OSError, KeyError):
             (Path(os.environ["DAGRL_FAULT_DIR"]) / f"closed-sampler-{self.index}").touch()
+        if self.killed_at_close and self.index == 0 and once("worker-killed-while-closing"):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def hang(limit_s: float = 3600.0) -> None:
@@ -182,14 +189,19 @@ class Rows:
 
 
 class LearnerState:
-    def __init__(self, nan_after: int, publish_fails_at: int = 0):
+    def __init__(self, nan_after: int, publish_fails_at: int = 0, killed_at_checkpoint: int = 0):
         self.w = torch.zeros(4)
         self.updates = 0
         self.nan_after = nan_after
         self.publish_fails_at = publish_fails_at
         self.publishes = 0
+        self.killed_at_checkpoint = killed_at_checkpoint
+        self.checkpoints = 0
 
     def state_dict(self):
+        self.checkpoints += 1
+        if self.checkpoints == self.killed_at_checkpoint and once("worker-killed-at-checkpoint"):
+            os.kill(os.getpid(), signal.SIGKILL)  # the learner's worker, while the checkpoint is taken
         return {"w": self.w.clone(), "updates": self.updates}
 
     def load_state_dict(self, sd):
@@ -198,7 +210,7 @@ class LearnerState:
 
 @role("sampler", many=True)
 def sampler(ctx, cfg: Config) -> SamplerState:
-    return SamplerState(ctx.index, cfg.rows, cfg.hang_at)
+    return SamplerState(ctx.index, cfg.rows, cfg.hang_at, cfg.killed_at_close)
 
 
 @role("replay", many=True)
@@ -208,7 +220,7 @@ def replay(ctx, cfg: Config) -> ReplayStore:
 
 @role("learner")
 def learner(ctx, cfg: Config) -> LearnerState:
-    return LearnerState(cfg.nan_after, cfg.publish_fails_at)
+    return LearnerState(cfg.nan_after, cfg.publish_fails_at, cfg.killed_at_checkpoint)
 
 
 @fragment(role="learner")

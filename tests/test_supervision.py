@@ -449,3 +449,48 @@ def test_a_worker_lost_while_the_roles_start_does_not_end_the_run(cluster, tmp_p
     assert os.path.exists(os.path.join(faults, "worker-killed-while-starting")), "no worker was killed"
     moved = [m for m in dagrl_log.messages if "left before the role's actor started; starting it on" in m]
     assert len(moved) == 1 and moved[0].startswith("sampler["), dagrl_log.messages
+
+
+@pytest.mark.parametrize(("at", "when"), [(1, "first"), (2, "final")])
+def test_a_learner_lost_while_a_checkpoint_is_taken_is_replaced_and_the_run_finishes(
+    cluster, tmp_path, faults, dagrl_log, at, when
+):
+    """The learner's worker SIGKILLed inside its ``state_dict``: at the checkpoint of iteration 0 (nothing
+    trained yet: a fresh learner takes its place), or at the final checkpoint (the learner rolls back to
+    iteration 0's and trains the lost iterations again). Either way the run ends at its last iteration
+    with every iteration logged once and a final checkpoint of it."""
+    graph = faulty(
+        ["policy=sync", "checkpoint.every=100", "stop.iterations=4", f"hyperparameters.killed_at_checkpoint={at}"]
+    )
+    run = Run(graph, cluster, tmp_path)
+    summary = run.finish(timeout=180)
+    assert summary["iterations"] == 4
+    assert os.path.exists(os.path.join(faults, "worker-killed-at-checkpoint")), "no worker was killed"
+    assert [(e["role"], e["kind"]) for e in run.events("restart")] == [("learner", "lost")]
+    replaced = [m for m in dagrl_log.messages if "replaced before the first checkpoint" in m]
+    if when == "first":
+        assert replaced and not run.events("rollback")
+    else:
+        (rollback,) = run.events("rollback")
+        assert (rollback["to_iteration"], rollback["iterations_lost"]) == (0, 4) and not replaced
+    assert [r["iteration"] for r in run.rundir.read_metrics()] == [1, 2, 3, 4]
+    ckpt = load_checkpoint(run.rundir.path)
+    assert ckpt["counters"]["iteration"] == 4 and ckpt["roles"]["learner"][0]["updates"] == 4
+
+
+def test_a_worker_lost_while_the_run_closes_leaves_the_runs_end_whole(cluster, tmp_path, faults):
+    """A sampler's worker SIGKILLed while the run closes its roles (after the final checkpoint): the close
+    returns, and the run's summary and last checkpoint stand."""
+    four_workers(cluster)
+    graph = faulty(["policy=sync", "stop.iterations=3", "hyperparameters.killed_at_close=true"])
+    rundir = RunDir.create(tmp_path, graph.name)
+    policy = build_policy(graph, cluster, run_dir=rundir.path)
+    try:
+        summary = Trainer(graph, policy, rundir, progress=Progress(enabled=False)).run()
+    finally:
+        t0 = time.monotonic()
+        policy.close()
+    assert time.monotonic() - t0 < 30
+    assert os.path.exists(os.path.join(faults, "worker-killed-while-closing")), "no worker was killed"
+    assert summary["iterations"] == 3
+    assert load_checkpoint(rundir.path)["counters"]["iteration"] == 3
