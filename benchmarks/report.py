@@ -75,6 +75,13 @@ def supervision(r: dict) -> list[str]:
     return markdown(header, rows, {2, 3, 4})
 
 
+def supervision_startup(r: dict) -> list[str]:
+    """The start of a run with and without a worker SIGKILLed while the roles start (medians)."""
+    rows = [[r["start_s"], r["start_s_with_kill"], r["added_s"], f"{r['runs_finished']} of {r['repeats']}"]]
+    header = ["start to 1st iteration (s)", "with a worker killed (s)", "added (s)", "killed runs finished"]
+    return markdown(header, rows, {0, 1, 2})
+
+
 def ppo_cartpole(r: dict) -> list[str]:
     rows = [
         [x["setup"], x["solved"], x["wall s (median)"], round(x["env steps (median)"]), x["time vs SB3 (median)"],
@@ -105,7 +112,9 @@ def replay(r: dict) -> list[str]:
             continue
         what = f"{kind}, {k['rows']:,} x {k['row_bytes']:,} B"
         ring = k["numpy ring"]["sample"]
-        for setup in ("numpy ring", "dagrl, all in RAM", "dagrl, 90 % spilled"):
+        for setup in ("numpy ring", "dagrl, all in RAM", "dagrl, 90 % spilled", "dagrl, 90 % spilled, no fsync"):
+            if setup not in k:  # runs before 2026-12: no durability, nothing to compare
+                continue
             rows.append([what, setup, k[setup]["add"], k[setup]["sample"], k[setup]["sample"] / ring, ""])
         per = k["prioritized"]
         ram = per["dagrl, all in RAM"]["sample"]
@@ -274,6 +283,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "workers": workers,
     "supervision": supervision,
     "supervision-hosts": supervision,
+    "supervision-startup": supervision_startup,
     "ppo-cartpole": ppo_cartpole,
     "vtrace": vtrace,
     "replay": replay,
