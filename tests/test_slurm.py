@@ -159,8 +159,8 @@ def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path
 
 
 def _restart_now(job: str, restarts: int) -> None:
-    """Wait for the driver job to be queued again (its ``restart_cnt``), then let it start now: SLURM holds
-    a requeued job back for 120 s (its BeginTime), which is a wait on a real cluster and only time here."""
+    """Wait for the driver job to be queued again (its ``restart_cnt``), then let it start in 2 s: SLURM
+    holds a requeued job back for 120 s (its BeginTime), which is a wait on a real cluster and only time here."""
 
     def queued() -> bool:
         out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
@@ -168,7 +168,9 @@ def _restart_now(job: str, restarts: int) -> None:
         return bool(count) and int(count.group(1)) >= restarts and "JobState=PENDING" in out
 
     wait_for(queued, 120, f"job {job} queued again ({restarts})")
-    begin = subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, text=True)
+    # not at once: slurmd refuses a credential issued in the second it revoked the job's last one
+    # ("Killing non-startable batch job: Job credential revoked"), and the job would end there
+    begin = subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], capture_output=True, text=True)
     assert begin.returncode == 0, begin.stderr
 
 
@@ -176,12 +178,12 @@ def _iterations(run: Path) -> list[int]:
     return [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_walltime_warning_and_preemption_requeue_the_driver_and_cancel_checkpoints(slurm, tmp_path):
-    """SLURM's three ways to end a driver job: the walltime warning (``SIGUSR1`` to the batch shell, as
-    ``--signal=B:USR1@N`` delivers it) queues the job again after a checkpoint; a preemption
-    (``scontrol requeue``: ``SIGTERM``, then the job back in the queue) does too; each start continues the
-    run where it stopped; ``dagrl cancel`` ends it with a checkpoint of its last iteration."""
-    out, run = submit(tmp_path, "--set", "stop.iterations=100000", "--set", "stop.wall_time_s=900")
+def test_walltime_warning_and_preemption_requeue_the_driver_and_the_run_reaches_its_target(slurm, tmp_path):
+    """SLURM's two ways to stop a driver job and start it again: the walltime warning (``SIGUSR1`` to the
+    batch shell, as ``--signal=B:USR1@N`` delivers it) queues the job again after a checkpoint; a preemption
+    (``scontrol requeue``: ``SIGTERM``, then the job back in the queue) does too. Each start continues the run
+    where it stopped, and the third trains it to the graph's own target (mean return 475)."""
+    out, run = submit(tmp_path, "--set", "stop.wall_time_s=900")
     assert out.returncode == 0, out.stderr
     job = json.loads((run / "submit.json").read_text())["driver_job"]
     script = (run / "jobs" / "driver.sh").read_text()
@@ -200,12 +202,37 @@ def test_walltime_warning_and_preemption_requeue_the_driver_and_cancel_checkpoin
     second = json.loads((run / "summary.json").read_text())
     assert second["signal"] == "SIGTERM" and second["iterations"] > first["iterations"]
 
-    wait_for(lambda: _iterations(run)[-1] >= second["iterations"] + 2, 180, "iterations after the second restart")
+    wait_for(lambda: _iterations(run)[-1] >= second["iterations"] + 1, 180, "iterations after the second restart")
+    text = status(run)
+    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text  # the first allocations' are gone
+
+    state = driver_end(run, timeout=300)
+    log = dagrl("logs", str(run), "--no-follow").stdout
+    assert state == "COMPLETED", f"driver ended {state}:\n{log}"
+    last = json.loads((run / "summary.json").read_text())
+    assert last["stop_reason"] == "mean_return" and last["mean_return"] >= 475, last
+    iterations = _iterations(run)
+    assert iterations == list(range(1, last["iterations"] + 1)), "iterations went back, or one is missing"
+    resumes = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines()) if e["event"] == "resume"]
+    assert [(e["iteration"], e["slurm_restarts"]) for e in resumes] == [
+        (first["iterations"], 1),
+        (second["iterations"], 2),
+    ]
+    assert f"SLURM started job {job} again (restart 2)" in log, log
+    assert "queued again" in log
+    assert not slurm.jobs(), "jobs left behind after a finished run"
+
+
+def test_status_and_cancel_a_running_job_which_checkpoints_its_last_iteration(slurm, tmp_path):
+    """``dagrl cancel`` lets the driver checkpoint before the worker jobs go (``SIGTERM`` first)."""
+    out, run = submit(tmp_path, "--set", "stop.iterations=100000", "--set", "stop.wall_time_s=600")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: (run / "metrics.jsonl").exists() and _iterations(run)[-1] >= 2, 120, "two iterations")
     text = status(run)
     assert re.search(r"driver +job \d+: RUNNING", text), text
     assert re.search(r"progress iteration \d+", text)
     assert re.search(r"ssh -N -L 8787:127\.0\.0\.1:\d+ ", text), text
-    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text  # the first allocations' are gone
+    assert len(re.findall(r"worker +job \d+ .*: RUNNING", text)) == 3, text
 
     cancel = dagrl("cancel", str(run), timeout=300)
     assert cancel.returncode == 0, cancel.stderr
@@ -214,17 +241,7 @@ def test_walltime_warning_and_preemption_requeue_the_driver_and_cancel_checkpoin
     last = json.loads((run / "summary.json").read_text())
     assert last["signal"] == "SIGTERM" and f"checkpoint of iteration {last['iterations']} written" in cancel.stdout
     assert f"ckpt-{last['iterations']:08d}.pt" in {p.name for p in (run / "checkpoints").iterdir()}
-
-    iterations = _iterations(run)
-    assert iterations == list(range(1, last["iterations"] + 1)), "iterations went back, or one is missing"
-    resumes = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines()) if e["event"] == "resume"]
-    assert [(e["iteration"], e["slurm_restarts"]) for e in resumes] == [
-        (first["iterations"], 1),
-        (second["iterations"], 2),
-    ]
-    log = dagrl("logs", str(run), "--no-follow").stdout
-    assert f"SLURM started job {job} again (restart 2)" in log, log
-    assert "queued again" in log
+    assert _iterations(run) == list(range(1, last["iterations"] + 1))
 
 
 def test_bad_partition_is_one_line_from_slurm_and_leaves_nothing(slurm, tmp_path):
