@@ -13,10 +13,11 @@ hosting one role replica with SIGKILL at iteration 6, and lets the run finish. M
   learner: iterations and env steps rolled back to the checkpoint; replay: rows acknowledged by
   ``add`` but not yet flushed (RAM) when the worker died, against the store reopened from zarr.
 
-``--startup`` measures a worker lost while the roles start instead: PPO ``sync`` on four workers, one of
-them SIGKILLed 0.5 s after the actors are submitted (while they build their envs and networks), against
-the same start with no kill, side by side: the seconds the kill adds before the first iteration, and
-whether the run still trains to its last iteration (before, such a kill ended the run).
+``--startup`` measures a worker lost while the roles start instead: PPO ``sync`` on four workers, one
+sampler's worker SIGKILLed as that sampler builds its first env (the fault ``tests/test_supervision.py``
+injects: ``tests.faulty:KillsItsWorkerOnce-v0``, CartPole otherwise), against the same start on CartPole,
+side by side: the seconds the kill adds before the first iteration, and whether the run still trains to
+its last iteration (before, such a kill ended the run).
 
 ``--hosts`` measures what a lost *host* costs instead, on hosts emulated with Linux namespaces
 (``tests/hosts.py``; needs root): PPO ``async`` with its learner on one of two hosts that can hold it,
@@ -35,6 +36,7 @@ import statistics
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from _common import emit, table
 
@@ -101,14 +103,15 @@ def one(client, role: str, graph_file: str, root: str) -> dict:
 
 
 def startup_case(client, root: str, kill: bool) -> float:
-    """Seconds from build_policy to the first finished iteration, SIGKILLing a worker 0.5 s in if ``kill``;
-    the run must reach its last iteration."""
-    graph = load_graph("graphs/ppo-cartpole-sync.yaml", ["stop.iterations=4", "stop.mean_return=null"])
+    """Seconds from build_policy to the first finished iteration; with ``kill``, a sampler's worker is
+    SIGKILLed while that sampler builds its envs. The run must reach its last iteration."""
+    faults = os.environ["DAGRL_FAULT_DIR"]
+    for name in os.listdir(faults):
+        os.unlink(os.path.join(faults, name))
+    env = "tests.faulty:KillsItsWorkerOnce-v0" if kill else "CartPole-v1"
+    graph = load_graph("graphs/ppo-cartpole-sync.yaml", [f"env.id={env}", "stop.iterations=4", "stop.mean_return=null"])
     client.wait_for_workers(4, timeout=60)
-    pids = list(client.run(os.getpid).values())
     rundir = RunDir.create(root, graph.name)
-    if kill:
-        threading.Timer(0.5, os.kill, (pids[0], signal.SIGKILL)).start()
     t0 = time.perf_counter()
     policy = build_policy(graph, client, run_dir=rundir.path)
     try:
@@ -119,6 +122,7 @@ def startup_case(client, root: str, kill: bool) -> float:
     finally:
         policy.close()
     assert summary["iterations"] == 4, summary
+    assert os.path.exists(os.path.join(faults, "worker-killed-while-starting")) == kill, "the kill did not land"
     return first[0]
 
 
@@ -171,6 +175,10 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     if args.startup:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.faulty, in the workers too
+        os.environ["DAGRL_FAULT_DIR"] = tempfile.mkdtemp(prefix="dagrl-faults-")
         with (
             tempfile.TemporaryDirectory() as root,
             LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as lc,
