@@ -97,7 +97,10 @@ def dry_run_scripts(stdout: str) -> dict[str, str]:
     return scripts
 
 
-def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path):
+def test_submit_runs_learner_on_gpu_job_and_samplers_on_cpu_jobs(slurm, tmp_path, monkeypatch):
+    # as a process that ran a plain LocalCluster leaves it (its nannies set it in their own process): the
+    # jobs inherit the submitter's environment, and the workers must run without it all the same
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     dry = dagrl(
         "submit",
         "graphs/ppo-cartpole-sync.yaml",

@@ -120,6 +120,9 @@ def worker_job_options(
         job_extra_directives=directives,
         job_script_prologue=[
             *spec.prologue,
+            # a job inherits the submitter's environment (sbatch --export=ALL), which a plain LocalCluster
+            # of that process (a notebook's, the tests') leaves Dask's trim threshold in
+            "unset MALLOC_TRIM_THRESHOLD_",
             *(f"export {name}={shlex.quote(value)}" for name, value in STARTED_WORKER_ENVIRON.items()),
             *config_exports(QUIET_CONFIG if spec.quiet else {}),
         ],
