@@ -16,6 +16,7 @@ from dagrl.app.graphs import load_graph
 from dagrl.envs.images import is_image
 from dagrl.nn.encoders import NatureCNN
 from dagrl.policies import build_policy
+from dagrl.runtime.checkpoint import load_checkpoint
 from tests.helpers import train
 
 
@@ -128,7 +129,7 @@ def test_ppo_with_impalas_cnn_learns_which_half_is_bright(client, tmp_path):
     )
     assert summary["stop_reason"] == "mean_return", summary
     newest = max(rundir.path.glob("checkpoints/ckpt-*.pt"))
-    agent = torch.load(newest, weights_only=False)["roles"]["learner"][0]["agent"]
+    agent = load_checkpoint(newest)["roles"]["learner"][0]["agent"]
     assert "trunk.convs.2.conv0.weight" in agent  # the first stack's first residual block
 
 

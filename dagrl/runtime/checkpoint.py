@@ -101,7 +101,7 @@ def _read(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{path}: unreadable checkpoint ({reason})") from None
         raise CheckpointRefused(
             f"{path}: refused: loading it would call {asked.group(1)}, which no dagrl checkpoint holds "
-            "(if you trust where the file came from, read it with torch.load(weights_only=False))"
+            "(if you trust where the file came from, torch.load can read it with weights_only off)"
         ) from None
     except Exception as err:  # torch raises RuntimeError, EOFError, zipfile errors...
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
