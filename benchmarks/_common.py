@@ -150,36 +150,3 @@ class MachineBusy:
         if self.begin is None or end is None or end[0] == self.begin[0]:
             return None
         return 1.0 - (end[1] - self.begin[1]) / (end[0] - self.begin[0])
-
-
-def engine_before(policy: str):
-    """A context manager under which ``async`` (policy ``async-before``) or ``apex`` (``apex-before``) runs
-    on the engine before the streams (the driver issues every collect and every learner round:
-    :class:`dagrl.policies.streaming.Rounds`, :class:`dagrl.policies.streaming.RoundsApex`); for any other
-    policy it changes nothing. For side-by-side runs in one process."""
-    import contextlib
-
-    from dagrl.policies import POLICIES
-    from dagrl.policies.streaming import Rounds, RoundsApex
-
-    class AsyncBefore(Rounds):
-        name = "async"
-
-    class ApexBefore(RoundsApex):
-        name = "apex"
-
-    swaps = {"async-before": ("async", AsyncBefore), "apex-before": ("apex", ApexBefore)}
-
-    @contextlib.contextmanager
-    def swapped():
-        name, cls = swaps.get(policy, (None, None))
-        saved = POLICIES.get(name) if name else None
-        if name:
-            POLICIES[name] = cls
-        try:
-            yield
-        finally:
-            if name:
-                POLICIES[name] = saved
-
-    return swapped()

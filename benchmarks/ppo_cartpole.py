@@ -1,6 +1,6 @@
 """Wall time and env steps to mean return 475 on CartPole-v1: dagrl single/sync/async vs Stable-Baselines3.
 
-    dagrl bench ppo-cartpole [--seeds 1 2 3] [--policies single sync async async-before] [--budget 300000]
+    dagrl bench ppo-cartpole [--seeds 1 2 3] [--policies single sync async] [--budget 300000]
 
 Same hyperparameters everywhere (rl-zoo's CartPole set: 8 envs x 32 steps, batch 256, 20 epochs,
 gae_lambda 0.8, gamma 0.98, lr 1e-3 constant, clip 0.2 constant, no entropy bonus), torch on one
@@ -10,8 +10,8 @@ first iteration) to the iteration where the mean of the last 20 episodes reached
 
 Where the time of dagrl's policies goes comes from the role hosts' own clocks: seconds inside the
 learner's fragments, inside the samplers' (mean over samplers), and the rest (framework: transport,
-Dask, driver), which for lockstep policies is ``wall - learner - samplers``. ``async-before`` is
-``async`` on the engine before the streams, for a side-by-side check.
+Dask, driver), which for lockstep policies is ``wall - learner - samplers``. The engine before the streams
+(``async-before``) left the package; its figures stay in BENCHMARKS.md, measured at ``0e27a49``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 
-from _common import emit, engine_before, sb3_to_target, table
+from _common import emit, sb3_to_target, table
 
 from dagrl.app.driver import Trainer
 from dagrl.app.graphs import load_graph
@@ -50,12 +50,11 @@ def sb3(seed: int, budget: int) -> dict:
 
 def dagrl(policy: str, seed: int, budget: int, client, root: str) -> dict:
     graph = load_graph(
-        f"graphs/ppo-cartpole-{policy.removesuffix('-before')}.yaml",
+        f"graphs/ppo-cartpole-{policy}.yaml",
         [f"seed={seed}", f"stop.env_steps={budget}", f"stop.mean_return={TARGET}", f"stop.window={WINDOW}",
          "stop.wall_time_s=600", "checkpoint.every=0", f"runs_dir={root}"],
     )  # fmt: skip
-    with engine_before(policy):
-        pol = build_policy(graph, client)
+    pol = build_policy(graph, client)
     rundir = RunDir.create(root, graph.name)
     try:
         summary = Trainer(graph, pol, rundir, progress=Progress(enabled=False)).run()

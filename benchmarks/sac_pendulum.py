@@ -1,7 +1,7 @@
 """SAC on Pendulum-v1: time to mean return -200 (dagrl single/apex/split-learner vs SB3) and the
 update frame rate of dagrl's learner roles vs a raw torch SAC loop.
 
-    dagrl bench sac-pendulum [--seeds 1 2 3] [--policies single apex split apex-before] [--skip-sb3]
+    dagrl bench sac-pendulum [--seeds 1 2 3] [--policies single apex split] [--skip-sb3]
 
 Same hyperparameters everywhere: lr 1e-3 (policy, Q, temperature), batch 256, gamma 0.99, tau
 0.005, 1,000 random steps first, one gradient step per env step, two hidden layers of 128, auto
@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import torch
-from _common import emit, engine_before, sb3_to_target, table
+from _common import emit, sb3_to_target, table
 
 from dagrl.algos import sac
 from dagrl.app.driver import Trainer
@@ -35,7 +35,6 @@ from dagrl.runtime.rundir import RunDir
 TARGET, WINDOW, BATCH, STEPS = -200.0, 20, 256, 16
 GRAPHS = {
     "single": "sac-pendulum-single", "apex": "sac-pendulum-apex", "split": "sac-pendulum-split",
-    "apex-before": "sac-pendulum-apex",  # apex on the engine before the streams, side by side
 }  # fmt: skip
 
 
@@ -58,8 +57,7 @@ def dagrl(name: str, seed: int, budget: int, client, root: str) -> dict:
          "checkpoint.every=0", f"runs_dir={root}"],
     )  # fmt: skip
     rundir = RunDir.create(root, graph.name)
-    with engine_before(name):
-        pol = build_policy(graph, None if name == "single" else client, run_dir=rundir.path)
+    pol = build_policy(graph, None if name == "single" else client, run_dir=rundir.path)
     try:
         summary = Trainer(graph, pol, rundir, progress=Progress(enabled=False)).run()
     finally:

@@ -21,8 +21,8 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
   (as ``sync``, one inference actor acting for all samplers: one batched forward per env step),
   ``central-async`` (the same, the samplers streaming as under ``async``);
   ``async-report-tasks`` is ``async`` with a report task per rollout instead of a report event;
-  ``async-before`` is ``async-sync`` on the engine before the streams (the driver issues every collect and
-  every learner round; its default of one rollout per update), in the same run.
+  the engine before the streams (the driver issued every collect and learner round) left the package;
+  its figures stay in BENCHMARKS.md and in the results of ``0e27a49``, the last commit that has it.
 * **cpu**: CPU time of the driver process (the client and the LocalCluster's scheduler) per 1,000 env
   steps: what the driver pays per rollout; **net cpu**: the same less the process's CPU rate with the
   cluster idle (measured for 2 s before each run), which with many workers is most of it.
@@ -43,13 +43,12 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 import time
 from typing import Any
 
-from _common import MachineBusy, emit, engine_before, role_busy, sampler_in_env, table
+from _common import MachineBusy, emit, role_busy, sampler_in_env, table
 
 from dagrl.algos import ppo
 from dagrl.app.graphs import load_graph
@@ -66,14 +65,13 @@ SETUPS = {
     "sync": "policy sync, the samplers' envs on the graph's backend (auto: in turn, or threads once they wait)",
     "async": "policy async, the samplers' envs on the graph's backend (auto: in turn, or threads once they wait)",
     "async-sync": "policy async, each sampler steps its envs in turn (roles.sampler.vector: sync)",
-    "async-before": "as async-sync, on the engine before the streams: the driver issues every collect and round",
     "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
     "central-async": "as central-inference, the samplers streaming as under async (asynchronous: true)",
 }
-VECTORS = {"subproc": "async", "threads": "threads", "sync": "sync", "before": "sync"}
+VECTORS = {"subproc": "async", "threads": "threads", "sync": "sync"}
 """A setup's suffix -> roles.sampler.vector; any other setup runs the graph's own."""
 
 
@@ -99,7 +97,6 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
     """One run of the graph as a user writes it: its own policy options and hyperparameters; only the
     samplers, their envs, the env's cost and the stop change."""
     policy, _, vector = setup.partition("-") if not setup.startswith("central") else (setup, "", "")
-    before = vector == "before"
     Executor.report_events = vector != "report-tasks"
     options = {"central-async": "{name: central-inference, asynchronous: true}"}.get(policy, policy)
     graph = load_graph(GRAPH, [
@@ -110,15 +107,12 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
         "checkpoint.every=0", f"runs_dir={root}",
         *(["roles.learner.resources.GPU=1"] if args.learner_device == "cuda" else []),
     ])  # fmt: skip
-    if before:  # the old engine with the old default (one rollout per update)
-        graph.policy_options = dataclasses.replace(graph.policy_options, rollouts_per_update=1)
     idle = idle_cpu_rate()
     window, machine = Window(args.warmup), MachineBusy()
     cpu, wall = time.process_time(), time.perf_counter()
     try:
-        with engine_before(setup):
-            machine.start()
-            summary = train(graph, client, listeners=[window.on_row])
+        machine.start()
+        summary = train(graph, client, listeners=[window.on_row])
     finally:
         Executor.report_events = True
     cpu = time.process_time() - cpu  # this process: the driver, the client and the scheduler

@@ -118,24 +118,6 @@ def test_async_reports_bounded_staleness(client, graphs_dir):
     assert all(np.isfinite(r.metrics["losses/value"]) for r in results)
 
 
-def test_the_round_engine_kept_as_the_benchmarks_baseline_steps_checkpoints_and_closes(client, graphs_dir, monkeypatch):
-    """``async-before`` (:class:`~dagrl.policies.streaming.Rounds`), what ``dagrl bench`` compares the streams
-    with: it still runs PPO's iterations, gives every role's state for a checkpoint, and closes."""
-    from dagrl.policies import POLICIES
-    from dagrl.policies.streaming import Rounds
-
-    monkeypatch.setitem(POLICIES, "async", type("AsyncBefore", (Rounds,), {"name": "async"}))
-    policy = build_policy(load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml"), client)
-    try:
-        results = [policy.step() for _ in range(3)]
-        state = policy.state_dict()
-    finally:
-        policy.close()
-    assert isinstance(policy, Rounds)
-    assert all(r.env_steps > 0 and np.isfinite(r.metrics["losses/value"]) for r in results)
-    assert state["learner"][0] is not None and all(s is None for s in state["sampler"])
-
-
 def test_placement_prefers_gpu_workers_and_spreads_the_rest():
     workers = {"tcp://a": {"resources": {"GPU": 1}}, "tcp://b": {}, "tcp://c": {}}
     out = place({"sampler": RoleSpec(replicas=2), "learner": RoleSpec(resources={"GPU": 1})}, workers)

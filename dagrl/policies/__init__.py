@@ -4,10 +4,9 @@ Each is a configuration of one engine (:class:`~dagrl.runtime.executor.Executor`
 ``sync`` submit the whole iteration at once (:mod:`.lockstep`), ``dp-learners`` too, with
 data-parallel learner replicas (:mod:`.dataparallel`), and ``central-inference``, with one batched
 ``inference`` role acting for every sampler (:mod:`.inference`; streamed as ``async`` with
-``asynchronous: true``), ``async``
-and ``apex`` stream the samplers to the learner, which pulls what has arrived (through replay under
-``apex``), without the driver (:mod:`.pull`); ``split-learner`` streams the samplers and submits
-rate-limited learner rounds from the driver (:mod:`.streaming`).
+``asynchronous: true``), ``async``,
+``apex`` and ``split-learner`` stream the samplers to the learner, which pulls what has arrived
+(through replay under ``apex`` and ``split-learner``), without the driver (:mod:`.pull`).
 Their names and options are data in :mod:`dagrl.core.distribution`.
 """
 

@@ -12,8 +12,7 @@ Everything a policy does is built from :meth:`Executor.submit` and :meth:`Execut
   the one submitted first runs first: each call gets a falling Dask ``priority`` (Dask's own ties
   calls submitted within 100 ms and breaks the tie by their random keys, so a sampler's two queued
   ``collect`` calls swapped, and a replay shard stored that sampler's rollouts out of order). Tasks
-  waiting for the *same* input from another worker still start in any order once it arrives; the
-  stream engine adds the edge that orders those (:mod:`dagrl.policies.streaming`);
+  waiting for the *same* input from another worker still start in any order once it arrives;
 * ``wait`` turns what can go wrong into :class:`~dagrl.runtime.supervisor.RoleFailure`: a fragment
   that raised (blamed on the call that raised, not on its consumers), a worker that died while a
   call of the iteration was pending or held its output, a call running past ``hang_timeout_s``.
