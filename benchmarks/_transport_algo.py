@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dagrl.core.context import Episodes, RoleContext
-from dagrl.core.fragment import fragment, iteration, role
+from dagrl.core.fragment import Manifest, fragment, iteration, role
 
 SHAPE = (128, 8, 4, 84, 84)
 
@@ -58,3 +58,6 @@ def update(state: dict, rollouts: list[Rollout]) -> dict[str, float]:
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, learner], iteration=train_iteration)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagrl.app.training import train
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import evaluation, fragment, iteration, load_algorithm, role, trace
+from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, load_algorithm, role, trace
 from dagrl.envs.episodes import Episodes, EpisodeTracker
 
 __version__ = "0.1.0"
@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EpisodeTracker",
     "Episodes",
+    "Manifest",
     "RoleContext",
     "evaluation",
     "fragment",

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl import Episodes, EpisodeTracker, RoleContext, evaluation, fragment, iteration, role
+from dagrl import Episodes, EpisodeTracker, Manifest, RoleContext, evaluation, fragment, iteration, role
 from dagrl.algos.common.evaluation import EpisodeRunner
 
 ACTION_SPACES = (gym.spaces.Discrete,)
@@ -214,3 +214,12 @@ def eval_iteration():
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(  # what dagrl runs of this module
+    config=Config,
+    roles=[sampler, learner, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl import Episodes, EpisodeTracker, RoleContext, fragment, iteration, role
+from dagrl import Episodes, EpisodeTracker, Manifest, RoleContext, fragment, iteration, role
 
 ACTION_SPACES = (gym.spaces.Discrete,)
 
@@ -113,3 +113,6 @@ def update(state: Learner, rollouts: list[Rollout]) -> dict[str, float]:
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, learner], iteration=train_iteration, action_spaces=ACTION_SPACES)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from dagrl import fragment, iteration, role
+from dagrl import Manifest, fragment, iteration, role
 from dagrl.replay import ReplayStore, Schema
 
 
@@ -268,3 +268,6 @@ def update(state: LearnerState, samples: list) -> dict[str, float]:
 def train_iteration():
     w = publish()
     return update(sample(add(collect(w))))
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, replay, learner], iteration=train_iteration)

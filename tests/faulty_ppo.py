@@ -7,10 +7,10 @@ from __future__ import annotations
 import gymnasium as gym
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from dagrl import fragment, iteration
+from dagrl import Manifest, fragment, iteration
 from dagrl.algos import ppo
 from dagrl.algos.common import actor_critic
-from dagrl.algos.ppo import Config, learner, sampler  # noqa: F401  (the roles and config this algorithm runs)
+from dagrl.algos.ppo import Config, learner, sampler  # the roles and config this algorithm runs
 from tests.faulty import hang, once
 
 
@@ -51,3 +51,6 @@ def update(state: ppo.LearnerState, rollouts: list[ppo.Rollout]) -> ppo.Metrics:
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, learner], iteration=train_iteration)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dagrl import fragment, iteration, role
+from dagrl import Manifest, fragment, iteration, role
 from dagrl.replay import ReplayStore, Sample, Schema
 
 
@@ -91,3 +91,6 @@ def update(state: LearnerState, samples: list[Sample]) -> dict[str, float]:
 @iteration
 def train_iteration():
     return update(sample(add(collect())))
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, replay, learner], iteration=train_iteration)

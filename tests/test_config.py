@@ -109,12 +109,13 @@ def test_async_refuses_an_iteration_it_cannot_stream(tmp_path, monkeypatch, caps
         monkeypatch,
         "two_streams",
         "from dataclasses import dataclass\n"
-        "from dagrl import fragment, role, iteration\n"
+        "from dagrl import Manifest, fragment, role, iteration\n"
         "@dataclass\nclass Config:\n    pass\n"
         "@role('sampler', many=True)\ndef sampler(ctx, cfg):\n    return 0\n"
         "@fragment(role='sampler')\ndef a(s):\n    return 1\n"
         "@fragment(role='sampler')\ndef b(s, x):\n    return 1\n"
-        "@iteration\ndef it():\n    return b(a())\n",
+        "@iteration\ndef it():\n    return b(a())\n"
+        "ALGORITHM = Manifest(config=Config, roles=[sampler], iteration=it)\n",
     )
     code, err, _, _ = run_cli(tmp_path, "algorithm: two_streams\nenv: {id: CartPole-v1}\npolicy: async\n", capsys)
     assert code == 2 and "policy" in err and "exactly one fragment" in err

@@ -52,11 +52,12 @@ def test_user_algorithm_by_module_path(tmp_path, monkeypatch):
         monkeypatch,
         "my_algo",
         "from dataclasses import dataclass\n"
-        "from dagrl import fragment, role, iteration\n"
+        "from dagrl import Manifest, fragment, role, iteration\n"
         "@dataclass\nclass Config:\n    k: int = 1\n"
         "@role('worker')\ndef worker(ctx, cfg):\n    return 0\n"
         "@fragment(role='worker')\ndef work(state):\n    return 1\n"
-        "@iteration\ndef it():\n    return work()\n",
+        "@iteration\ndef it():\n    return work()\n"
+        "ALGORITHM = Manifest(config=Config, roles=[worker], iteration=it)\n",
     )
     algo = load_algorithm("my_algo")
     assert algo.fragments["work"].role == "worker"
@@ -68,10 +69,11 @@ def test_fragment_without_role_factory_is_refused(tmp_path, monkeypatch):
         monkeypatch,
         "bad_algo",
         "from dataclasses import dataclass\n"
-        "from dagrl import fragment, iteration\n"
+        "from dagrl import Manifest, fragment, iteration\n"
         "@dataclass\nclass Config:\n    pass\n"
         "@fragment(role='ghost')\ndef haunt(state):\n    return 1\n"
-        "@iteration\ndef it():\n    return haunt()\n",
+        "@iteration\ndef it():\n    return haunt()\n"
+        "ALGORITHM = Manifest(config=Config, roles=[], iteration=it)\n",
     )
     with pytest.raises(TypeError, match="ghost"):
         load_algorithm("bad_algo")

@@ -30,7 +30,7 @@ from dagrl.algos.common.qlearning import (
     replay_of,
 )
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, role
 from dagrl.envs.images import is_image
 from dagrl.envs.mixed import MixedBox
 from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
@@ -39,7 +39,8 @@ from dagrl.replay import ReplayState, Sample, Schema, Transitions
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample, shard_draws
 
-__all__ = [  # what DQN shares with R2D2 (its Config, publish, the states) is in algos.common.qlearning
+__all__ = [
+    "ALGORITHM",  # what DQN shares with R2D2 (its Config, publish, the states) is in algos.common.qlearning
     "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner", "publish",
     "replay", "sampler", "train_iteration", "update",
 ]  # fmt: skip
@@ -201,3 +202,12 @@ def train_iteration():
     transitions = collect(weights)
     stored = add(transitions)
     return reprioritize(update(sample(stored)))
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, replay, learner, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -22,14 +22,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dagrl.algos.common import actor_critic
-from dagrl.algos.common.actor_critic import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO's)
-from dagrl.algos.common.actor_critic import LearnerState, collect, publish
+from dagrl.algos.common.actor_critic import (  # PPO's roles, publish, collect, evaluate
+    ACTION_SPACES,
+    LearnerState,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    inference,
+    learner,
+    publish,
+    sampler,
+)
 from dagrl.algos.common.rollouts import Rollout
 from dagrl.algos.common.vtrace import Config, learn, vtrace
-from dagrl.core.fragment import fragment, iteration
+from dagrl.core.fragment import Manifest, fragment, iteration
 
-__all__ = [*actor_critic.__all__, "Config", "train_iteration", "update", "vtrace"]
+__all__ = [
+    "ALGORITHM", "Config", "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update", "vtrace",
+]  # fmt: skip
 
 
 @fragment(role="learner")
@@ -54,3 +65,12 @@ def update(state: LearnerState, rollouts: list[Rollout]) -> dict[str, float]:
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator, inference],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -13,13 +13,25 @@ from dataclasses import dataclass
 
 import torch
 
-from dagrl.algos.common import recurrent, vtrace
+from dagrl.algos.common import vtrace
 from dagrl.algos.common.actor_critic import LearnerState
-from dagrl.algos.common.recurrent import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO-LSTM's)
-from dagrl.algos.common.recurrent import Recurrent, RecurrentRollout, Sequences, collect, publish
-from dagrl.core.fragment import fragment, iteration
+from dagrl.algos.common.recurrent import (  # PPO-LSTM's roles, publish, collect, evaluate
+    ACTION_SPACES,
+    Recurrent,
+    RecurrentRollout,
+    Sequences,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    inference,
+    learner,
+    publish,
+    sampler,
+)
+from dagrl.core.fragment import Manifest, fragment, iteration
 
-__all__ = [*recurrent.__all__, "Config", "train_iteration", "update"]
+__all__ = ["ALGORITHM", "Config", "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update"]
 
 
 @dataclass
@@ -44,3 +56,12 @@ def update(state: LearnerState, rollouts: list[RecurrentRollout]) -> dict[str, f
 @iteration
 def train_iteration():
     return update(collect(publish()))
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator, inference],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

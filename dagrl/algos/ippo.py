@@ -11,9 +11,21 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dagrl.algos.common import multiagent
-from dagrl.algos.common.multiagent import *  # noqa: F403  (the roles, fragments and iterations)
+from dagrl.algos.common.multiagent import (  # the roles, fragments and iterations
+    ACTION_SPACES,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    learner,
+    publish,
+    sampler,
+    train_iteration,
+    update,
+)
+from dagrl.core.fragment import Manifest
 
-__all__ = multiagent.__all__
+__all__ = ["ALGORITHM", "Config", "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update"]
 
 
 @dataclass
@@ -26,3 +38,13 @@ class Config(multiagent.Config):
     without it and with it: -13.0 against -15.0 on mpe2's game (seed 1), -9.5 against -11.0 on the MAPPO
     paper's (seed 2; -8.0 against -10.7 over 2-2.5M). The first 300k env steps are slower without it
     (-16.7, -17.4, -16.8 against -16.2, -16.2, -16.0 over 200-300k, seeds 1-3)."""
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+    multi_agent=True,
+)

@@ -10,7 +10,28 @@ differs only in its critic. Nothing here knows how it is distributed.
 
 from __future__ import annotations
 
-from dagrl.algos.common import multiagent
-from dagrl.algos.common.multiagent import *  # noqa: F403  (the roles, fragments and iterations)
+from dagrl.algos.common.multiagent import (  # the roles, fragments and iterations
+    ACTION_SPACES,
+    Config,
+    collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    learner,
+    publish,
+    sampler,
+    train_iteration,
+    update,
+)
+from dagrl.core.fragment import Manifest
 
-__all__ = multiagent.__all__
+__all__ = ["ALGORITHM", "Config", "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update"]
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+    multi_agent=True,
+)

@@ -13,14 +13,27 @@ from __future__ import annotations
 
 import torch
 
-from dagrl.algos.common import actor_critic
-from dagrl.algos.common.actor_critic import *  # noqa: F403 (the roles, publish, collect, evaluate: PPO's)
-from dagrl.algos.common.actor_critic import Config, LearnerState, Metrics, collect, end_update, publish, start_update
+from dagrl.algos.common.actor_critic import (  # the actor-critic, its roles, publish, collect, evaluate
+    ACTION_SPACES,
+    Config,
+    LearnerState,
+    Metrics,
+    collect,
+    end_update,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    inference,
+    learner,
+    publish,
+    sampler,
+    start_update,
+)
 from dagrl.algos.common.epochs import clipped_loss, proximal, train_epochs
 from dagrl.algos.common.rollouts import Rollout, gae
-from dagrl.core.fragment import fragment, iteration
+from dagrl.core.fragment import Manifest, fragment, iteration
 
-__all__ = [*actor_critic.__all__, "Config", "train_iteration", "update"]
+__all__ = ["ALGORITHM", "Config", "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update"]
 
 
 @fragment(role="learner")
@@ -70,3 +83,12 @@ def train_iteration():
     weights = publish()
     rollouts = collect(weights)
     return update(rollouts)
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator, inference],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dagrl.algos.common import recurrent
 from dagrl.algos.common.actor_critic import Config as ActorCriticConfig
 from dagrl.algos.common.actor_critic import LearnerState, Metrics, end_update, start_update
 from dagrl.algos.common.epochs import clipped_loss, proximal, train_epochs
-from dagrl.algos.common.recurrent import *  # noqa: F403 (the roles, publish, collect, evaluate)
-from dagrl.algos.common.recurrent import (
+from dagrl.algos.common.recurrent import (  # the recurrent actor-critic, its roles, publish, collect, evaluate
+    ACTION_SPACES,
     Acting,
     LSTMCore,
     Prefix,
@@ -36,14 +35,20 @@ from dagrl.algos.common.recurrent import (
     RecurrentRollout,
     Sequences,
     collect,
+    eval_iteration,
+    evaluate,
+    evaluator,
+    inference,
+    learner,
     publish,
+    sampler,
 )
 from dagrl.algos.common.rollouts import gae
-from dagrl.core.fragment import fragment, iteration
+from dagrl.core.fragment import Manifest, fragment, iteration
 
 __all__ = [
-    *recurrent.__all__, "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
-    "train_iteration", "update",
+    "ALGORITHM", "Acting", "Config", "LSTMCore", "Prefix", "Recurrent", "RecurrentActorCritic", "Sequences",
+    "collect", "eval_iteration", "evaluate", "publish", "train_iteration", "update",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,3 +141,12 @@ def train_iteration():
     weights = publish()
     rollouts = collect(weights)
     return update(rollouts)
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, learner, evaluator, inference],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -26,7 +26,7 @@ from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.algos.common.qlearning import ACTION_SPACES, DuelingHead, Weights, publish
 from dagrl.algos.common.recurrent import LSTMCore, State, evaluate
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import evaluation, fragment, iteration, role
+from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, role
 from dagrl.core.schema import at_least, unit_interval
 from dagrl.nn.cuda_graphs import step_means
 from dagrl.nn.networks import obs_tensor
@@ -35,6 +35,7 @@ from dagrl.replay.role import Transitions, UpdateResult, add, reprioritize, samp
 from dagrl.replay.sequences import SequenceRecorder, sequence_schema
 
 __all__ = [
+    "ALGORITHM",
     "ACTION_SPACES", "Config", "RecurrentQ", "collect", "evaluate", "evaluator", "learner", "publish",
     "replay", "rescale", "sampler", "targets", "train_iteration", "unrescale", "update",
 ]  # fmt: skip
@@ -302,3 +303,12 @@ def train_iteration():
     sequences = collect(weights)
     stored = add(sequences)
     return reprioritize(update(sample(stored)))
+
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, replay, learner, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

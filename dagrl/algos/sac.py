@@ -17,10 +17,22 @@ import numpy as np
 import torch
 
 from dagrl.algos.common import offpolicy
-from dagrl.algos.common.offpolicy import *  # noqa: F403 (the fragments and the iteration SAC and TD3 share)
-from dagrl.algos.common.offpolicy import Published, polyak
+from dagrl.algos.common.offpolicy import (  # the fragments and the iterations SAC and TD3 share
+    ACTION_SPACES,
+    Published,
+    add,
+    collect,
+    eval_iteration,
+    evaluate,
+    polyak,
+    publish,
+    sample,
+    train_iteration,
+    update_actor,
+    update_critic,
+)
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import role
+from dagrl.core.fragment import Manifest, role
 from dagrl.core.schema import positive
 from dagrl.nn.cuda_graphs import wants_graphs
 from dagrl.nn.encoders import CNN, encoder
@@ -189,3 +201,17 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
         offpolicy.descend(state.alpha_optimizer, alpha_loss)
         out["alpha_loss"] = alpha_loss.detach()
     return out
+
+
+__all__ = [
+    "ALGORITHM", "Config", "add", "collect", "eval_iteration", "evaluate", "publish", "sample", "train_iteration",
+    "update_actor", "update_critic",
+]  # fmt: skip
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, replay, critic, actor, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

@@ -16,10 +16,22 @@ import numpy as np
 import torch
 
 from dagrl.algos.common import offpolicy
-from dagrl.algos.common.offpolicy import *  # noqa: F403 (the fragments and the iteration SAC and TD3 share)
-from dagrl.algos.common.offpolicy import Published, polyak
+from dagrl.algos.common.offpolicy import (  # the fragments and the iterations SAC and TD3 share
+    ACTION_SPACES,
+    Published,
+    add,
+    collect,
+    eval_iteration,
+    evaluate,
+    polyak,
+    publish,
+    sample,
+    train_iteration,
+    update_actor,
+    update_critic,
+)
 from dagrl.core.context import RoleContext
-from dagrl.core.fragment import role
+from dagrl.core.fragment import Manifest, role
 from dagrl.core.schema import at_least, positive
 from dagrl.nn.cuda_graphs import CapturedStep
 from dagrl.nn.encoders import CNN, encoder
@@ -172,3 +184,17 @@ def actor_step(state: ActorState, b: dict[str, torch.Tensor]) -> dict[str, torch
     loss = -q1.mean()
     offpolicy.descend(state.optimizer, loss)
     return {"loss": loss.detach()}
+
+
+__all__ = [
+    "ALGORITHM", "Config", "add", "collect", "eval_iteration", "evaluate", "publish", "sample", "train_iteration",
+    "update_actor", "update_critic",
+]  # fmt: skip
+
+ALGORITHM = Manifest(
+    config=Config,
+    roles=[sampler, replay, critic, actor, evaluator],
+    iteration=train_iteration,
+    evaluation=eval_iteration,
+    action_spaces=ACTION_SPACES,
+)

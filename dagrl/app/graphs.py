@@ -101,7 +101,7 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     config = from_dict(algo.config_cls, spec.hyperparameters, where, prefix="hyperparameters")
     if spec.env.groups is not None and spec.env.api != "pettingzoo":
         raise ConfigError(where, "env.groups", "groups agents of a multi-agent env: set env.api: pettingzoo")
-    multi = bool(getattr(algo.module, "MULTI_AGENT", False))
+    multi = algo.multi_agent
     if multi != (spec.env.api == "pettingzoo"):
         problem = (
             f"{spec.env.api}: algorithm {spec.algorithm} trains the agents of a multi-agent game; set env.api: "

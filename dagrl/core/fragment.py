@@ -7,7 +7,10 @@ An algorithm is written as plain functions:
 * fragments, ``@fragment(role="sampler")``: take that state explicitly as their first argument and
   return new data;
 * one ``@iteration`` function that calls fragments *without* their state argument. Tracing it once
-  records which fragment feeds which: the fragment graph a distribution policy maps onto actors.
+  records which fragment feeds which: the fragment graph a distribution policy maps onto actors;
+* one :class:`Manifest`, bound to ``ALGORITHM``: its hyperparameters, role factories, iteration and
+  evaluation. The runtime reads that and nothing else of the module; the fragments it runs are those
+  the iteration and the evaluation call.
 
 Called with its state, a fragment is an ordinary function (that is how it is unit-tested and how the
 ``single`` policy runs it). Called without, inside :func:`trace`, it records a :class:`Node`.
@@ -29,6 +32,7 @@ __all__ = [
     "Edge",
     "Fragment",
     "FragmentGraph",
+    "Manifest",
     "Node",
     "RoleDef",
     "evaluation",
@@ -209,32 +213,94 @@ def trace(fn: Callable[[], Any]) -> FragmentGraph:
     return FragmentGraph(tracer.nodes, out)
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """What an algorithm module declares, as ``ALGORITHM = Manifest(...)``: all the runtime takes from it.
+
+    Examples
+    --------
+    >>> from dagrl.algos import ppo
+    >>> ppo.ALGORITHM.config.__name__, [f.__dagrl_role__.name for f in ppo.ALGORITHM.roles]
+    ('Config', ['sampler', 'learner', 'evaluator', 'inference'])
+    """
+
+    config: type
+    """The hyperparameter dataclass (a graph's ``hyperparameters`` are checked against it)."""
+    roles: tuple[Callable[..., Any], ...]
+    """The ``@role`` state factories, one per role its iteration and evaluation run on (and
+    ``inference`` for central inference)."""
+    iteration: Callable[[], Any]
+    """The ``@iteration`` function: one training iteration."""
+    evaluation: Callable[[], Any] | None = None
+    """The ``@evaluation`` function, run every ``evaluate.every`` iterations; ``None``: none."""
+    action_spaces: tuple[type, ...] = ()
+    """The gymnasium space classes it acts in (empty: any), checked against the env before anything
+    starts."""
+    multi_agent: bool = False
+    """It trains the agents of a PettingZoo game (``env.api: pettingzoo``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", tuple(self.roles))
+        object.__setattr__(self, "action_spaces", tuple(self.action_spaces))
+        if not dataclasses.is_dataclass(self.config):
+            raise TypeError(f"Manifest: config must be a dataclass, got {self.config!r}")
+        for factory in self.roles:
+            if not hasattr(factory, "__dagrl_role__"):
+                raise TypeError(f"Manifest: role {getattr(factory, '__name__', factory)!r} is not a @role factory")
+        if not getattr(self.iteration, "__dagrl_iteration__", False):
+            name = getattr(self.iteration, "__name__", self.iteration)
+            raise TypeError(f"Manifest: iteration {name!r} is not @iteration")
+        if self.evaluation is not None and not getattr(self.evaluation, "__dagrl_evaluation__", False):
+            raise TypeError(f"Manifest: evaluation {self.evaluation.__name__!r} is not @evaluation")
+        if not all(isinstance(t, type) for t in self.action_spaces):
+            raise TypeError(f"Manifest: action_spaces must hold space classes, got {self.action_spaces!r}")
+
+
 @dataclass
 class Algorithm:
-    """Everything the runtime needs from an algorithm module, found by its decorators."""
+    """An algorithm module's :class:`Manifest`, traced: its roles by name, and the fragments its
+    iteration and evaluation call."""
 
     name: str
     module: types.ModuleType
-    config_cls: type
-    roles: dict[str, RoleDef]
-    fragments: dict[str, Fragment]
-    iteration: Callable[[], Any]
-    evaluation: Callable[[], Any] | None = None
-    action_spaces: tuple[type, ...] = ()
-    """The gymnasium space classes it acts in (the module's ``ACTION_SPACES``; empty: any), checked
-    against the env before anything starts."""
+    manifest: Manifest
+    roles: dict[str, RoleDef] = field(init=False)
+    fragments: dict[str, Fragment] = field(init=False)
     graph: FragmentGraph = field(init=False)
     eval_graph: FragmentGraph | None = field(init=False)
 
     def __post_init__(self) -> None:
+        self.roles = _in_order([factory.__dagrl_role__ for factory in self.manifest.roles])
         self.graph = trace(self.iteration)
         self.eval_graph = trace(self.evaluation) if self.evaluation is not None else None
-        for node in [*self.graph.nodes, *(self.eval_graph.nodes if self.eval_graph else [])]:
+        nodes = [*self.graph.nodes, *(self.eval_graph.nodes if self.eval_graph else [])]
+        self.fragments = {node.name: node.fragment for node in nodes}
+        for node in nodes:
             if node.role not in self.roles:
                 raise TypeError(
                     f"algorithm {self.name}: fragment {node.name} runs on role {node.role!r}, "
-                    f"which has no @role state factory"
+                    f"which has no @role state factory in its manifest"
                 )
+
+    @property
+    def config_cls(self) -> type:
+        return self.manifest.config
+
+    @property
+    def iteration(self) -> Callable[[], Any]:
+        return self.manifest.iteration
+
+    @property
+    def evaluation(self) -> Callable[[], Any] | None:
+        return self.manifest.evaluation
+
+    @property
+    def action_spaces(self) -> tuple[type, ...]:
+        return self.manifest.action_spaces
+
+    @property
+    def multi_agent(self) -> bool:
+        return self.manifest.multi_agent
 
     @property
     def eval_only_roles(self) -> set[str]:
@@ -257,10 +323,11 @@ def _in_order(roles: list[RoleDef]) -> dict[str, RoleDef]:
 
 
 def load_algorithm(name: str) -> Algorithm:
-    """Import an algorithm by short name (``ppo`` -> ``dagrl.algos.ppo``) or importable module path.
+    """Import an algorithm by short name (``ppo`` -> ``dagrl.algos.ppo``) or importable module path,
+    and trace its :class:`Manifest`.
 
-    Raises ``ModuleNotFoundError`` when no such module exists and ``TypeError`` when the module does
-    not define a ``Config`` dataclass, role factories, fragments and one ``@iteration`` function.
+    Raises ``ModuleNotFoundError`` when no such module exists and ``TypeError`` when the module binds
+    no ``ALGORITHM = Manifest(...)``, or its iteration calls a fragment of a role it does not list.
     """
     candidates = [name] if "." in name else [f"dagrl.algos.{name}", name]
     for modname in candidates:
@@ -272,28 +339,10 @@ def load_algorithm(name: str) -> Algorithm:
                 raise  # the module exists but one of its own imports is missing
     else:
         raise ModuleNotFoundError(f"no algorithm module {' or '.join(map(repr, candidates))}")
-    roles: dict[str, RoleDef] = {}
-    fragments: dict[str, Fragment] = {}
-    iterations, evaluations = [], []
-    for value in vars(module).values():
-        if isinstance(value, Fragment):
-            fragments[value.name] = value
-        elif hasattr(value, "__dagrl_role__"):
-            roles[value.__dagrl_role__.name] = value.__dagrl_role__
-        elif getattr(value, "__dagrl_iteration__", False):
-            iterations.append(value)
-        elif getattr(value, "__dagrl_evaluation__", False):
-            evaluations.append(value)
-    roles = _in_order(list(roles.values()))
-    config_cls = getattr(module, "Config", None)
-    if config_cls is None or not dataclasses.is_dataclass(config_cls):
-        raise TypeError(f"algorithm module {modname} defines no Config dataclass")
-    if len(iterations) != 1:
-        raise TypeError(f"algorithm module {modname} must define exactly one @iteration function")
-    if len(evaluations) > 1:
-        raise TypeError(f"algorithm module {modname} defines more than one @evaluation function")
-    action_spaces = tuple(getattr(module, "ACTION_SPACES", ()))
-    if not all(isinstance(t, type) for t in action_spaces):
-        raise TypeError(f"algorithm module {modname}: ACTION_SPACES must hold space classes, got {action_spaces!r}")
-    evaluation_fn = (evaluations or [None])[0]
-    return Algorithm(name, module, config_cls, roles, fragments, iterations[0], evaluation_fn, action_spaces)
+    manifest = getattr(module, "ALGORITHM", None)
+    if not isinstance(manifest, Manifest):
+        raise TypeError(
+            f"algorithm module {modname} declares no manifest: bind ALGORITHM = Manifest(config=Config, "
+            f"roles=[...], iteration=train_iteration) (dagrl.Manifest)"
+        )
+    return Algorithm(name, module, manifest)

@@ -28,7 +28,7 @@ from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_tensor
 from dagrl.nn.optim import adam
 
-__all__ = [  # what an actor-critic algorithm module takes as it is (ppo.py, impala.py: a star import)
+__all__ = [  # what an actor-critic algorithm module takes as it is (ppo.py, impala.py)
     "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",
     "sampler",
 ]  # fmt: skip

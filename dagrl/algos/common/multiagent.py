@@ -42,16 +42,13 @@ from dagrl.core.schema import at_least, widths_fit
 from dagrl.envs.agents import AgentsBox, agent_step
 from dagrl.envs.episodes import Episodes, EpisodeTracker
 
-__all__ = [  # what a multi-agent algorithm module is made of (mappo.py, ippo.py: a star import)
-    "ACTION_SPACES", "MULTI_AGENT", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner",
+__all__ = [  # what a multi-agent algorithm module is made of (mappo.py, ippo.py)
+    "ACTION_SPACES", "Config", "collect", "eval_iteration", "evaluate", "evaluator", "learner",
     "publish", "sampler", "train_iteration", "update",
 ]  # fmt: skip
 
 ACTION_SPACES = (gym.spaces.MultiDiscrete, gym.spaces.Box)
 """A game's joint action: one ``Discrete`` choice per agent, or a ``Box`` row per agent."""
-
-MULTI_AGENT = True
-"""An algorithm module that re-exports this trains the agents of a PettingZoo game (``env.api: pettingzoo``)."""
 
 
 @dataclass

@@ -41,8 +41,8 @@ __all__ = [
     "ACTION_SPACES", "add", "collect", "eval_iteration", "evaluate", "publish", "sample", "train_iteration",
     "update_actor", "update_critic",
 ]  # fmt: skip
-"""What an algorithm module takes as it is (``from ... import *``); its roles it binds one by one, in
-their order (:func:`sampler_of`)."""
+"""What an algorithm module takes as it is (sac.py, td3.py); its roles it binds one by one
+(:func:`sampler_of`)."""
 
 ACTION_SPACES = (gym.spaces.Box,)
 Metrics = dict[str, float]

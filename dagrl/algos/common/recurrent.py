@@ -39,7 +39,7 @@ from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_array, obs_tensor
 
-__all__ = [  # what a recurrent actor-critic algorithm takes as it is (ppo_lstm.py, impala_lstm.py: a star import)
+__all__ = [  # what a recurrent actor-critic algorithm takes as it is (ppo_lstm.py, impala_lstm.py)
     "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",
     "sampler",
 ]  # fmt: skip
