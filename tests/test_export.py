@@ -88,7 +88,7 @@ def test_an_image_policy_takes_uint8_frames_and_a_missing_run_is_one_line(tmp_pa
 
 
 def test_a_policy_over_a_dict_holding_an_image_takes_the_packed_vector(tmp_path):
-    """What ``dagrl.envs.vector.make_env`` gives for the Dict (``dagrl.envs.mixed``) is what the export takes."""
+    """What ``dagrl.envs.vector.make_env`` gives for the Dict (``dagrl.spaces.mixed``) is what the export takes."""
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.envs.vector import make_env
 

@@ -13,10 +13,10 @@ import dagrl.envs  # noqa: F401  (registers BrightHalf-v0)
 from dagrl.algos.common import actor_critic
 from dagrl.algos.common.actor_critic import ActorCritic
 from dagrl.app.graphs import load_graph
-from dagrl.envs.images import is_image
 from dagrl.nn.encoders import NatureCNN
 from dagrl.policies import build_policy
 from dagrl.runtime.checkpoint import load_checkpoint
+from dagrl.spaces.images import is_image
 from tests.helpers import train
 
 
@@ -40,9 +40,9 @@ def test_every_algorithm_takes_impalas_cnn_for_images():
     """``cnn: impala`` gives each algorithm's networks IMPALA's residual encoder (actor, critics, Q,
     recurrent trunks, a Dict's images), and they run forward; the default stays the Nature CNN."""
     from dagrl.algos import dqn, impala, ppo, ppo_lstm, r2d2, sac, td3
-    from dagrl.envs.mixed import mixed_space
     from dagrl.nn.encoders import ImpalaCNN, MixedEncoder
     from dagrl.nn.networks import TwinQ
+    from dagrl.spaces.mixed import mixed_space
 
     image = gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)
     discrete, box = gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -138,7 +138,7 @@ def test_ppo_learns_from_a_stack_of_frames_what_one_frame_does_not_show(client, 
     """BrightHalf with ``blink``: every other image is noise only, its step asking for the half shown
     before. One frame earns 12 of 16 on average (this graph unstacked: 12.15 after 10k env steps, 12.85 at
     best); gymnasium's ``FrameStackObservation`` of 2 gives ``(2, 1, 36, 36)``, folded into 2 channels of
-    one image for the CNN (``dagrl/envs/images.py``), and 15 is reached (in 12 iterations, seed 1)."""
+    one image for the CNN (``dagrl/spaces/images.py``), and 15 is reached (in 12 iterations, seed 1)."""
     overrides = ["env.kwargs.size=36", "env.kwargs.blink=true", STACK_2, "stop.env_steps=15000"]
     space = load_graph("graphs/ppo-brighthalf.yaml", overrides).observation_space
     assert space.shape == (2, 36, 36) and is_image(space)  # before: a float32 (2, 1, 36, 36) for an MLP
@@ -168,8 +168,8 @@ def test_dqn_with_the_cnn_learns_from_a_uint8_replay(tmp_path):
 def test_a_dict_holding_an_image_is_stored_in_replay_a_byte_a_pixel(tmp_path):
     """DQN on BrightHalfFlip: the replay's rows are the packed ``uint8`` vector, and the learner's Q reads
     the state back from them bit for bit."""
-    from dagrl.envs.mixed import unpack
     from dagrl.nn.encoders import MixedEncoder
+    from dagrl.spaces.mixed import unpack
 
     overrides = ["env.id=dagrl.envs:BrightHalfFlip-v0", "env.kwargs={size: 36}", "hyperparameters.learning_starts=64"]
     graph = load_graph("graphs/dqn-brighthalf.yaml", [*overrides, f"runs_dir={tmp_path}"])
@@ -282,8 +282,8 @@ def test_sac_with_share_encoder_learns_from_pixels_under_split_learner(client, t
 
 
 def test_a_dicts_images_are_shifted_and_its_other_entries_kept():
-    from dagrl.envs.mixed import mixed_space, unpack
     from dagrl.nn.encoders import Shift, image_shift
+    from dagrl.spaces.mixed import mixed_space, unpack
 
     space = mixed_space(gym.make("dagrl.envs:BrightHalfFlip-v0", size=36).observation_space)
     shift = image_shift(space, 4)

@@ -11,10 +11,15 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dagrl"
 
-LAYERS = ("envs", "core", "nn", "replay", "algos", "runtime", "policies", "dashboard", "clusters", "app")
-"""Lowest first. ``envs`` makes environments and knows no fragment; ``core`` is what an algorithm is
-written in (fragments, roles, the role context, the graph spec); ``dashboard`` is the RL page, a plugin of
-Dask's dashboard that the clusters register before a scheduler starts; ``app`` is what a user runs."""
+LAYERS = ("spaces", "envs", "core", "nn", "replay", "algos", "runtime", "policies", "dashboard", "clusters", "app")
+"""Lowest first. ``spaces`` reads observation spaces (images, packed mixed observations); ``envs`` makes
+environments and knows no fragment; ``core`` is what an algorithm is written in (fragments, roles, the
+role context, the graph spec); ``dashboard`` is the RL page, a plugin of Dask's dashboard; ``app`` is
+what a user runs."""
+
+APART = {"nn": "envs", "clusters": "dashboard"}
+"""Floors that never import the one named though it lies below: networks read spaces, not the envs that
+make them; clusters name the RL page as their scheduler's preload (a module name), never import it."""
 
 
 def modules(root: pathlib.Path = PACKAGE) -> dict[str, pathlib.Path]:
@@ -127,6 +132,17 @@ def test_no_import_cycle():
 
 def test_each_floor_imports_only_those_below():
     assert upward(import_graph()) == []
+
+
+def test_floors_kept_apart_do_not_import_each_other():
+    graph = import_graph()
+    crossing = [
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        for target in sorted(targets)
+        if layer(name) in APART and APART[layer(name)] == layer(target)
+    ]
+    assert crossing == []
 
 
 def test_algorithms_share_through_common_only():

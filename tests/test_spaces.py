@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dagrl.app.graphs import load_graph
-from dagrl.envs.images import is_image
 from dagrl.envs.vector import make_vector, vector_observations
+from dagrl.spaces.images import is_image
 from tests.helpers import train
 
 
@@ -99,7 +99,7 @@ def test_a_dict_of_stacked_frames_packs_them_as_one_image():
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.common.actor_critic import ActorCritic
-    from dagrl.envs.mixed import MixedBox, unpack
+    from dagrl.spaces.mixed import MixedBox, unpack
 
     def stacked():
         return gym.wrappers.FrameStackObservation(gym.make("BrightHalfFlip-v0", size=36), 3)
@@ -208,8 +208,8 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.common.actor_critic import ActorCritic
     from dagrl.algos.dqn import q_network
-    from dagrl.envs.mixed import MixedBox
     from dagrl.nn.encoders import MixedEncoder, NatureCNN
+    from dagrl.spaces.mixed import MixedBox
 
     raw = gym.make("BrightHalfFlip-v0", size=36)
     env = vector_observations(gym.make("BrightHalfFlip-v0", size=36))
@@ -240,8 +240,8 @@ def test_a_dict_holding_an_image_is_laid_out_for_a_cnn_and_the_rest(graphs_dir):
 def test_a_tuple_holding_an_image_is_packed_as_a_dict_is():
     import torch
 
-    from dagrl.envs.mixed import MixedBox, unpack
     from dagrl.nn.encoders import MixedEncoder
+    from dagrl.spaces.mixed import MixedBox, unpack
 
     space = gym.spaces.Tuple((gym.spaces.Box(0, 255, (40, 40, 3), np.uint8), gym.spaces.Discrete(3)))
     env = vector_observations(Fixed(space))
@@ -263,7 +263,7 @@ def test_norm_obs_standardises_a_dicts_other_entries_and_leaves_its_images_to_th
 
     import dagrl.envs  # noqa: F401  (registers BrightHalfFlip-v0)
     from dagrl.algos.common.actor_critic import ActorCritic, Config
-    from dagrl.envs.mixed import mixed_space
+    from dagrl.spaces.mixed import mixed_space
 
     space = vector_observations(gym.make("BrightHalfFlip-v0", size=36)).observation_space
     agent = ActorCritic(space, gym.spaces.Discrete(2), 64, norm_obs=True)

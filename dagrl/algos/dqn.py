@@ -31,13 +31,13 @@ from dagrl.algos.common.qlearning import (
 )
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, role
-from dagrl.envs.images import is_image
-from dagrl.envs.mixed import MixedBox
 from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.replay import ReplayState, Sample, Schema, Transitions
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample, shard_draws
+from dagrl.spaces.images import is_image
+from dagrl.spaces.mixed import MixedBox
 
 __all__ = [
     "ALGORITHM",  # what DQN shares with R2D2 (its Config, publish, the states) is in algos.common.qlearning

@@ -83,8 +83,8 @@ def observations(space: Any, env_space: Any = None) -> str:
     >>> observations(gym.spaces.Box(0, 255, (12, 96, 96), np.uint8), stacked)
     'uint8 image (12, 96, 96); networks.encoder: a Nature CNN; the env gives Box(0, 255, (4, 96, 96, 3), uint8)'
     """
-    from dagrl.envs.images import is_image
-    from dagrl.envs.mixed import MixedBox
+    from dagrl.spaces.images import is_image
+    from dagrl.spaces.mixed import MixedBox
 
     if isinstance(space, MixedBox):
         parts = ", ".join(f"{p.key} image {p.image}" if p.image else f"{p.key} {p.size} float32" for p in space.parts)

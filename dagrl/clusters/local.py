@@ -140,9 +140,6 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int, gpu_actors: int = 0) ->
     """
     from distributed import LocalCluster
 
-    from dagrl.dashboard import register
-
-    register()  # the RL page, before the scheduler's dashboard starts
     gpus = cuda_count() if spec.gpu_workers == "auto" else spec.gpu_workers
     n_workers = max(n_actors if spec.workers == "auto" else spec.workers, gpus)
     config = {"distributed.worker.profile.enabled": spec.profile, **(QUIET_CONFIG if spec.quiet else {})}
@@ -156,6 +153,7 @@ def local_cluster(spec: LocalClusterSpec, n_actors: int, gpu_actors: int = 0) ->
             dashboard_address=spec.dashboard_address,
             host="127.0.0.1",
             preload=["dagrl.runtime.preload"],
+            scheduler_kwargs={"preload": list(spec.scheduler_preload)},  # the RL page: before the dashboard
         )
         if gpus:
             threads = max(spec.threads_per_worker, math.ceil(gpu_actors / gpus))

@@ -286,9 +286,7 @@ def jobs_cluster(spec: SlurmSpec, jobs: list[tuple[str, str]], run_dir: Path) ->
     if spec.interface is None:  # the host name's address, not every interface of the node
         options["host"] = socket.gethostbyname(socket.gethostname())
     log.info("SLURM: %d worker jobs in pools %s", len(jobs), ", ".join(sorted({pool for _, pool in jobs})))
-    from dagrl.dashboard import register
-
-    register()  # the RL page, before the scheduler's dashboard starts
+    options["preload"] = list(spec.scheduler_preload)  # the RL page: imported before the dashboard starts
     first = spec.pools[next(iter(spec.pools))]
     with quiet_here(QUIET_CONFIG if spec.quiet else {}):  # the scheduler's periodic callbacks
         slurm = SLURMCluster(

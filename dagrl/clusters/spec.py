@@ -57,6 +57,9 @@ class LocalClusterSpec:
     quiet: bool = True
     """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, and messages not
     sized for Dask's offload thread; ``false``: Dask's own."""
+    scheduler_preload: list[str] = field(default_factory=lambda: ["dagrl.dashboard"])
+    """Modules the scheduler imports as it starts (Dask's ``--preload``): ``dagrl.dashboard`` adds the RL
+    page to its dashboard; add your own scheduler plugins here."""
 
     def __post_init__(self) -> None:
         if self.workers != "auto" and self.workers < 1:
@@ -211,6 +214,9 @@ class SlurmSpec:
     quiet: bool = True
     """Dask's periodic housekeeping at the calmer intervals of :data:`QUIET_CONFIG`, and messages not
     sized for Dask's offload thread, in the scheduler and every worker job; ``false``: Dask's own."""
+    scheduler_preload: list[str] = field(default_factory=lambda: ["dagrl.dashboard"])
+    """Modules the scheduler imports as it starts (Dask's ``--preload``): ``dagrl.dashboard`` adds the RL
+    page to its dashboard; add your own scheduler plugins here."""
     requeue: bool = True
     """The driver job of ``dagrl submit`` may go back to the queue (``sbatch --requeue``): after a node
     failure or a preemption SLURM starts it again, and on the walltime warning (``signal_lead_s``) it

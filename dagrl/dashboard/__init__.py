@@ -10,8 +10,9 @@ late shows the last four minutes of rows, or the last 1000 iterations if they to
 
 Registering the page uses Dask's dashboard internals (``distributed.dashboard.scheduler.applications``),
 so the distributed version is pinned in ``pyproject.toml`` and the page is tested in a real browser.
-It must be registered before the scheduler starts: dagrl's own clusters do it, and for a scheduler
-started by hand: ``dask scheduler --preload dagrl.dashboard``.
+It must be registered before the scheduler starts: dagrl's own clusters name this module as their
+scheduler's preload (a cluster file's ``scheduler_preload``), and for a scheduler started by hand:
+``dask scheduler --preload dagrl.dashboard``.
 """
 
 from __future__ import annotations

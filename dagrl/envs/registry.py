@@ -182,7 +182,7 @@ class BrightHalf(gym.Env):
 class BrightHalfFlip(BrightHalf):
     """:class:`BrightHalf` as a ``Dict``: the image channels last under ``"pixels"`` and a ``"flip"`` of
     +-1 under ``"state"``; the action names the bright half, or with ``flip`` +1 the other one. Either
-    entry alone earns 8 of 16: a policy must read both (:mod:`dagrl.envs.mixed`). ``continuous``: a
+    entry alone earns 8 of 16: a policy must read both (:mod:`dagrl.spaces.mixed`). ``continuous``: a
     ``Box(-1, 1)`` action whose sign names the half, as :class:`BrightHalf`'s."""
 
     def __init__(self, size: int = 84, length: int = 16, render_mode: str | None = None, continuous: bool = False):

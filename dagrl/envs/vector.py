@@ -479,10 +479,10 @@ def vector_observations(env: gym.Env) -> gym.Env:
     """``env`` with observations every algorithm's networks take: a ``float32`` vector where the env's
     own are not a ``Box`` (``Discrete`` states one-hot, ``Tuple``/``Dict`` concatenated, by gymnasium's
     ``FlattenObservation``; a ``Dict`` or ``Tuple`` holding an image as one ``uint8`` vector instead, laid out so
-    that the networks give the image a CNN: :mod:`dagrl.envs.mixed`) or are integers other than an image (an Atari
+    that the networks give the image a CNN: :mod:`dagrl.spaces.mixed`) or are integers other than an image (an Atari
     console's ``uint8`` RAM, an image too small for the CNN); other ``uint8`` images as ``(C, H, W)``, stacked
     frames folded into the channels (an ALE game's RGB screen, CarRacing's, a stack of them:
-    :mod:`dagrl.envs.images`); ``(C, H, W)`` images (:func:`dagrl.envs.images.is_image`) and float ``Box``
+    :mod:`dagrl.spaces.images`); ``(C, H, W)`` images (:func:`dagrl.spaces.images.is_image`) and float ``Box``
     observations unchanged.
 
     >>> vector_observations(gym.make("FrozenLake-v1")).observation_space
@@ -490,8 +490,9 @@ def vector_observations(env: gym.Env) -> gym.Env:
 
     Raises ``ValueError`` for a space of no fixed size (``Sequence``, ``Graph``).
     """
-    from dagrl.envs.images import image_layout
-    from dagrl.envs.mixed import MixedObservation, mixed_space
+    from dagrl.envs.mixed import MixedObservation
+    from dagrl.spaces.images import image_layout
+    from dagrl.spaces.mixed import mixed_space
 
     space = env.observation_space
     mixed = mixed_space(space)

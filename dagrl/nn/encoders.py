@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dagrl.envs.images import is_image
-from dagrl.envs.mixed import FLOAT_BYTES, MixedBox
+from dagrl.spaces.images import is_image
+from dagrl.spaces.mixed import FLOAT_BYTES, MixedBox
 
 
 class ConvEncoder(nn.Module):
@@ -100,7 +100,7 @@ CNNS: dict[str, type[ConvEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN}
 def encoder(space, hidden: int, cnn: CNN = "nature") -> tuple[nn.Module, int]:
     """The trunk for an observation space and its output width: the CNN named ``cnn`` (:data:`CNNS`)
     for images (:func:`is_image`), one per image and the rest as it is for a ``Dict`` holding images
-    (:class:`dagrl.envs.mixed.MixedEncoder`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""
+    (:class:`dagrl.spaces.mixed.MixedEncoder`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""
     if cnn not in CNNS:
         raise ValueError(f"cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
     if isinstance(space, MixedBox):
@@ -160,7 +160,7 @@ class Shift:
     """DrQ's :func:`random_shift` of a batch's images by up to :attr:`pad` pixels, as an algorithm's
     gradient steps call it: ``shift(obs, generator)``. Made for a space by :func:`image_shift`.
 
-    :attr:`parts` are ``(start, stop, (C, H, W))`` of each image in a :mod:`dagrl.envs.mixed` vector:
+    :attr:`parts` are ``(start, stop, (C, H, W))`` of each image in a :mod:`dagrl.spaces.mixed` vector:
     those bytes are shifted (and stay ``uint8``), the other entries' bytes kept. Without parts the whole
     observation is one image batch, returned as ``float32`` pixel values. A :attr:`pad` of 0 returns the
     batch as it is.
@@ -198,7 +198,7 @@ class MixedEncoder(nn.Module):
     algorithm's ``.float()`` makes it, is turned back to ``uint8`` exactly first).
 
     >>> import gymnasium as gym
-    >>> from dagrl.envs.mixed import mixed_space
+    >>> from dagrl.spaces.mixed import mixed_space
     >>> space = mixed_space(gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (1, 36, 36), np.uint8),
     ...                                      "speed": gym.spaces.Box(-1, 1, (2,))}))
     >>> enc = MixedEncoder(space)

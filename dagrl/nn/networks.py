@@ -121,7 +121,7 @@ def as_tensors(weights: Weights, device: torch.device | str = "cpu") -> dict[str
 
 def minibatches(samples: list, size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
     """Tensors of every full ``size``-row slice of the sampled rows (``None`` samples skipped): ``uint8``
-    fields (images, :mod:`dagrl.envs.mixed` vectors) as they are, the encoders take them so; the rest float."""
+    fields (images, :mod:`dagrl.spaces.mixed` vectors) as they are, the encoders take them so; the rest float."""
     present = [s for s in samples if s is not None]
     if not present:
         return []

@@ -22,11 +22,11 @@ from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least
 from dagrl.envs.episodes import EpisodeTracker
-from dagrl.envs.images import is_image
-from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_tensor
 from dagrl.nn.optim import adam
+from dagrl.spaces.images import is_image
+from dagrl.spaces.mixed import MixedBox
 
 __all__ = [  # what an actor-critic algorithm module takes as it is (ppo.py, impala.py)
     "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",

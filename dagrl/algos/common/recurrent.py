@@ -35,9 +35,9 @@ from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least, widths_fit
 from dagrl.envs.episodes import EpisodeTracker
-from dagrl.envs.mixed import MixedBox
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_array, obs_tensor
+from dagrl.spaces.mixed import MixedBox
 
 __all__ = [  # what a recurrent actor-critic algorithm takes as it is (ppo_lstm.py, impala_lstm.py)
     "ACTION_SPACES", "collect", "eval_iteration", "evaluate", "evaluator", "inference", "learner", "publish",

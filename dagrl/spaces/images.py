@@ -9,7 +9,7 @@ the channels (what Stable-Baselines3's ``VecFrameStack`` and ``VecTransposeImage
 * ``shwc``: ``(S, H, W, C)``, ``C <= 4`` (``FrameStackObservation`` of an RGB screen) as ``(S * C, H, W)``,
   the channels of the oldest frame first.
 
-Height and width are :data:`dagrl.envs.images.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
+Height and width are :data:`dagrl.spaces.images.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
 and is flattened to a vector instead.
 """
 
@@ -27,7 +27,7 @@ MAX_CHANNELS = 4
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """One of the four layouts of :mod:`dagrl.envs.images`: ``order`` and the ``(C, H, W)`` it becomes.
+    """One of the four layouts of :mod:`dagrl.spaces.images`: ``order`` and the ``(C, H, W)`` it becomes.
 
     >>> layout = image_layout(gym.spaces.Box(0, 255, (4, 96, 96, 3), np.uint8))
     >>> layout
@@ -96,6 +96,6 @@ def is_image(space) -> bool:
     """A ``uint8`` observation of shape ``(C, H, W)`` (stacked frames first, as gymnasium's
     ``FrameStackObservation`` of 84x84 grayscale frames gives ``(4, 84, 84)``), at least
     :data:`MIN_IMAGE_SIDE` pixels high and wide. (Channels-last images and stacks of frames are made
-    such an image where envs are made: :mod:`dagrl.envs.images`.)"""
+    such an image where envs are made: :mod:`dagrl.spaces.images`.)"""
     shape = tuple(getattr(space, "shape", ()) or ())
     return len(shape) == 3 and np.dtype(space.dtype) == np.uint8 and min(shape[1:]) >= MIN_IMAGE_SIDE
