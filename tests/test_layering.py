@@ -145,6 +145,29 @@ def test_floors_kept_apart_do_not_import_each_other():
     assert crossing == []
 
 
+LOADED_BY_NAME = {
+    "dagrl.__main__",  # python -m dagrl
+    "dagrl.dashboard",  # a scheduler preload (scheduler_preload)
+    "dagrl.envs.mpe",  # an env module, named in graph files (env.id: dagrl.envs.mpe:...)
+}
+"""Modules that nothing in the package imports, yet run: besides these, the packages themselves and the
+algorithm modules (``algorithm: ppo`` in a graph file)."""
+
+
+def test_every_module_is_imported_by_another_or_loaded_by_name():
+    graph = import_graph()
+    imported = set().union(*graph.values())
+    orphans = [
+        name
+        for name, path in modules().items()
+        if name not in imported
+        and name not in LOADED_BY_NAME
+        and path.name != "__init__.py"
+        and not (name.startswith("dagrl.algos.") and not name.startswith("dagrl.algos.common"))
+    ]
+    assert orphans == []
+
+
 def test_algorithms_share_through_common_only():
     graph = import_graph()
     crossing = [

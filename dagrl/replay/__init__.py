@@ -6,6 +6,7 @@ from dagrl.replay.nstep import NStep
 from dagrl.replay.role import ReplayState, Transitions, replay_state
 from dagrl.replay.schema import Field, ReplayError, Schema
 from dagrl.replay.store import ReplayStore, Sample
+from dagrl.replay.synthetic import random_sample
 
 __all__ = [
     "Field",
@@ -16,5 +17,6 @@ __all__ = [
     "Sample",
     "Schema",
     "Transitions",
+    "random_sample",
     "replay_state",
 ]
