@@ -3,7 +3,9 @@ real LocalCluster (whose workers import it as they import any algorithm module).
 
 from __future__ import annotations
 
+import ast
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -68,3 +70,40 @@ def test_the_tutorials_algorithm_learns_cartpole_under_each_policy(policy, clien
         overrides=[f"policy={policy}"],
     )  # fmt: skip
     assert summary["stop_reason"] == "mean_return", summary
+
+
+PPO = "examples/ppo-cartpole.yaml"
+
+
+def test_the_single_file_ppo_reads_as_one_file():
+    """``examples/ppo.py``: PPO with its network in one file of at most 350 lines, on dagrl's public API
+    alone (``import dagrl``, never its subpackages), declaring what runs in one manifest."""
+    source = pathlib.Path("examples/ppo.py").read_text()
+    assert len(source.splitlines()) <= 350
+    imported = [n.module or "" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
+    assert [m for m in imported if m.startswith("dagrl.")] == [] and "dagrl" in imported
+    assert load_graph(PPO).algorithm.roles.keys() == {"sampler", "learner"}
+
+
+def test_the_single_file_ppo_computes_the_same_in_one_process_and_on_a_cluster(client):
+    single = [r.metrics for r in first_ppo_iterations("single", None)]
+    sync = [r.metrics for r in first_ppo_iterations("sync", client)]
+    assert [m["losses/value"] for m in single] == [m["losses/value"] for m in sync]
+    assert single[0]["losses/value"] != single[-1]["losses/value"]
+
+
+def first_ppo_iterations(policy_name, client, n=4):
+    policy = build_policy(load_graph(PPO, [f"policy={policy_name}"]), client)
+    try:
+        return [policy.step() for _ in range(n)]
+    finally:
+        policy.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy_name", ["single", "sync", "async"])
+def test_the_single_file_ppo_solves_cartpole_under_every_policy(policy_name, client, tmp_path):
+    """Seed 1 reached 475 at iteration 107 (27,392 env steps, 10 s) under ``single`` and ``sync`` alike, at
+    28,160 env steps (9 s) under ``async``."""
+    summary, _ = train(PPO, tmp_path, [f"policy={policy_name}"], None if policy_name == "single" else client)
+    assert summary["stop_reason"] == "mean_return" and summary["stopped_at"]["mean_return"] >= 475, summary
