@@ -23,7 +23,7 @@ from dagrl.app.graphs import load_graph
 from dagrl.clusters.local import local_cluster
 from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
-from dagrl.runtime.executor import Executor
+from dagrl.runtime.executor import Executor, Sending
 from dagrl.runtime.hosts import start_actors
 
 
@@ -61,7 +61,7 @@ def actors(client, replicas: int, envs: int, steps: int, seconds: float) -> floa
         samplers = hosts["sampler"]
 
         def collect(s):  # the stream's path: a task on the sampler's worker; only its report comes back
-            return ex.report(ex.submit(s, "collect", [weights], announce=True))
+            return ex.report(ex.submit(s, "collect", [weights], send=Sending(announce=True)))
 
         for s in samplers:
             ex.wait([collect(s)])  # warm-up

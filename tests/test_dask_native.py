@@ -91,6 +91,7 @@ def test_announced_reports_match_the_outputs_they_stand_for(client, graphs_dir):
     of the rollout that stayed on the worker, and no ``report`` task runs."""
     from distributed import get_task_stream
 
+    from dagrl.runtime.executor import Transport
     from dagrl.runtime.report import report
     from dagrl.runtime.shm import unwrap
 
@@ -99,13 +100,16 @@ def test_announced_reports_match_the_outputs_they_stand_for(client, graphs_dir):
     ex, nodes = policy.executor, graph.algorithm.graph.nodes
     collect = next(n for n in nodes if n.name == "collect")
     roles, publish = graph.algorithm.roles, nodes[0]
+    announced_collect = Transport(announce=frozenset({collect.id}))
     try:
         with get_task_stream(client) as ts:
-            calls = ex.run_nodes(nodes[:2], policy.hosts, roles, announce={collect.id})
+            calls = ex.run_nodes(nodes[:2], policy.hosts, roles, transport=announced_collect)
             announced = calls[collect.id]
             for _ in range(3):  # more rollouts with the same weights: CartPole episodes finish within them
                 more = {publish.id: calls[publish.id]}
-                announced += ex.run_nodes([collect], policy.hosts, roles, calls=more, announce={collect.id})[collect.id]
+                announced += ex.run_nodes([collect], policy.hosts, roles, calls=more, transport=announced_collect)[
+                    collect.id
+                ]
             reports = ex.wait([ex.report(c) for c in announced])
         outputs = [unwrap(v) for v in client.gather([c.future for c in announced])]
     finally:

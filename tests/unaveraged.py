@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dagrl.algos import ppo
-from dagrl.algos.ppo import Config, collect, publish, sampler, train_iteration, update  # noqa: F401
-from dagrl.core.fragment import role
+from dagrl.algos.ppo import Config, sampler, train_iteration
+from dagrl.core.fragment import Manifest, role
 
 
 class Alone:
@@ -25,3 +25,6 @@ def learner(ctx, cfg):
     state = ppo.learner(ctx, cfg)
     state.ctx = Alone()
     return state
+
+
+ALGORITHM = Manifest(config=Config, roles=[sampler, learner], iteration=train_iteration)

@@ -19,7 +19,7 @@ from dagrl.core.context import Episodes
 from dagrl.core.fragment import FragmentGraph, Node
 from dagrl.core.graph import Graph
 from dagrl.runtime import mailbox, shm
-from dagrl.runtime.executor import Call, Executor
+from dagrl.runtime.executor import Call, Executor, Transport
 from dagrl.runtime.hosts import Handle, close_all
 from dagrl.runtime.report import Report
 from dagrl.runtime.supervisor import RoleFailure
@@ -141,12 +141,13 @@ class Policy:
 
         positions = self.folded_reports(graph)
         folded = [graph.output.inputs[i].id for i in positions]
-        fold = {graph.output.id: positions} if positions else None
+        fold = {graph.output.id: positions} if positions else {}
         reported = {n.id for n in graph.nodes if self.counts(n) and n.id not in folded}
-        calls = self.executor.run_nodes(
-            graph.nodes, self.hosts, roles, after=after, reports=fold, announce=reported, mail=frozenset(mail),
-            collective={n.id for n in graph.nodes if self.collective(n)},
+        transport = Transport(
+            reports=fold, announce=frozenset(reported), mail=frozenset(mail),
+            collective=frozenset(n.id for n in graph.nodes if self.collective(n)),
         )  # fmt: skip
+        calls = self.executor.run_nodes(graph.nodes, self.hosts, roles, after=after, transport=transport)
         reports = {n.id: [self.executor.report(c) for c in calls[n.id]] for n in graph.nodes if n.id in reported}
         outs = self.output_calls(graph.output, calls) if graph.output is not None else []
         watch = [c for n in graph.nodes for c in [*side.get(n.id, []), *calls[n.id]]]  # submission order: blame

@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagrl.core.fragment import Node
@@ -43,7 +43,7 @@ from dagrl.runtime.host import Done, HostGone, run_fragment
 from dagrl.runtime.report import report
 from dagrl.runtime.supervisor import RoleFailure
 
-__all__ = ["Call", "Executor", "Mail", "mail_readers", "route"]
+__all__ = ["Call", "Executor", "Mail", "Sending", "Transport", "mail_readers", "route"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,48 @@ class Mail:
     box: str
     seq: int
     readers: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Sending:
+    """How one call carries its output and reports beyond a plain task whose output a consumer fetches
+    (remote only; :class:`Transport` says it for a whole graph)."""
+
+    reports: tuple[int, ...] = ()
+    """Positions of the call's args holding sampler outputs whose :class:`Report` its task computes
+    itself, returning :class:`~dagrl.runtime.host.Reported` (for an output only the driver reads)."""
+    announce: bool = False
+    """The task logs its output's :class:`Report` as an event, which :meth:`Executor.report` then
+    returns without a task of its own (for an output other tasks consume)."""
+    mail: Mail | None = None
+    """The output is also posted to that mailbox (:meth:`Executor.run_nodes` decides)."""
+
+
+PLAIN = Sending()
+
+
+@dataclass(frozen=True)
+class Transport:
+    """The transport choices of one fragment graph, by node and edge: what a policy decides
+    (:meth:`~dagrl.policies.base.Policy.submit_graph`) and :meth:`Executor.run_nodes` applies. A new
+    trick is a field here, not one more parameter through the executor. Default: plain tasks."""
+
+    reports: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Node id -> positions of its inputs whose reports its own task computes (:attr:`Sending.reports`)."""
+    announce: frozenset[int] = frozenset()
+    """Nodes whose tasks log their output's report as an event (:attr:`Sending.announce`)."""
+    mail: frozenset[tuple[int, int]] = frozenset()
+    """Edges (producer id, consumer id) whose value may go through a same-host mailbox
+    (:mod:`dagrl.runtime.mailbox`; :func:`~dagrl.core.distribution.mail_edges` says which are safe): a
+    consumer replica on the producer's host, on a worker hosting nothing else (:func:`mail_readers`),
+    then gets a ticket instead of the future, so its task does not wait for the scheduler to learn
+    that the producer ended."""
+    collective: frozenset[int] = frozenset()
+    """Nodes whose replicas wait for each other inside the call (a data-parallel update's all-reduce,
+    which holds its worker's thread until every peer joins): each replica then also waits for the calls
+    submitted before it on its own worker. Otherwise a replica could hold the only thread of a worker
+    whose other call (a sampler's ``collect``) a peer still waits for, and both would wait until the
+    group's timeout."""
 
 
 @dataclass(eq=False)
@@ -226,25 +268,18 @@ class Executor:
         args: Iterable[Any] = (),
         after: Iterable[Call] = (),
         task: Any = None,
-        reports: tuple[int, ...] = (),
-        announce: bool = False,
+        send: Sending = PLAIN,
         stamp: bool = True,
-        mail: Mail | None = None,
     ) -> Call:
         """``fragment(state, *args)`` on ``handle``'s host; ``args`` may hold calls (or lists of them).
 
         ``after``: calls that must finish before this one starts (an ordering edge of the task graph).
         ``task``: another task function of :mod:`dagrl.runtime.host` than ``run_fragment``, called as
         ``task(host_id, *args)`` (remote only; ``fragment`` then only names the task).
-        ``reports``: positions of ``args`` holding sampler outputs whose :class:`Report` the task
-        computes itself, returning :class:`~dagrl.runtime.host.Reported` (remote only; for an output
-        only the driver reads).
-        ``announce``: the task logs its output's :class:`Report` as an event, which :meth:`report`
-        then returns without a task of its own (remote only; for an output other tasks consume).
+        ``send``: how it carries its output and reports (:class:`Sending`; remote only).
         ``stamp``: set :attr:`Call.done_at` when the task finishes, through a coroutine on the client's
         loop per call (:func:`when_done`); ``False``
         for a caller that waits for the call itself and stamps it then (a stream).
-        ``mail``: the output is also posted to that mailbox (remote only; :meth:`run_nodes` decides).
         """
         args = [_values(a) for a in args]
         after = [c.future for c in after]
@@ -257,7 +292,8 @@ class Executor:
             return call
         key = f"{fragment}-{handle.role}-{handle.index}-{uuid.uuid4().hex}"  # task stream: "collect-sampler"
         head = (handle.host_id,) if task is not None else (handle.host_id, fragment)
-        announce = announce and task is None and self.report_events
+        reports, mail = send.reports, send.mail
+        announce = send.announce and task is None and self.report_events
         future = self.client.submit(
             task or run_fragment,
             *head,
@@ -317,30 +353,17 @@ class Executor:
         calls: dict[int, list[Call]] | None = None,
         inputs: Any = None,
         after: Any = None,
-        reports: dict[int, tuple[int, ...]] | None = None,
-        announce: set[int] | frozenset[int] = frozenset(),
-        mail: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
-        collective: set[int] | frozenset[int] = frozenset(),
+        transport: Transport = Transport(),
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
         ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
         given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
         ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs;
-        ``reports`` (node id -> argument positions), the reports a node's task computes (:meth:`submit`);
-        ``announce``, the nodes whose tasks log their output's report (:meth:`submit`);
-        ``mail``, edges (producer id, consumer id) whose value may go through a same-host mailbox
-        (:mod:`dagrl.runtime.mailbox`; :func:`~dagrl.core.distribution.mail_edges` says which are safe): a
-        consumer replica on the producer's host, on a worker hosting nothing else
-        (:func:`mail_readers`), then gets a ticket instead of the future, so its task does not wait
-        for the scheduler to learn that the producer ended.
-        ``collective``, the nodes whose replicas wait for each other inside the call (a data-parallel
-        update's all-reduce, which holds its worker's thread until every peer joins): each replica
-        then also waits for the calls submitted before it on its own worker. Otherwise a replica
-        could hold the only thread of a worker whose other call (a sampler's ``collect``) a peer still
-        waits for, and both would wait until the group's timeout.
+        ``transport``, the graph's transport choices (:class:`Transport`).
         """
         calls = {} if calls is None else calls
+        mail = transport.mail
         for node in nodes:
             handles = hosts[node.role]
             first = after(node, calls) if after is not None else []
@@ -356,13 +379,15 @@ class Executor:
                         args.append(_ticketed(routed, h, self) if (a.id, node.id) in mail else routed)
                     else:
                         args.append(a)
-                folded = (reports or {}).get(node.id, ())
-                announced = node.id in announce
-                box = self._mail(h, consumers, hosts) if consumers else None
+                send = Sending(
+                    transport.reports.get(node.id, ()),
+                    node.id in transport.announce,
+                    self._mail(h, consumers, hosts) if consumers else None,
+                )
                 wait = first
-                if node.id in collective and self.remote:
+                if node.id in transport.collective and self.remote:
                     wait = [*first, *(c for row in calls.values() for c in row if c.handle.address == h.address)]
-                row.append(self.submit(h, node.name, args, after=wait, reports=folded, announce=announced, mail=box))
+                row.append(self.submit(h, node.name, args, after=wait, send=send))
             calls[node.id] = row
         return calls
 
