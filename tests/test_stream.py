@@ -16,7 +16,7 @@ import pytest
 from dagrl.app.graphs import load_graph
 from dagrl.policies import build_policy
 from dagrl.runtime.report import Report
-from dagrl.runtime.stream import Hub, Learned
+from dagrl.runtime.stream import STOP, Go, Hub, Learned, Moved, Refused
 
 
 def _hub(**kw) -> Hub:
@@ -34,14 +34,14 @@ def test_a_round_takes_what_arrived_up_to_its_budget_once_allowed():
     async def main():
         hub = _hub(budget=2, capacity=4)
         for i in range(3):
-            assert (await hub.put(i % 2, 0, 0, i, Report(env_steps=4)))[0] == "ok"
+            assert await hub.put(i % 2, 0, 0, i, Report(env_steps=4)) == Go(0)
         assert hub.allowed == 0 and hub.queue  # nothing taken before the driver allows a round
         hub.allowed = 1
-        taken, stale, _ = hub.take(0)
-        assert [a.value for a in taken] == [0, 1] and not stale
+        got = hub.take(0)
+        assert [a.value for a in got.arrivals] == [0, 1] and not got.stale
         _round(hub)
-        taken, _, _ = await asyncio.to_thread(_take_allowed, hub)
-        assert [a.value for a in taken] == [2]  # one is enough: the learner does not wait for a full budget
+        got = await asyncio.to_thread(_take_allowed, hub)
+        assert [a.value for a in got.arrivals] == [2]  # one is enough: the learner does not wait for a full budget
         status = await hub.drain(2, 0.0, 0.0)
         assert [r.index for r in status.rounds] == [1] and status.arrived == 3
 
@@ -61,8 +61,8 @@ def test_stale_rollouts_are_dropped_and_counted():
         hub.publish(2, {0: ["w2"]})  # two versions later
         await hub.put(1, 0, 2, "fresh", Report(env_steps=4))
         hub.allowed = 1
-        taken, stale, _ = hub.take(0)
-        assert [a.value for a in stale] == ["old"] and [a.value for a in taken] == ["fresh"]
+        got = hub.take(0)
+        assert [a.value for a in got.stale] == ["old"] and [a.value for a in got.arrivals] == ["fresh"]
         assert hub.dropped == 1
 
     asyncio.run(main())
@@ -73,11 +73,11 @@ def test_a_full_hub_holds_the_sampler_before_its_next_collect_and_frees_it_when_
         hub = _hub(budget=1, capacity=1)
         put = asyncio.ensure_future(hub.put(0, 0, 0, "a", Report(env_steps=4)))
         await asyncio.sleep(0.05)
-        assert not put.done() and hub.blocked[0]  # its rollout delivered, the sampler waits to collect
+        assert not put.done() and hub.seats[0].blocked  # its rollout delivered, the sampler waits to collect
         hub.allowed = 1
         await asyncio.to_thread(hub.take, 0)
-        assert await asyncio.wait_for(put, 2.0) == ("ok", 0)
-        assert not hub.blocked[0]
+        assert await asyncio.wait_for(put, 2.0) == Go(0)
+        assert not hub.seats[0].blocked
 
     asyncio.run(main())
 
@@ -88,10 +88,10 @@ def test_a_retired_hub_refuses_and_redirects_and_a_new_generation_refuses_old_we
         await hub.put(0, 0, 0, "a", Report(env_steps=4))
         assert await hub.retire("tcp://new", "hub-key", 1) == 1  # the waiting rollout is dropped
         assert not hub.queue
-        assert await hub.put(1, 0, 0, "b", Report(env_steps=4)) == ("moved", "tcp://new", "hub-key", 1)
+        assert await hub.put(1, 0, 0, "b", Report(env_steps=4)) == Moved("tcp://new", "hub-key", 1)
         assert hub.refused == 2
         new = Hub("test-new", 1, 5, samplers=2, budget=2, capacity=2, max_staleness=1)
-        assert await new.put(0, 0, 3, "c", Report(env_steps=4)) == ("refused", 1)
+        assert await new.put(0, 0, 3, "c", Report(env_steps=4)) == Refused(1)
         assert not new.queue and new.refused == 1
 
     asyncio.run(main())
@@ -193,11 +193,11 @@ def test_a_replaced_samplers_loop_is_told_to_stop_and_nothing_of_it_is_taken():
     async def main():
         hub = _hub(capacity=4)
         await hub.own(0, "old")
-        assert (await hub.put(0, 0, 0, "a", Report(env_steps=4), "old"))[0] == "ok"
+        assert await hub.put(0, 0, 0, "a", Report(env_steps=4), "old") == Go(0)
         await hub.own(0, "new")  # the driver replaced sampler 0
-        assert await hub.put(0, 0, 0, "late", Report(env_steps=4), "old") == ("stop",)
-        assert await hub.begin(0, "old") == ("stop",)
-        assert (await hub.put(0, 0, 0, "b", Report(env_steps=4), "new"))[0] == "ok"
+        assert await hub.put(0, 0, 0, "late", Report(env_steps=4), "old") is STOP
+        assert await hub.begin(0, "old") is STOP
+        assert await hub.put(0, 0, 0, "b", Report(env_steps=4), "new") == Go(0)
         assert [a.value for a in hub.queue] == ["a", "b"] and hub.refused == 2
 
     asyncio.run(main())

@@ -285,7 +285,7 @@ class Stream(Policy):
                 continue
             h = self.hosts[self.shape.stream.role][i]
             failure = None
-            silent = min(status.since_put[i], time.monotonic() - self.loop_started[i])
+            silent = min(status.samplers[i].since_put, time.monotonic() - self.loop_started[i])
             if loop.status == "error":
                 err = loop.exception()
                 if isinstance(err, HubGone):
@@ -301,7 +301,7 @@ class Stream(Policy):
                 failure = RoleFailure(h, "lost", OSError("worker gone"))
             elif loop.status == "finished":  # it returned without being stopped (its hub was): start it again
                 self._start_sampler(i)
-            elif silent > hang and not status.blocked[i]:
+            elif silent > hang and not status.samplers[i].blocked:
                 failure = RoleFailure(
                     h, "hung", TimeoutError(f"no rollout for {silent:.0f} s (hang_timeout_s {hang:g})")
                 )

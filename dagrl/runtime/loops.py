@@ -19,7 +19,7 @@ from dagrl.runtime.executor import route
 from dagrl.runtime.host import HOSTS, _host
 from dagrl.runtime.report import report
 from dagrl.runtime.shm import unwrap, wrap
-from dagrl.runtime.stream import HUBS, HubGone, Learned, PeerFailed
+from dagrl.runtime.stream import HUBS, Go, HubGone, Learned, Moved, PeerFailed, Refused, Reply, Stop, Weights
 
 __all__ = ["Remote", "learner_loop", "sampler_loop"]
 
@@ -198,7 +198,7 @@ def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, pub
     got = hub.take(generation)
     if got is None:
         return None
-    taken, stale, _ = got
+    taken, stale = got.arrivals, got.stale
     version, collects = hub.version, hub.arrived
     t0 = time.perf_counter()
     values = dict(published)
@@ -219,15 +219,15 @@ def _replay_round(hub: Any, generation: int, caller: Caller, shape: Any, algo: A
     got = hub.take_stored(generation)
     if got is None:
         return None
-    learn, reports, stored, collects = got
+    reports, collects = got.reports, got.collects
     version = hub.version
-    lags = [version - v for _, v, _ in reports]
-    oldest = min((v for _, v, _ in reports), default=version)
-    pairs = [(source, rep) for source, _, rep in reports]
-    if not learn:
+    lags = [version - r.version for r in reports]
+    oldest = min((r.version for r in reports), default=version)
+    pairs = [(r.source, r.report) for r in reports]
+    if not got.learn:
         return Learned(0, {}, pairs, lags, oldest, 0.0, 0.0, version, collects, learnt=False), None
     t0 = time.perf_counter()
-    values = {**published, **stored}
+    values = {**published, **got.shards}
     try:
         values = caller.learn(shape.learn, values, algo.roles)
     except PeerFailed:
@@ -272,26 +272,28 @@ def sampler_loop(
               for node_id, name, role, shard, key, address, spec in inserts]  # fmt: skip
     have, newest, args, values, collects = -1, 0, None, {}, 0
 
-    def begin() -> tuple:
-        return ask("begin", source, token) if shards else ("ok", newest)
+    def begin() -> Reply:
+        return ask("begin", source, token) if shards else Go(newest)
 
     reply = begin()
     while True:
-        if reply[0] == "stop":
-            return collects
-        if reply[0] == "moved":  # a rollback: the restored learner's hub, and its weights
-            ask, generation, have, args = hub_of(reply[1], reply[2]), reply[3], -1, None
-            reply = begin()
-            continue
-        if reply[0] == "refused":  # weights of another generation
-            generation, have, args = reply[1], -1, None
-            reply = begin()
-            continue
-        newest = reply[1]
+        match reply:
+            case Stop():
+                return collects
+            case Moved(address, key, gen):  # a rollback: the restored learner's hub, and its weights
+                ask, generation, have, args = hub_of(address, key), gen, -1, None
+                reply = begin()
+                continue
+            case Refused(gen):  # weights of another generation
+                generation, have, args = gen, -1, None
+                reply = begin()
+                continue
+            case Go(version):
+                newest = version
         if args is None or newest > have:
-            got = ask("weights", have)
+            got: Weights | None = ask("weights", have)
             if got is not None:
-                generation, have, values = got
+                generation, have, values = got.generation, got.version, got.values
                 args = [values[v][source % len(values[v])] if kind == "node" else v for kind, v in inputs]
             elif args is None:
                 return collects  # stopped before the first weights
@@ -330,8 +332,8 @@ def inference_loop(hub: tuple[str, str], host_id: str, inputs: list[tuple[str, A
         got = ask("newer", have, 1.0)
         if got is None:
             continue
-        if got[0] == "stop":
+        if isinstance(got, Stop):
             return loads
-        _, _, have, values = got
-        load_acting(host_id, *[values[v][0] for kind, v in inputs if kind == "node"])
+        have = got.version
+        load_acting(host_id, *[got.values[v][0] for kind, v in inputs if kind == "node"])
         loads += 1

@@ -62,7 +62,10 @@ from typing import Any
 
 from dagrl.runtime.report import Report
 
-__all__ = ["Arrival", "Hub", "HubGone", "Learned", "Limit", "PeerFailed", "Status"]
+__all__ = [
+    "STOP", "Arrival", "Go", "Hub", "HubGone", "Inserted", "Learned", "Limit", "Moved", "PeerFailed", "Refused",
+    "Reply", "Seat", "Seen", "Status", "Stop", "Stored", "Taken", "Weights",
+]  # fmt: skip
 
 HUBS: weakref.WeakValueDictionary[str, Hub] = weakref.WeakValueDictionary()
 """The hubs living in this process, by id (the learner loop finds its hub here)."""
@@ -84,8 +87,102 @@ class PeerFailed(RuntimeError):
         return PeerFailed, (self.role, self.index, self.address, self.kind, str(self).split(": ", 1)[-1])
 
 
-Inserted = tuple[int, int, Report]
-"""With replay: one insert as the hub counts it: (sampler, weights version, report)."""
+@dataclass(frozen=True)
+class Go:
+    """To a sampler: collect the next rollout; the newest weights version is ``version``."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """To a loop: end (the hub stopped, or the driver gave this loop's sampler index to another)."""
+
+
+STOP = Stop()
+
+
+@dataclass(frozen=True)
+class Moved:
+    """From a retired hub: the learner was rolled back; its new hub is ``key`` on ``address``, serving
+    ``generation``. The rollout just put was refused."""
+
+    address: str
+    key: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The rollout was made with weights of another generation than the hub's ``generation``: fetch its
+    weights and collect again."""
+
+    generation: int
+
+
+Reply = Go | Stop | Moved | Refused
+"""What a hub answers a sampler's ``put``, ``begin`` and ``inserted``."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Published weights: the output of each node before the stream, by node id, one per replica."""
+
+    generation: int
+    version: int
+    values: dict[int, list[Any]]
+
+
+@dataclass
+class Seat:
+    """One sampler index as its hub knows it."""
+
+    token: str = ""
+    """The loop that speaks for it (:meth:`Hub.own`); a loop the driver replaced is told to stop."""
+    last_put: float = float("inf")
+    """When its loop last put a rollout (monotonic; ``inf``: none yet)."""
+    blocked: bool = False
+    """Whether its loop waits for room (a learner that does not consume, not a hung sampler)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One sampler in a :class:`Status`: seconds since its last put (``inf``: none yet) and whether it waits
+    for room."""
+
+    since_put: float
+    blocked: bool
+
+
+@dataclass(frozen=True)
+class Inserted:
+    """With replay: one insert as the hub counts it."""
+
+    source: int
+    version: int
+    report: Report
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A round's rollouts as the learner loop takes them (:meth:`Hub.take`)."""
+
+    arrivals: list[Arrival]
+    stale: list[Arrival]
+    """Dropped as stale since the last round: counted, not trained on."""
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class Stored:
+    """With replay: the next iteration as the learner loop takes it (:meth:`Hub.take_stored`)."""
+
+    learn: bool
+    """``False``: a warm-up iteration (its inserts counted, nothing learnt)."""
+    reports: list[Inserted]
+    shards: dict[int, list[Any]]
+    """Each insert fragment's newest answer per shard, by node id (what ``sample`` follows)."""
+    collects: int
 
 
 @dataclass(frozen=True)
@@ -149,10 +246,7 @@ class Status:
     refused: int
     dropped: int
     arrived: int
-    since_put: list[float]
-    """Seconds since each sampler's last put (``inf``: none yet)."""
-    blocked: list[bool]
-    """Whether each sampler is waiting for room (a learner that does not consume, not a hung sampler)."""
+    samplers: list[Seen]
     round_s: float | None
     """How long the round in progress has run (``None``: none running)."""
     error: BaseException | None = None
@@ -181,9 +275,9 @@ class Hub:
     >>> hub = Hub("doc", 0, 0, samplers=1, budget=2, capacity=2, max_staleness=1)
     >>> hub.publish(0, {})
     >>> asyncio.run(hub.put(0, 0, 0, "rollout", Report(env_steps=4)))
-    ('ok', 0)
+    Go(version=0)
     >>> hub.allowed = 1
-    >>> [a.value for a in hub.take(0)[0]]
+    >>> [a.value for a in hub.take(0).arrivals]
     ['rollout']
     """
 
@@ -203,14 +297,10 @@ class Hub:
         self.rounds = self.allowed = 0
         self.out: list[Learned] = []
         self.stopped = False
-        self.retired: tuple[str, str, int] | None = None
-        """(address, key, generation) of the hub that replaced this one."""
+        self.retired: Moved | None = None
+        """Where the hub that replaced this one is."""
         self.refused = self.dropped = self.arrived = 0
-        self.last_put = [float("inf")] * samplers
-        self.owner: dict[int, str] = {}
-        """Per sampler index, the token of its current loop (:meth:`own`): a loop the driver replaced,
-        say on a host cut off and back, is told to stop instead of being taken."""
-        self.blocked = [False] * samplers
+        self.seats = [Seat() for _ in range(samplers)]
         self.round_started: float | None = None
         self.error: BaseException | None = None
         self.aloop: asyncio.AbstractEventLoop | None = None
@@ -271,49 +361,52 @@ class Hub:
     async def own(self, source: int, token: str) -> None:
         """From now on only the loop holding ``token`` speaks for sampler ``source``."""
         with self.cond:
-            self.owner[source] = token
+            self.seats[source].token = token
 
     def _replaced(self, source: int, token: str) -> bool:
-        return bool(token) and self.owner.get(source, token) != token
+        """Whether ``token``'s loop no longer speaks for ``source`` (the driver replaced it, say on a host cut
+        off and back): it is told to stop instead of being taken."""
+        owner = self.seats[source].token
+        return bool(token) and bool(owner) and owner != token
 
-    def _refusal(self, source: int, generation: int, token: str = "") -> tuple | None:
+    def _refusal(self, source: int, generation: int, token: str = "") -> Reply | None:
         """Why a rollout from ``source`` is not taken (the answer to give), or ``None``; the condition held."""
         if self._replaced(source, token):  # a loop that was replaced: it ends
             self.refused += 1
-            return ("stop",)
-        self.last_put[source] = time.monotonic()
+            return STOP
+        self.seats[source].last_put = time.monotonic()
         if self.retired is not None:
             self.refused += 1
-            return ("moved", *self.retired)
+            return self.retired
         if self.stopped:
-            return ("stop",)
+            return STOP
         if generation != self.generation:
             self.refused += 1
-            return ("refused", self.generation)
+            return Refused(self.generation)
         return None
 
-    async def put(self, source: int, generation: int, version: int, value: Any, rep: Report, token: str = "") -> tuple:
+    async def put(self, source: int, generation: int, version: int, value: Any, rep: Report, token: str = "") -> Reply:
         """A rollout from sampler ``source``, made with weights ``version`` of ``generation``.
 
-        Answers ``("ok", newest version)`` once there is room for the sampler's next rollout: a sampler
-        waits *before* collecting, not with a rollout in hand, so what it collects next is made with
-        the weights current when the learner freed the room. Answers ``("moved", address, key,
-        generation)`` from a retired hub, ``("refused", generation)`` for weights of another
-        generation, and ``("stop",)`` once stopped or to a loop the driver replaced (``token``)."""
+        Answers :class:`Go` once there is room for the sampler's next rollout: a sampler waits *before*
+        collecting, not with a rollout in hand, so what it collects next is made with the weights
+        current when the learner freed the room. Answers :class:`Moved` from a retired hub,
+        :class:`Refused` for weights of another generation, and :data:`STOP` once stopped or to a
+        loop the driver replaced (``token``)."""
         with self.cond:
             refusal = self._refusal(source, generation, token)
             if refusal is not None:
                 return refusal
             self.queue.append(Arrival(source, version, value, rep))
             self.arrived += 1
-            self.blocked[source] = True
+            self.seats[source].blocked = True
             self.cond.notify_all()
         while not await self._until(lambda: len(self.queue) < self.capacity or self._ended(self.generation), 60.0):
             pass
         with self.cond:
-            self.blocked[source] = False
-            self.last_put[source] = time.monotonic()
-            return ("stop",) if self.stopped and self.retired is None else ("ok", self.version)
+            seat = self.seats[source]
+            seat.blocked, seat.last_put = False, time.monotonic()
+            return STOP if self.stopped and self.retired is None else Go(self.version)
 
     def _may_start(self) -> bool:
         """With replay: whether a sampler may start its next collect now (the limiter's lead)."""
@@ -322,25 +415,25 @@ class Hub:
             return True
         return self.started - self.offset < math.ceil((self.learnt + 1) / lim.ratio - 1e-9) + lim.max_lead
 
-    async def begin(self, source: int, token: str = "") -> tuple:
+    async def begin(self, source: int, token: str = "") -> Reply:
         """With replay: wait until sampler ``source`` may start a collect, and count it started.
         Answers as :meth:`put`."""
         with self.cond:
             if self._replaced(source, token):
                 self.refused += 1
-                return ("stop",)
-            self.blocked[source] = True
+                return STOP
+            self.seats[source].blocked = True
         while not await self._until(lambda: self._may_start() or self._ended(self.generation), 60.0):
             pass
         with self.cond:
-            self.blocked[source] = False
-            self.last_put[source] = time.monotonic()
+            seat = self.seats[source]
+            seat.blocked, seat.last_put = False, time.monotonic()
             if self.retired is not None:
-                return ("moved", *self.retired)
+                return self.retired
             if self.stopped:
-                return ("stop",)
+                return STOP
             self.started += 1
-            return ("ok", self.version)
+            return Go(self.version)
 
     async def inserted(
         self,
@@ -350,7 +443,7 @@ class Hub:
         rep: Report,
         stored: dict[int, tuple[int, Any]],
         token: str = "",
-    ) -> tuple:
+    ) -> Reply:
         """With replay: sampler ``source`` stored a rollout (``stored``: insert node id -> (shard, its
         answer)); then as :meth:`begin` for its next collect."""
         with self.cond:
@@ -362,38 +455,37 @@ class Hub:
             self.done += 1
             self.arrived += 1
             if self.warmup > 0:
-                self.warm.append((source, version, rep))
+                self.warm.append(Inserted(source, version, rep))
                 self.warmup -= rep.env_steps
                 if self.warmup <= 0:
                     self.offset = self.done  # the warm-up's inserts owe no rounds
             else:
-                self.reports.append((source, version, rep))
+                self.reports.append(Inserted(source, version, rep))
             self.cond.notify_all()
         return await self.begin(source, token)
 
-    async def weights(self, have: int) -> tuple[int, int, dict[int, list[Any]]] | None:
-        """``(generation, version, values)`` of the newest weights if newer than ``have`` (waiting for the
-        first publish), else ``None``. ``values``: the output of each node before the stream, by id."""
+    async def weights(self, have: int) -> Weights | None:
+        """The newest weights if newer than version ``have`` (waiting for the first publish), else ``None``."""
         await self._until(lambda: self.published is not None or self.stopped, 3600.0)
         with self.cond:
             if self.published is None or self.version <= have:
                 return None
-            return self.generation, self.version, self.published
+            return Weights(self.generation, self.version, self.published)
 
-    async def newer(self, have: int, wait_s: float) -> tuple | None:
-        """For the loop that loads the inference role: ``("ok", generation, version, values)`` once weights
-        newer than ``have`` are published, ``("stop",)`` once this hub stopped or was retired, ``None``
-        after ``wait_s`` without either."""
+    async def newer(self, have: int, wait_s: float) -> Weights | Stop | None:
+        """For the loop that loads the inference role: the weights once newer than version ``have`` are
+        published, :data:`STOP` once this hub stopped or was retired, ``None`` after ``wait_s``
+        without either."""
         await self._until(
             lambda: self.stopped or self.retired is not None or (self.published is not None and self.version > have),
             wait_s,
         )
         with self.cond:
             if self.stopped or self.retired is not None:
-                return ("stop",)
+                return STOP
             if self.published is None or self.version <= have:
                 return None
-            return ("ok", self.generation, self.version, self.published)
+            return Weights(self.generation, self.version, self.published)
 
     # -- the driver (event loop) ---------------------------------------------------------------------
 
@@ -415,7 +507,7 @@ class Hub:
             rounds, self.out = self.out, []
             return Status(
                 rounds, self.version, self.refused, self.dropped, self.arrived,
-                [now - t for t in self.last_put], list(self.blocked),
+                [Seen(now - seat.last_put, seat.blocked) for seat in self.seats],
                 None if self.round_started is None else now - self.round_started, self.error,
             )  # fmt: skip
 
@@ -429,7 +521,7 @@ class Hub:
         """Send every later put to the hub at ``address``/``key``; drop what waits here. Returns the
         rollouts refused so far (those dropped now included)."""
         with self.cond:
-            self.retired = (address, key, generation)
+            self.retired = Moved(address, key, generation)
             self.refused += len(self.queue)
             self.queue.clear()
             self.cond.notify_all()
@@ -454,7 +546,7 @@ class Hub:
             self.cond.notify_all()
         self._wake()
 
-    def take(self, generation: int) -> tuple[list[Arrival], list[Arrival], float] | None:
+    def take(self, generation: int) -> Taken | None:
         """The next round's rollouts (``least`` to ``budget`` of them), the stale ones dropped since the
         last round and the time waited, once enough fresh ones have arrived and the driver allows
         another round; ``None`` once stopped."""
@@ -482,13 +574,13 @@ class Hub:
             stale, self.stale = self.stale, []
             self.round_started = time.monotonic()
         self._wake()  # room for waiting samplers
-        return taken, stale, time.perf_counter() - t0
+        return Taken(taken, stale, time.perf_counter() - t0)
 
-    def take_stored(self, generation: int) -> tuple[bool, list[Inserted], dict[int, list[Any]], int] | None:
-        """With replay: the next iteration once the driver allows it: ``(learn, reports, stored,
-        collects)``. During the warm-up (and for its last inserts after it) ``learn`` is ``False`` and
-        ``reports`` a round's worth of inserts; then each learner round, once the ratio allows it, takes
-        the reports since the last one and each shard's newest answer. ``None`` once stopped."""
+    def take_stored(self, generation: int) -> Stored | None:
+        """With replay: the next iteration once the driver allows it. During the warm-up (and for its last
+        inserts after it) one that learns nothing, over a round's worth of inserts; then each learner
+        round, once the ratio allows it, with the reports since the last one and each shard's newest
+        answer. ``None`` once stopped."""
         lim = self.limit
         assert lim is not None
         with self.cond:
@@ -498,12 +590,12 @@ class Hub:
                 if self.rounds < self.allowed:
                     if len(self.warm) >= lim.round_collects or (self.warm and self.warmup <= 0):
                         taken, self.warm = self.warm[: lim.round_collects], self.warm[lim.round_collects :]
-                        return False, taken, {}, self.done
+                        return Stored(False, taken, {}, self.done)
                     due = not lim.limited or lim.ratio * (self.done - self.offset) >= self.learnt + 1 - 1e-9
                     if self.warmup <= 0 and due:
                         taken, self.reports = self.reports, []
                         self.round_started = time.monotonic()
-                        return True, taken, {k: list(v) for k, v in self.stored.items()}, self.done
+                        return Stored(True, taken, {k: list(v) for k, v in self.stored.items()}, self.done)
                 self.cond.wait(0.5)
 
     def untake(self, reports: list[Inserted]) -> None:
