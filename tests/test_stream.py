@@ -108,14 +108,14 @@ def test_async_runs_no_task_per_rollout_and_sends_the_driver_reports_only(client
     graph = load_graph(f"{graphs_dir}/ppo-cartpole-async.yaml", over)
     policy = build_policy(graph, client)
     seen = []
-    take = policy._take_status
-    policy._take_status = lambda s: (seen.append(len(pickle.dumps(s))), take(s))
+    take = policy.watch._take_status
+    policy.watch._take_status = lambda s: (seen.append(len(pickle.dumps(s))), take(s))
     try:
         policy.step()  # starts the hub and the loops (tasks, once)
         before = _new_keys(client)
         results = [policy.step() for _ in range(12)]
         after = _new_keys(client)
-        arrived = policy.status.arrived
+        arrived = policy.watch.status.arrived
     finally:
         policy.close()
     assert after - before == set(), sorted(after - before)
@@ -134,7 +134,7 @@ def _after_rollback(run, iterations: int):
     rows = run.rundir.read_metrics()
     assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
     after = [r for r in rows if r["iteration"] > rollback["to_iteration"]]
-    start = run.policy.starts[1]
+    start = run.policy.watch.starts[1]
     assert start > max(r["stream/version"] for r in rows if r["iteration"] <= rollback["to_iteration"])
     # the restored learner trained only on rollouts made with its own weights
     assert min(r["stream/oldest_version"] for r in after) >= start, [r["stream/oldest_version"] for r in after]

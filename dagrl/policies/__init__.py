@@ -76,6 +76,4 @@ def build_policy(
 
     supervisor = Supervisor(client, graph, hosts, start, seed_offset)
     supervisor.env_steps = env_steps
-    policy = cls(graph, hosts, Executor(client, supervisor))
-    policy.supervisor = supervisor
-    return policy
+    return cls(graph, hosts, Executor(client, supervisor))

@@ -21,6 +21,7 @@ from dagrl.core.graph import Graph
 from dagrl.runtime import mailbox, shm
 from dagrl.runtime.executor import Call, Executor, Transport
 from dagrl.runtime.hosts import Handle, close_all
+from dagrl.runtime.recovery import Recovery
 from dagrl.runtime.report import Report
 from dagrl.runtime.supervisor import RoleFailure
 
@@ -78,8 +79,10 @@ class Policy:
         self.hosts = hosts
         self.options = graph.policy_options
         self.executor = executor or Executor()
-        self.supervisor: Any = None
-        """A :class:`~dagrl.runtime.supervisor.Supervisor` for policies on a cluster (set by build_policy)."""
+        self.supervisor: Any = self.executor.supervisor
+        """A :class:`~dagrl.runtime.supervisor.Supervisor` for policies on a cluster (the executor's)."""
+        self.recovery = Recovery(graph, hosts, self.supervisor)
+        """What the loss of a role instance means, decided once for every policy (the policy reports)."""
         self.horizon: int | None = None
         """Set by the driver before each :meth:`step`: the iterations, that one included, that may end
         before the driver must act (a checkpoint, a blocking evaluation, a foreseeable stop);
@@ -87,13 +90,10 @@ class Policy:
         self.counting: dict[int, bool] = {}
         """Per node on a replicated role: whether its outputs carry env steps (learnt from the first report)."""
 
-    def replace_in_place(self, failure: RoleFailure) -> Handle:
-        """Replace a failed instance of a ``recover="replace"`` role (sampler, replay shard, evaluator) and
-        go on; a ``rollback`` role (a learner) is the driver's to handle (roll back to the checkpoint)."""
-        algo, role = self.graph.algorithm, failure.handle.role
-        if self.supervisor is None or not (algo.roles[role].recover == "replace" or role in algo.eval_only_roles):
-            raise failure
-        return self.supervisor.replace(failure)
+    def recover(self, failure: RoleFailure) -> None:
+        """A role instance failed: :class:`~dagrl.runtime.recovery.Recovery` replaces it (a sampler, a replay
+        shard, an evaluator) and the iteration is redone, or raises it on for the driver to roll back."""
+        self.recovery.recover(failure)
 
     def counts(self, node: Node) -> bool:
         """Whether the driver needs a :class:`Report` of ``node``'s outputs (sampler outputs)."""
@@ -222,7 +222,7 @@ class Policy:
                 _, _, out, _ = self.run_graph(graph)
                 break
             except RoleFailure as failure:
-                self.replace_in_place(failure)
+                self.recover(failure)
         return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}
 
     def restore(self, sd: dict[str, list[Any]]) -> None:
@@ -258,8 +258,8 @@ class Policy:
                 self.role_failed(failure)
 
     def role_failed(self, failure: RoleFailure) -> None:
-        """A role instance failed while asked for its state, outside an iteration: replace it."""
-        self.replace_in_place(failure)
+        """A role instance failed while asked for its state, outside an iteration."""
+        self.recover(failure)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
         """Load a checkpoint's role states. Skipped: a role this run does not start (an evaluator,
@@ -295,7 +295,7 @@ class Policy:
     def dropped(self, handle: Handle) -> bool:
         """Whether ``handle`` was dropped with its worker and not replaced (an elastic stream's sampler):
         it is no longer asked anything."""
-        return False
+        return self.recovery.dropped(handle)
 
     def close(self) -> None:
         """Stop background work, close every role state (its envs, threads, env processes and sockets)

@@ -40,6 +40,7 @@ class DataParallel(Lockstep):
     def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
         self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
+        self.recovery.groups = frozenset(self.parallel)  # a replica's loss rolls every one back
         self.formed = False
         self.checked = False
         if self.executor.remote and self.options.mailbox and graph.spec.shared_memory:
@@ -64,11 +65,6 @@ class DataParallel(Lockstep):
         k = max((len(self.hosts[r]) for r in self.parallel), default=1)
         return calls[output.id][:k]
 
-    def replace_in_place(self, failure: RoleFailure) -> Handle:
-        if failure.handle.role in self.parallel:
-            raise self._blame(failure)
-        return super().replace_in_place(failure)
-
     def restore(self, sd: dict[str, list[Any]]) -> None:
         self.drop_ahead()  # it followed the iteration that failed
         self._form()  # replaces a replica found dead, then re-forms the group
@@ -87,7 +83,7 @@ class DataParallel(Lockstep):
                 }
                 return {role: [f.result() for f in fs] for role, fs in futures.items()}
             except RoleFailure as failure:
-                self.replace_in_place(failure)
+                self.recover(failure)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
         """A data-parallel role's first state goes to every replica (a checkpoint holds one)."""
@@ -117,19 +113,6 @@ class DataParallel(Lockstep):
                     break
                 except RoleFailure as failure:
                     self.supervisor.replace(failure)
-
-    def _blame(self, failure: RoleFailure) -> RoleFailure:
-        """A replica that raised because a peer died mid all-reduce: blame the dead peer instead."""
-        if failure.kind != "raised":
-            return failure
-        for h in self.hosts[failure.handle.role]:
-            if h is failure.handle:
-                continue
-            try:
-                h.heartbeat().result()
-            except RoleFailure as lost:
-                return lost
-        return failure
 
     def _check_identical(self, when: str) -> None:
         for role in self.parallel:

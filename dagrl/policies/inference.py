@@ -129,8 +129,8 @@ class CentralInference(Acting, Lockstep):
                 break
             except RoleFailure as failure:
                 if failure.handle.role == self.actors_role and not self._server_answers():
-                    failure = RoleFailure(self.server, "lost", failure.cause)
-                self.replace_in_place(failure)
+                    failure = RoleFailure(self.server, "lost", failure.cause)  # the role they act through
+                self.recover(failure)
                 if failure.handle.role == INFERENCE_ROLE:
                     self._serve()
         res.metrics.update(self._stats())
@@ -152,40 +152,37 @@ class StreamingCentralInference(Acting, Async):
     def stream_options(self) -> Any:
         return self.options.streaming
 
-    def _open_hub(self) -> None:
-        super()._open_hub()
+    def hub_opened(self) -> None:
         self._start_loading()
 
     def _start_loading(self) -> None:
         """The loop that loads each published version into the inference role (one per hub and role)."""
         if self.loading is not None:
             with contextlib.suppress(Exception):
-                self.client.cancel([self.loading], force=True)
-        server = self.server
-        spec = [("node", a.id) if isinstance(a, Node) else ("value", a) for a in self.shape.stream.inputs]
-        self.loading = self.client.submit(
-            inference_loop, (self.hub_address, self.hub_key), server.host_id, spec,
+                self.executor.client.cancel([self.loading], force=True)
+        server, watch = self.server, self.watch
+        spec = [("node", a.id) if isinstance(a, Node) else ("value", a) for a in watch.shape.stream.inputs]
+        self.loading = self.executor.client.submit(
+            inference_loop, (watch.hub_address, watch.hub_key), server.host_id, spec,
             workers=[server.address], allow_other_workers=False, pure=False,
-            key=f"inference-load-{self.generation}-{uuid.uuid4().hex[:8]}",
+            key=f"inference-load-{watch.generation}-{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
 
-    def _start_sampler(self, i: int) -> None:
+    def loop_starting(self, index: int) -> None:
         self._attach()  # a replaced sampler, or all of them after the inference role was replaced
-        super()._start_sampler(i)
 
-    def _sampler_failed(self, i: int, failure: RoleFailure) -> None:
+    def sampler_failed(self, index: int, failure: RoleFailure) -> bool:
         """A sampler that could not reach the inference role: the role's loss if it does not answer
         either (replaced, every sampler pointed at the new one); else it asked one replaced meanwhile.
         Either way only its loop starts again. Any other failure is the sampler's own."""
         if not isinstance(failure.cause, InferenceUnavailable):
-            super()._sampler_failed(i, failure)
-            return
+            return False
         if not self._server_answers():
             self._replace_server(RoleFailure(self.server, "lost", failure.cause))
-        self._start_sampler(i)
+        self.watch.start_sampler(index)
+        return True
 
-    def _check(self, status: Any) -> None:
-        super()._check(status)
+    def watched(self) -> None:
         if self.loading is not None and self.loading.status in ("error", "lost"):
             cause = self.loading.exception() if self.loading.status == "error" else OSError("worker gone")
             if not self._server_answers():
@@ -194,7 +191,7 @@ class StreamingCentralInference(Acting, Async):
                 self._start_loading()
 
     def _replace_server(self, failure: RoleFailure) -> None:
-        self.replace_in_place(failure)
+        self.recover(failure)
         self._serve()
         self.attached = {}  # every sampler acts through the new role from its next step
         self._attach()

@@ -40,7 +40,7 @@ class Lockstep(Policy):
                 return self._step(ahead)
             except RoleFailure as failure:  # a sampler or replay shard died: replace it, redo the iteration
                 self.drop_ahead()
-                self.replace_in_place(failure)
+                self.recover(failure)
 
     def drop_ahead(self) -> None:
         """Cancel an iteration submitted ahead (after a failure, or at a rollback)."""
