@@ -7,9 +7,9 @@ import pytest
 
 from dagrl.app.graphs import load_graph
 from dagrl.core.schema import ConfigError
-from dagrl.policies.base import merge_outputs
 from dagrl.policies.dataparallel import ReplicasDiverged
 from dagrl.runtime.collective import choose_backend
+from dagrl.runtime.iteration import merge_outputs
 from tests.test_supervision import Run
 
 

@@ -143,7 +143,7 @@ class Trainer:
                 if self.policy.supervisor is None:
                     raise TrainingError(str(failure)) from failure.cause
                 try:
-                    self.policy.supervisor.replace(failure)
+                    self.policy.recovery.renew(failure)
                 except CrashLoop as err:
                     raise TrainingError(f"crash loop: {err}") from None
                 log.warning("%s[%d] replaced before the first checkpoint", failure.handle.role, failure.handle.index)
@@ -157,7 +157,7 @@ class Trainer:
         supervisor = self.policy.supervisor
         if supervisor is None:
             raise TrainingError(str(failure)) from failure.cause
-        supervisor.replace(failure)
+        self.policy.recovery.renew(failure)
         ckpt = load_checkpoint(self.rundir.path)
         before = dataclasses.replace(self.counters)
         elapsed = self.counters.elapsed_s

@@ -18,6 +18,7 @@ not blamed for it).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dagrl.core.distribution import data_parallel_roles, mail_edges
@@ -26,7 +27,7 @@ from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
 from dagrl.runtime.collective import form_group
 from dagrl.runtime.hosts import Handle
-from dagrl.runtime.supervisor import RoleFailure, TrainingError
+from dagrl.runtime.supervisor import TrainingError
 
 
 class ReplicasDiverged(TrainingError):
@@ -74,16 +75,16 @@ class DataParallel(Lockstep):
     def state_dict(self) -> dict[str, list[Any]]:
         """Every role's state; a data-parallel role's once (replica 0's), after checking the others match it."""
         self.prepare()
-        while True:
-            try:
-                self._check_identical("at a checkpoint")
-                futures = {
-                    role: [h.state_dict() for h in (hs[:1] if role in self.parallel else hs)]
-                    for role, hs in self.hosts.items()
-                }
-                return {role: [f.result() for f in fs] for role, fs in futures.items()}
-            except RoleFailure as failure:
-                self.recover(failure)
+
+        def ask() -> dict[str, list[Any]]:
+            self._check_identical("at a checkpoint")
+            futures = {
+                role: [h.state_dict() for h in (hs[:1] if role in self.parallel else hs)]
+                for role, hs in self.hosts.items()
+            }
+            return {role: [f.result() for f in fs] for role, fs in futures.items()}
+
+        return self.recovery.attempt(ask)
 
     def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
         """A data-parallel role's first state goes to every replica (a checkpoint holds one)."""
@@ -105,14 +106,10 @@ class DataParallel(Lockstep):
 
     def _form(self) -> None:
         """(Re)form each data-parallel role's process group; a replica found dead is replaced first."""
-        options = self.options
+        options, client = self.options, self.executor.client
         for role in self.parallel:
-            while True:
-                try:
-                    form_group(self.executor.client, self.hosts[role], options.backend, options.timeout_s)
-                    break
-                except RoleFailure as failure:
-                    self.supervisor.replace(failure)
+            form = functools.partial(form_group, client, self.hosts[role], options.backend, options.timeout_s)
+            self.recovery.attempt(form, self.recovery.renew)  # a replica found dead: a new one, then again
 
     def _check_identical(self, when: str) -> None:
         for role in self.parallel:

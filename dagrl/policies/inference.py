@@ -122,17 +122,19 @@ class CentralInference(Acting, Lockstep):
         return [self._submit_load(weights)]
 
     def step(self, ahead: bool = False) -> StepResult:
-        while True:
-            try:
-                self._attach()
-                res = self._step(False)
-                break
-            except RoleFailure as failure:
-                if failure.handle.role == self.actors_role and not self._server_answers():
-                    failure = RoleFailure(self.server, "lost", failure.cause)  # the role they act through
-                self.recover(failure)
-                if failure.handle.role == INFERENCE_ROLE:
-                    self._serve()
+
+        def attached_step() -> StepResult:
+            self._attach()
+            return self._step(False)
+
+        def redo(failure: RoleFailure) -> None:
+            if failure.handle.role == self.actors_role and not self._server_answers():
+                failure = RoleFailure(self.server, "lost", failure.cause)  # the role they act through
+            self.recover(failure)
+            if failure.handle.role == INFERENCE_ROLE:
+                self._serve()
+
+        res = self.recovery.attempt(attached_step, redo)
         res.metrics.update(self._stats())
         return res
 

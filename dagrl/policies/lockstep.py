@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from dagrl.core.graph import Graph
-from dagrl.policies.base import Policy, StepResult, Submitted, learn_time, stage_time
+from dagrl.policies.base import Policy, StepResult
+from dagrl.runtime.iteration import Submitted, learn_time, stage_time
 from dagrl.runtime.supervisor import RoleFailure
 
 
@@ -35,12 +36,12 @@ class Lockstep(Policy):
         nothing in between (no checkpoint, no blocking evaluation, no stop it can foresee), so it
         is submitted now, behind this one: Dask starts its ``publish`` the moment this ``update``
         ends, without the round trip through the driver."""
-        while True:
-            try:
-                return self._step(ahead)
-            except RoleFailure as failure:  # a sampler or replay shard died: replace it, redo the iteration
-                self.drop_ahead()
-                self.recover(failure)
+
+        def redo(failure: RoleFailure) -> None:  # a sampler or replay shard died: replace it, redo the iteration
+            self.drop_ahead()
+            self.recover(failure)
+
+        return self.recovery.attempt(lambda: self._step(ahead), redo)
 
     def drop_ahead(self) -> None:
         """Cancel an iteration submitted ahead (after a failure, or at a rollback)."""
@@ -71,7 +72,7 @@ class Lockstep(Policy):
         for node in graph.nodes:
             if node.id in reports:
                 values = reports[node.id]
-                self.learn_counting(node, values)
+                self.iterations.learn_counting(node, values)
                 for r, rep in enumerate(values):
                     res.add_output(rep, source=r)
                 if any(v.counted for v in values):

@@ -77,7 +77,7 @@ PLAIN = Sending()
 @dataclass(frozen=True)
 class Transport:
     """The transport choices of one fragment graph, by node and edge: what a policy decides
-    (:meth:`~dagrl.policies.base.Policy.submit_graph`) and :meth:`Executor.run_nodes` applies. A new
+    (:meth:`~dagrl.runtime.iteration.GraphRun.submit`) and :meth:`Executor.run_nodes` applies. A new
     trick is a field here, not one more parameter through the executor. Default: plain tasks."""
 
     reports: dict[int, tuple[int, ...]] = field(default_factory=dict)

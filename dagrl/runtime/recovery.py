@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import collections
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dagrl.core.graph import Graph
 from dagrl.runtime.hosts import Handle
@@ -31,6 +32,8 @@ from dagrl.runtime.stream import PeerFailed
 from dagrl.runtime.supervisor import RoleFailure
 
 __all__ = ["Action", "Outcome", "Recovery"]
+
+T = TypeVar("T")
 
 
 class Action(enum.Enum):
@@ -95,6 +98,22 @@ class Recovery:
             self.supervisor.drop(failure)
             return Outcome(action, old)
         return Outcome(action, self.supervisor.replace(failure))
+
+    def attempt(self, work: Callable[[], T], handle: Callable[[RoleFailure], Any] | None = None) -> T:
+        """``work()``'s value, run again after each role failure it raises is recovered (``handle``, by
+        default :meth:`recover`: a replacement, or a rollback raised on to the driver)."""
+        while True:
+            try:
+                return work()
+            except RoleFailure as failure:
+                (handle or self.recover)(failure)
+
+    def renew(self, failure: RoleFailure) -> Handle:
+        """The first half of a rollback, or of forming a group again: a new instance in the failed one's
+        place, its state what its factory builds (the caller restores the rest)."""
+        if self.supervisor is None:
+            raise failure
+        return self.supervisor.replace(failure)
 
     def peer(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> Outcome | None:
         """A loop failed in another role's fragment (a replay shard's ``add``): that role's failure, on the

@@ -221,7 +221,7 @@ class StreamWatch:
         loop = self.loops[i] = Loop(self.loops[i].future, self.generation, token=uuid.uuid4().hex, peers=peers)
         try:
             self._at_hub("own", i, loop.token)  # before the loop's first word
-        except RoleFailure:  # the learner's loss, found while replacing a sampler: new_generation starts this loop
+        except BaseException:  # the learner's loss, found while replacing a sampler: new_generation starts this loop
             with contextlib.suppress(Exception):
                 self.client.cancel([loop.future])
             loop.future = None
