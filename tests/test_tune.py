@@ -186,12 +186,15 @@ def test_a_streaming_rounds_time_is_its_critical_path(graphs_dir):
 
 
 def test_the_models_streaming_policies_are_the_engines():
-    from dagrl.app.tune.model import OFFPOLICY, ONPOLICY, STREAMS
+    from dagrl.app.tune.model import OFFPOLICY, ONPOLICY
+    from dagrl.core.distribution import POLICY_TRAITS
     from dagrl.policies import POLICIES
     from dagrl.policies.lockstep import Lockstep
 
     loops = {name for name, cls in POLICIES.items() if not issubclass(cls, Lockstep)}  # not sync's iterations
-    assert set(STREAMS) == loops & set(ONPOLICY + OFFPOLICY)
+    streams = {name for name, kind in POLICY_TRAITS.items() if kind.streams}
+    assert streams == loops
+    assert set(ONPOLICY + OFFPOLICY) == {name for name, kind in POLICY_TRAITS.items() if kind.cost}
 
 
 def test_tune_from_saved_measurements_writes_the_same_graph(tmp_path, graphs_dir, capsys):

@@ -85,11 +85,11 @@ def _load_for_run(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | 
         raise ConfigError("dagrl run", "GRAPH", "give a graph file (or --resume RUN_DIR)")
     graph = load_graph(graph_path, args.set)
     cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
-    if isinstance(cluster, LocalClusterSpec) or graph.spec.policy == "single":
+    if isinstance(cluster, LocalClusterSpec) or not graph.traits.distributed:
         validate_device_request(graph, torch.cuda.is_available())
         check_paths(graph)
         check_memory(graph)
-    if isinstance(cluster, LocalClusterSpec) and graph.spec.policy != "single":
+    if isinstance(cluster, LocalClusterSpec) and graph.traits.distributed:
         check_local(cluster, graph)
     created = rundir is None
     if rundir is None:
@@ -235,7 +235,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
         raise ConfigError("--out", "", f"{out} exists and holds no sweep (no trials.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
-    if base.spec.policy != "single":
+    if base.traits.distributed:
         log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
     settings = len({t.setting for t in trials})
     log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)

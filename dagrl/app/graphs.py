@@ -65,7 +65,8 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
             raise ConfigError(
                 where, f"roles.{name}", f"algorithm {spec.algorithm} has no such role (it has: {', '.join(algo.roles)})"
             )
-    parallel = distribution.data_parallel_roles(algo) if spec.policy == "dp-learners" else []
+    kind = distribution.traits(spec.policy, options)
+    parallel = distribution.data_parallel_roles(algo) if kind.data_parallel else []
     for name, rdef in algo.roles.items():
         rspec = spec.roles.setdefault(name, RoleSpec())
         if rspec.replicas > 1 and not rdef.many and name not in parallel:
@@ -117,14 +118,15 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
         key = f"roles.{name}.max_replicas"
         if name in algo.roles and not algo.roles[name].many:
             raise ConfigError(where, key, f"{rspec.max_replicas}: only a role of many replicas (samplers) grows")
-        if spec.policy != "async":
+        if not kind.grows:
+            growing = " or ".join(p for p, t in distribution.POLICY_TRAITS.items() if t.grows)
             raise ConfigError(
-                where, key, f"{rspec.max_replicas}: samplers grow under policy async only, not {spec.policy}"
+                where, key, f"{rspec.max_replicas}: samplers grow under policy {growing} only, not {spec.policy}"
             )
         if rspec.max_replicas < rspec.replicas:
             raise ConfigError(where, key, f"{rspec.max_replicas} is below roles.{name}.replicas ({rspec.replicas})")
     obs_space, act_space, env_obs_space = _probe_env(spec.env, where)
-    if spec.policy != "single":
+    if kind.distributed:
         _check_workers_can_make(spec.env, where)
     if algo.action_spaces and not isinstance(act_space, algo.action_spaces):
         kinds = " or ".join(t.__name__ for t in algo.action_spaces)

@@ -25,12 +25,12 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
         kind = "gather"
     else:
         kind = "direct"
-    if graph.spec.policy == "split-learner":
+    if graph.traits.split:
         from dagrl.core.distribution import delayed_edges
 
         if (edge.src.id, edge.dst.id) in delayed_edges(graph.algorithm):
             kind = "direct, one round late"
-    if graph.spec.policy == "async" and (src_many or dst_many):
+    if graph.traits.cost == "stream" and (src_many or dst_many):
         options = graph.policy_options
         kind = (
             f"stream, {kind}, staleness <= {options.max_staleness}"

@@ -70,7 +70,7 @@ def train(
         listeners = [*listeners, curve]
     from dagrl.app.progress import Progress
     from dagrl.app.signals import stop_signals
-    from dagrl.policies import POLICIES, build_policy
+    from dagrl.policies import build_policy
 
     if rundir is None:
         rundir = RunDir.create(graph.spec.runs_dir, graph.name)
@@ -82,7 +82,7 @@ def train(
     if resume is not None:
         c = resume["counters"]
         log.info("resuming at iteration %d, %d env steps", c["iteration"], c["env_steps"])
-    distributed = POLICIES[spec.policy].distributed
+    distributed = graph.traits.distributed
     with contextlib.ExitStack() as stack:
         if took:
             stack.callback(rundir.release)

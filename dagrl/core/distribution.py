@@ -18,6 +18,7 @@ Every policy runs the same traced iteration; they differ in how its fragment cal
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,12 +32,15 @@ __all__ = [
     "AsyncOptions",
     "DataParallelOptions",
     "NoOptions",
+    "POLICY_TRAITS",
     "StreamShape",
     "SyncOptions",
+    "Traits",
     "check",
     "data_parallel_roles",
     "mail_edges",
     "stream_shape",
+    "traits",
     "warmup_steps",
 ]
 
@@ -138,6 +142,56 @@ class DataParallelOptions:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a policy is, beside its options: the graph checks, the CLI, the tuner and the role hosts read
+    these, never a policy's name."""
+
+    distributed: bool = True
+    """Runs on a Dask cluster (``False``: every role in the driver's process)."""
+    streams: bool = False
+    """Samplers loop on their workers and the learner pulls what arrived (:mod:`dagrl.runtime.watch`);
+    else each iteration is one graph of calls, submitted at once (:mod:`dagrl.runtime.iteration`)."""
+    replay: bool = False
+    """Samplers feed replay, the learner samples it (off-policy); else rollouts go to the learner."""
+    inference: bool = False
+    """An ``inference`` role picks every sampler's actions."""
+    data_parallel: bool = False
+    """Learner roles may run as identical replicas averaging gradients."""
+    split: bool = False
+    """Two learner roles update at once, a value between them arriving one round late."""
+    grows: bool = False
+    """Samplers may grow to ``max_replicas`` as workers join, and shrink back as they leave."""
+    snapshots: bool = False
+    """The samplers' envs are checkpointed with the run, so a resume goes on exactly."""
+    cost: str = ""
+    """The tuner's cost model of it (:mod:`dagrl.app.tune.model`): ``serial`` (one process), ``lockstep``,
+    ``stream`` (rollouts to the learner), ``replay``; empty: not modelled."""
+
+
+POLICY_TRAITS: dict[str, Traits] = {
+    "single": Traits(distributed=False, snapshots=True, cost="serial"),
+    "sync": Traits(snapshots=True, cost="lockstep"),
+    "async": Traits(streams=True, grows=True, cost="stream"),
+    "apex": Traits(streams=True, replay=True, cost="replay"),
+    "split-learner": Traits(streams=True, replay=True, split=True, cost="replay"),
+    "dp-learners": Traits(data_parallel=True),
+    "central-inference": Traits(inference=True),
+}
+
+
+def traits(policy: str, options: Any = None) -> Traits:
+    """``policy``'s :class:`Traits` with ``options`` (central inference with ``asynchronous: true`` streams).
+
+    >>> traits("apex").replay, traits("central-inference", CentralInferenceOptions(asynchronous=True)).streams
+    (True, True)
+    """
+    found = POLICY_TRAITS[policy]
+    if found.inference and getattr(options, "asynchronous", False):
+        return dataclasses.replace(found, streams=True)
+    return found
 
 
 INFERENCE_ROLE = "inference"
@@ -285,9 +339,8 @@ def warmup_steps(config: Any) -> int:
 
 def check(policy: str, algorithm: Algorithm, options: Any = None) -> None:
     """Raise ``TypeError`` (one line) if ``policy`` (with ``options``) cannot run ``algorithm``'s iteration."""
-    if policy in ("single", "sync", "dp-learners"):
-        return
-    if policy == "central-inference":
+    kind = traits(policy)
+    if kind.inference:
         if INFERENCE_ROLE not in algorithm.roles:
             raise TypeError(
                 f"needs an {INFERENCE_ROLE!r} role whose state picks actions for samplers "
@@ -298,7 +351,9 @@ def check(policy: str, algorithm: Algorithm, options: Any = None) -> None:
         if getattr(options, "asynchronous", False):
             check("async", algorithm)
         return
-    if policy == "async":
+    if not kind.streams:
+        return
+    if not kind.replay:
         streamed = [n.name for n in algorithm.graph.nodes if algorithm.roles[n.role].many]
         if len(streamed) != 1:
             raise TypeError(
@@ -317,7 +372,7 @@ def check(policy: str, algorithm: Algorithm, options: Any = None) -> None:
         )
     if not shape.learn:
         raise TypeError(f"{policy}: nothing runs after {', '.join(n.name for n in shape.insert)} (no learner round)")
-    if policy == "split-learner" and not delayed_edges(algorithm):
+    if kind.split and not delayed_edges(algorithm):
         raise TypeError(
             "split-learner needs two learner roles that pass values within a round "
             "(e.g. critic -> actor, as in sac.py); this iteration has none"

@@ -333,6 +333,11 @@ class Graph:
         return self.spec.name
 
     @property
+    def traits(self) -> distribution.Traits:
+        """What its policy is (:class:`~dagrl.core.distribution.Traits`): read instead of the policy's name."""
+        return distribution.traits(self.spec.policy, self.policy_options)
+
+    @property
     def env_id(self) -> str:
         """``spec.env.id`` as workers, evaluators and exported policies make it: with the module that
         registered it in front when this process imported that module itself
@@ -354,7 +359,7 @@ class Graph:
         """The roles this run starts: all of the algorithm's, but evaluation-only ones only when
         ``evaluate.every`` turns evaluation on, and ``inference`` only under ``central-inference``."""
         off = set() if self.spec.evaluate.every else set(self.algorithm.eval_only_roles)
-        if self.spec.policy != "central-inference":
+        if not self.traits.inference:
             off.add(distribution.INFERENCE_ROLE)
         return {r: self.spec.roles[r] for r in self.algorithm.roles if r not in off}
 

@@ -65,7 +65,7 @@ def build_policy(
     cls = POLICIES[graph.spec.policy]
     if cls is CentralInference and graph.policy_options.asynchronous:
         cls = StreamingCentralInference
-    if not cls.distributed:
+    if not graph.traits.distributed:
         return cls(graph, start_local(graph, begin))
     if client is None:
         raise ValueError(f"policy {cls.name} needs a Dask client")

@@ -56,8 +56,6 @@ class Policy(GraphHooks):
     """Base of the distribution policies: owns role hosts, runs iterations, exposes learner state."""
 
     name = "base"
-    distributed = True
-    """Whether the policy needs a Dask cluster (``single`` does not)."""
 
     def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Executor | None = None):
         self.graph = graph

@@ -13,4 +13,3 @@ class Single(Lockstep):
     """
 
     name = "single"
-    distributed = False

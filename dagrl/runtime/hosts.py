@@ -15,7 +15,6 @@ from dagrl.core.graph import Graph
 from dagrl.envs.wrappers import parse as parse_wrappers
 from dagrl.runtime.host import CLOSE_WAIT_S, Done, RoleHost
 from dagrl.runtime.placement import place
-from dagrl.runtime.snapshot import LOCKSTEP
 from dagrl.runtime.workers import workers as live_workers
 
 log = logging.getLogger("dagrl")
@@ -177,7 +176,7 @@ def role_context(
 ) -> RoleContext:
     rspec = graph.role(role)
     inference = None
-    if graph.spec.policy == "central-inference" and graph.algorithm.roles[role].many:
+    if graph.traits.inference and graph.algorithm.roles[role].many:
         from dagrl.runtime.inference import InferenceClient
 
         inference = InferenceClient(f"{role}[{index}]", timeout_s=graph.spec.supervision.hang_timeout_s)
@@ -211,7 +210,7 @@ def _host_args(graph: Graph, role: str, index: int, start: Start) -> tuple[tuple
         "gpu_fallback": graph.spec.gpu_fallback,
         "torch_threads": graph.spec.torch_threads,
         "shared_memory": graph.spec.shared_memory,
-        "snapshots": graph.spec.policy in LOCKSTEP,
+        "snapshots": graph.traits.snapshots,
     }
     return args, kwargs
 

@@ -27,8 +27,6 @@ from typing import Any
 
 log = logging.getLogger("dagrl")
 
-LOCKSTEP = ("single", "sync")
-"""The policies whose checkpoints hold sampler snapshots (streaming ones resume as a continuation)."""
 KEY = "__dagrl_snapshot__"
 ENVS = "__dagrl_envs__"
 CONFIG_FIELDS = ("cfg", "config")

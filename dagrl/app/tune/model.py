@@ -34,10 +34,10 @@ and scales every distributed candidate.
 * ``sync``: every sampler collects at once, then the update: the collects stretched by CPU
   contention when the samplers want more cores than there are.
 * ``async``, ``apex``, ``split-learner``: samplers and learner run at once, as loops on their workers
-  (:data:`STREAMS`); throughput is the slower of the two rates (samplers counted only as many as the
-  rate limiter lets collect at once: ``async`` lets ``2 x rollouts_per_update`` collects run ahead of
-  the learner), the learner's slowed by the CPU everything else needs: the samplers, as busy as the
-  rate limiter lets them be. No scheduler task and no driver decision is on a rollout's or a round's
+  (:attr:`~dagrl.core.distribution.Traits.streams`); throughput is the slower of the two rates (samplers
+  counted only as many as the rate limiter lets collect at once: ``async`` lets ``2 x rollouts_per_update``
+  collects run ahead of the learner), the learner's slowed by the CPU everything else needs: the samplers,
+  as busy as the rate limiter lets them be. No scheduler task and no driver decision is on a rollout's or a round's
   path: a sampler pushes its rollout to the hub beside the learner while the round before runs, and
   the learner loop calls a round's fragments one after another, a call to a role on another worker (a
   replay shard, ``split-learner``'s actor) a direct call (:attr:`Costs.call_s`) rather than a task's
@@ -53,13 +53,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from dagrl.core.distribution import POLICY_TRAITS, traits
+
 __all__ = ["Candidate", "LearnStep", "Prediction", "Shape", "candidates", "predict", "rank", "round_period"]
 
-STREAMS = ("async", "apex", "split-learner")
-"""Policies whose samplers and learner run as loops (:mod:`dagrl.runtime.loops`): rollouts and rounds
-go without a scheduler task or the driver."""
-ONPOLICY = ("single", "sync", "async")
-OFFPOLICY = ("single", "sync", "apex", "split-learner")
+ONPOLICY = tuple(p for p, t in POLICY_TRAITS.items() if t.cost in ("serial", "lockstep", "stream"))
+"""The policies the tuner weighs for an on-policy algorithm (their :attr:`~dagrl.core.distribution.Traits.cost`)."""
+OFFPOLICY = tuple(p for p, t in POLICY_TRAITS.items() if t.cost in ("serial", "lockstep", "replay"))
 SAMPLER_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_ENVS = 64
 """Most envs one sampler gets among the candidates (a vector env steps them in one thread)."""
@@ -132,7 +132,7 @@ class Candidate:
     """The samplers' vector env backend."""
 
     def describe(self) -> str:
-        per = "" if self.policy in ("single", "sync") else f", {self.collects_per_round} collects/update"
+        per = f", {self.collects_per_round} collects/update" if traits(self.policy).streams else ""
         backend = "" if self.vector == "sync" else f", {self.vector}"
         return f"{self.policy}: {self.samplers} x {self.envs} envs x {self.length} steps{per}{backend}"
 
@@ -155,14 +155,14 @@ def parallel(c: Candidate) -> int:
     """Collects running at once: the rate limiter lets samplers be ``collects_per_round + max_lead``
     collects ahead of the last finished round; async's ``max_lead`` is ``rollouts_per_update``,
     apex's 2 per sampler."""
-    lead = c.collects_per_round if c.policy == "async" else 2 * c.samplers
+    lead = c.collects_per_round if traits(c.policy).cost == "stream" else 2 * c.samplers
     return min(c.samplers, c.collects_per_round + lead)
 
 
 def lag(c: Candidate) -> float:
     """Updates the learner makes, about, while one ``async`` collect runs: the collects running at
     once over the collects each update takes."""
-    return parallel(c) / c.collects_per_round if c.policy == "async" else 0.0
+    return parallel(c) / c.collects_per_round if traits(c.policy).cost == "stream" else 0.0
 
 
 def staleness(c: Candidate) -> float:
@@ -170,9 +170,10 @@ def staleness(c: Candidate) -> float:
     every collect acts with the newest weights and each learner role takes the others' newest
     (``single``, ``sync``); under the streaming policies the collects running at once over those a round
     takes, plus, under ``split-learner``, the round by which the actor's input trails the critic."""
-    if c.policy in ("single", "sync"):
+    kind = traits(c.policy)
+    if not kind.streams:
         return 0.0
-    return parallel(c) / c.collects_per_round + (1.0 if c.policy == "split-learner" else 0.0)
+    return parallel(c) / c.collects_per_round + (1.0 if kind.split else 0.0)
 
 
 def divisors(n: int) -> list[int]:
@@ -188,28 +189,34 @@ def candidates(shape: Shape, max_samplers: int) -> list[Candidate]:
             return []
         total = shape.round_steps // shape.length
         envs = [n for n in divisors(total) if n <= MAX_ENVS]
-        if "single" in shape.policies and total <= MAX_ENVS:
-            out.append(Candidate("single", 1, total, shape.length, 1))
-        if "sync" in shape.policies:
-            out += [Candidate("sync", k, total // k, shape.length, k) for k in counts if k > 1 and total % k == 0]
-            out = [c for c in out if c.envs <= MAX_ENVS]
-        if "async" in shape.policies:
-            # more samplers than the rate limiter lets collect at once would only wait (see `parallel`)
-            out += [
-                Candidate("async", k, n, shape.length, total // n) for n in envs for k in counts if k <= 2 * total // n
-            ]
+        for policy in shape.policies:
+            cost = traits(policy).cost
+            if cost == "serial" and total <= MAX_ENVS:
+                out.append(Candidate(policy, 1, total, shape.length, 1))
+            elif cost == "lockstep":
+                out += [Candidate(policy, k, total // k, shape.length, k) for k in counts if k > 1 and total % k == 0]
+                out = [c for c in out if c.envs <= MAX_ENVS]
+            elif cost == "stream":
+                # more samplers than the rate limiter lets collect at once would only wait (see `parallel`)
+                out += [
+                    Candidate(policy, k, n, shape.length, total // n)
+                    for n in envs
+                    for k in counts
+                    if k <= 2 * total // n
+                ]
         return on_backends([c for c in out if lag(c) <= shape.max_lag + 1e-9], shape)
     per_collect = [e for e in divisors(shape.round_steps)]  # env steps one collect adds between rounds
     for policy in shape.policies:
         for e in per_collect:
             for n in (n for n in divisors(e) if n <= MAX_ENVS):
                 collects = shape.round_steps // e
-                if policy == "single" and collects == 1:
-                    out.append(Candidate("single", 1, n, e // n, 1))
-                elif policy == "sync":
+                cost = traits(policy).cost
+                if cost == "serial" and collects == 1:
+                    out.append(Candidate(policy, 1, n, e // n, 1))
+                elif cost == "lockstep":
                     if collects > 1 and collects in counts:
-                        out.append(Candidate("sync", collects, n, e // n, collects))
-                elif policy in ("apex", "split-learner"):
+                        out.append(Candidate(policy, collects, n, e // n, collects))
+                elif cost == "replay":
                     out += [Candidate(policy, k, n, e // n, collects) for k in counts]
     return on_backends(out, shape)
 
@@ -270,20 +277,21 @@ def predict(c: Candidate, shape: Shape, costs: Costs) -> Prediction:
     steps = c.envs * c.length
     collect = c.length * (costs.step_fixed_s + costs.step_per_env_s * c.envs)
     cpu = 1.0 - costs.env_share * (1.0 - costs.env_cpu)  # the core share of a collect
-    if c.policy == "single":
+    kind = traits(c.policy)
+    if kind.cost == "serial":
         total = c.collects_per_round * collect + costs.round_s
         return Prediction(shape.round_steps / total, collect, costs.round_s, 1.0, "serial")
-    if c.policy == "sync":
+    if kind.cost == "lockstep":
         move = costs.hop_s + steps * shape.step_bytes / costs.peer_bytes_s
         stretch = max(1.0, (c.samplers * cpu + costs.task_cpu_s * c.samplers / collect) / costs.cores)
         collect *= max(stretch, costs.slowdown(c.samplers))
         total = collect + (1 + shape.round_hops) * costs.hop_s + c.samplers * move + costs.round_s
         return Prediction(costs.calibration * shape.round_steps / total, collect, costs.round_s, stretch, "serial")
     if shape.learn and all(s.key in costs.fragment_s for s in shape.learn):  # calls overlap other roles' work
-        round_s = round_period(shape, costs, c.policy == "split-learner")
+        round_s = round_period(shape, costs, kind.split)
         learner_cores = max(1.0, sum(costs.fragment_s.get(s.key, 0.0) for s in shape.learn) / round_s)
     else:
-        learner = costs.round_overlap_s if c.policy == "split-learner" else costs.round_s
+        learner = costs.round_overlap_s if kind.split else costs.round_s
         round_s = learner + (len(shape.learn) or 1) * costs.call_s
         learner_cores = 1.0
     at_once = parallel(c)

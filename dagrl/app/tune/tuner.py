@@ -56,8 +56,8 @@ log = logging.getLogger("dagrl")
 
 __all__ = ["Result", "Tuning", "shape_of", "tune", "verify", "write_tuned"]
 
-MODELLED = ("single", "sync", "async", "apex", "split-learner")
-"""Policies the cost model predicts (the first runs in one process)."""
+MODELLED = tuple(p for p, t in distribution.POLICY_TRAITS.items() if t.cost)
+"""Policies the cost model predicts (:attr:`~dagrl.core.distribution.Traits.cost`)."""
 
 LENGTH_KEYS = ("num_steps", "steps")
 """Hyperparameters that hold a collect's length, in the order looked for."""
@@ -94,6 +94,10 @@ def nearest(options: list[tuple[Candidate, float]], hand: Candidate | None) -> C
     )[0]
 
 
+def _distributed(c: Candidate) -> bool:
+    return distribution.traits(c.policy).distributed
+
+
 def _runs(policy: str, algorithm: Any) -> bool:
     try:
         distribution.check(policy, algorithm)
@@ -119,16 +123,16 @@ def shape_of(graph: Graph) -> Shape:
         )
     length = int(getattr(graph.config, key))
     role = graph.role(sampler)
-    policy, options = graph.spec.policy, graph.policy_options
+    cost, options = graph.traits.cost, graph.policy_options
     collect = role.envs * length
-    if policy == "async":
+    if cost == "stream":
         round_steps = options.per_update(role.replicas) * collect
-    elif policy in ("apex", "split-learner"):
+    elif cost == "replay":
         ratio = options.update_ratio if options.update_ratio is not None else 1.0 / role.replicas
         round_steps = max(1, round(collect / ratio))
     else:
         round_steps = role.replicas * collect
-    onpolicy = _runs("async", algo)
+    onpolicy = any(_runs(p, algo) for p, t in distribution.POLICY_TRAITS.items() if t.cost == "stream")
     obs, act = graph.observation_space, graph.action_space
     obs_bytes = int(np.prod(obs.shape or (1,))) * np.dtype(obs.dtype).itemsize
     act_bytes = int(np.prod(act.shape or (1,))) * max(np.dtype(act.dtype).itemsize, 4)
@@ -140,11 +144,11 @@ def shape_of(graph: Graph) -> Shape:
         round_steps=round_steps,
         policies=tuple(p for p in (ONPOLICY if onpolicy else OFFPOLICY) if _runs(p, algo)),
         step_bytes=obs_bytes * (1 if onpolicy else 2) + act_bytes + 16,
-        max_staleness=options.max_staleness if policy == "async" else 2,
+        max_staleness=options.max_staleness if cost == "stream" else 2,
         round_hops=len(stream.insert) + len(stream.learn) + 1,
         inserts=len(stream.insert),
         learn=learn_steps(algo, stream),
-        max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if policy == "async" else 1.0,
+        max_lag=max(1.0, lag(as_candidate(graph, sampler, length, round_steps))) if cost == "stream" else 1.0,
         vector=role.vector,
     )
 
@@ -253,13 +257,14 @@ def candidate_data(data: dict[str, Any], shape: Shape, c: Candidate) -> dict[str
     data = copy.deepcopy(data)
     for key in distribution.FLAT_KEYS:
         data.pop(key, None)
-    if c.policy == "async":
+    cost = distribution.traits(c.policy).cost
+    if cost == "stream":
         data["policy"] = {
-            "name": "async",
+            "name": c.policy,
             "max_staleness": shape.max_staleness,
             "rollouts_per_update": c.collects_per_round,
         }
-    elif c.policy in ("apex", "split-learner"):
+    elif cost == "replay":
         data["policy"] = {"name": c.policy, "update_ratio": 1.0 / c.collects_per_round}
     else:
         data["policy"] = c.policy
@@ -483,7 +488,11 @@ def tune(
             raw = rank(shape, costs(), most)
             # the graph as written on the chosen backend: the probes measured that one
             mine = replace(hand, vector=shape.vector)
-            probe = mine if hand.policy in MODELLED[1:] else next((c for c, _ in raw if c.policy != "single"), None)
+            probe = (
+                mine
+                if _distributed(hand) and hand.policy in MODELLED
+                else next((c for c, _ in raw if _distributed(c)), None)
+            )
             if probe is not None:
                 done[probe] = verify(candidate_data(data, shape, probe), graph.path, cluster, slot)
                 predicted = predict(probe, shape, costs()[probe.vector]).steps_s
@@ -506,7 +515,7 @@ def tune(
             # one of each of the best groups: settings that differ, each the nearest the graph as written
             picks = [nearest(options, hand) for options in list(groups.values())[:n_verify]]
             # and one process, measured: the freshest data, which a distributed setting must clearly outrun
-            one = [(c, rate) for (policy, _), options in groups.items() if policy == "single" for c, rate in options]
+            one = [(c, rate) for options in groups.values() for c, rate in options if not _distributed(c)]
             for c in [hand, *done, *([nearest(one, hand)] if one else [])]:
                 if c not in picks:
                     picks.append(c)
