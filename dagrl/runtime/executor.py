@@ -32,7 +32,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,16 @@ def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards:
     return list(outs)
 
 
+def replica_args(node: Node, rows: Callable[[Node], list[Any]], roles: Any, replica: int, replicas: int) -> list[Any]:
+    """``node``'s arguments on replica ``replica`` of ``replicas``: each input node's row (``rows(input)``, one
+    value per replica of its role) routed by :func:`route`, constants as they are. Both runners of
+    fragment calls build a call this way: :meth:`Executor.run_nodes` (a Dask task per call) and the
+    learner loop's :class:`~dagrl.runtime.loops.Caller` (a direct call, no task per round)."""
+    return [
+        route(rows(a), a.role, node.role, roles, replica, replicas) if isinstance(a, Node) else a for a in node.inputs
+    ]
+
+
 def _values(arg: Any) -> Any:
     """Replace :class:`Call` objects (also inside lists) by what the callee receives."""
     if isinstance(arg, Call):
@@ -351,15 +361,13 @@ class Executor:
         hosts: dict[str, list[Any]],
         roles: Any,
         calls: dict[int, list[Call]] | None = None,
-        inputs: Any = None,
         after: Any = None,
         transport: Transport = Transport(),
     ) -> dict[int, list[Call]]:
         """Submit every node on every replica of its role, in order, inputs routed by :func:`route`.
 
-        ``calls`` holds calls already made (node id -> one per replica); ``inputs(arg, node)``, if
-        given, may supply the calls an input node stands for (a stream's arrivals, last round's value);
-        ``after(node, calls)``, if given, the calls ``node`` must wait for besides its inputs;
+        ``calls`` holds calls already made (node id -> one per replica); ``after(node, calls)``, if
+        given, the calls ``node`` must wait for besides its inputs;
         ``transport``, the graph's transport choices (:class:`Transport`).
         """
         calls = {} if calls is None else calls
@@ -370,15 +378,11 @@ class Executor:
             consumers = [n for n in nodes if (node.id, n.id) in mail] if self.remote else []
             row = []
             for r, h in enumerate(handles):
-                args = []
-                for a in node.inputs:
-                    if isinstance(a, Node):
-                        outs = inputs(a, node) if inputs is not None else None
-                        outs = calls[a.id] if outs is None else outs
-                        routed = route(outs, a.role, node.role, roles, r, len(handles))
-                        args.append(_ticketed(routed, h, self) if (a.id, node.id) in mail else routed)
-                    else:
-                        args.append(a)
+                args = replica_args(node, lambda a: calls[a.id], roles, r, len(handles))
+                args = [
+                    _ticketed(v, h, self) if isinstance(a, Node) and (a.id, node.id) in mail else v
+                    for a, v in zip(node.inputs, args, strict=True)
+                ]
                 send = Sending(
                     transport.reports.get(node.id, ()),
                     node.id in transport.announce,

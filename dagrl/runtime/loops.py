@@ -15,7 +15,7 @@ from typing import Any
 
 from dagrl.core.distribution import stream_shape
 from dagrl.core.fragment import Node, load_algorithm
-from dagrl.runtime.executor import route
+from dagrl.runtime.executor import replica_args
 from dagrl.runtime.host import HOSTS, _host
 from dagrl.runtime.report import report
 from dagrl.runtime.shm import unwrap, wrap
@@ -136,12 +136,7 @@ class Caller:
         n = len(self.hosts[node.role])
         row = []
         for r in range(n):
-            args = [
-                route((previous if late(a, node) else values)[a.id], a.role, node.role, roles, r, n)
-                if isinstance(a, Node)
-                else a
-                for a in node.inputs
-            ]
+            args = replica_args(node, lambda a: (previous if late(a, node) else values)[a.id], roles, r, n)
             row.append(self.call(node.role, r, node.name, *args))
         return row
 
