@@ -223,3 +223,45 @@ def test_the_groups_rendezvous_and_connections_listen_on_dasks_interface_only(cl
     finally:
         summary = run.finish()
     assert summary["iterations"] == 2
+
+
+def _rank(rank: int, ports, out, path: str) -> None:
+    """One replica's process: join a group of two, let it go as a later join would, then take a descriptor
+    (the number the store's socket had, the lowest free) and leave as a new host's start does."""
+    import os
+
+    import torch.distributed as dist
+
+    from dagrl.runtime import collective
+
+    port = collective.reserve_port("127.0.0.1") if rank == 0 else None
+    if rank == 0:
+        ports.put(port)
+    collective.join("gloo", "127.0.0.1", port or ports.get(timeout=30), rank, 2, 30.0, "127.0.0.1")
+    dist.destroy_process_group()  # the store and its socket go
+    with open(path, "rb") as f:
+        try:
+            collective.leave()
+            os.fstat(f.fileno())
+            out.put((rank, "kept"))
+        except OSError as err:
+            out.put((rank, f"{type(err).__name__}: {err}"))
+
+
+def test_leaving_a_group_never_closes_a_descriptor_the_store_already_closed(tmp_path):
+    """Rank 0's store serves on the socket reserve_port made and closes it when the group goes; leave()
+    closing it again closed whatever had reused the number (a replay shard's zarr event loop, which
+    then hung every read of the shard)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ports, out = ctx.Queue(), ctx.Queue()
+    path = tmp_path / "held"
+    path.write_bytes(b"x")
+    procs = [ctx.Process(target=_rank, args=(r, ports, out, str(path))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=90) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert got == {0: "kept", 1: "kept"}

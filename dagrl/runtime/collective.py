@@ -88,6 +88,9 @@ def join(
     store = dist.TCPStore(
         host, port, world, rank == 0, timeout=timeout, master_listen_fd=held.fileno() if held else None
     )  # fmt: skip
+    if held is not None:  # the store's server owns the descriptor now and closes it when the group goes:
+        _RESERVED.pop(port, None)  # closing it again here would close whatever reused its number since
+        held.detach()  # (once a replay shard's zarr event loop, which then hung every read)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     _JOINED = True
 
