@@ -320,7 +320,18 @@ def jobs_cluster(spec: SlurmSpec, jobs: list[tuple[str, str]], run_dir: Path) ->
             finally:
                 keeper.stop()
     finally:
+        submitted = [str(job.job_id) for job in list(slurm.workers.values()) if getattr(job, "job_id", None)]
         slurm.close()
+        _until_gone(submitted)
+
+
+def _until_gone(job_ids: list[str], timeout_s: float = 30.0) -> None:
+    """Wait (at most ``timeout_s``) for the cancelled worker jobs to leave the queue, so that a command
+    that returns leaves none of its jobs behind (a job ending shows in ``squeue`` a moment longer)."""
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(Exception):  # squeue missing or slow: the jobs end on their own
+        while job_ids and job_states(job_ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 class Resubmitter:
