@@ -70,7 +70,8 @@ def resolve_graph(data: dict[str, Any], where: str) -> Graph:
     for name, rdef in algo.roles.items():
         rspec = spec.roles.setdefault(name, RoleSpec())
         if rspec.replicas > 1 and not rdef.many and name not in parallel:
-            hint = " (data-parallel replicas of a learner: policy dp-learners)" if rdef.recover == "rollback" else ""
+            groups = ", ".join(p for p, t in distribution.POLICY_TRAITS.items() if t.data_parallel)
+            hint = f" (data-parallel replicas of a learner: policy {groups})" if rdef.recover == "rollback" else ""
             raise ConfigError(
                 where, f"roles.{name}.replicas", f"{rspec.replicas}: role {name} runs as a single instance{hint}"
             )

@@ -31,6 +31,7 @@ __all__ = [
     "ApexOptions",
     "AsyncOptions",
     "DataParallelOptions",
+    "GroupOptions",
     "NoOptions",
     "POLICY_TRAITS",
     "StreamShape",
@@ -60,8 +61,37 @@ class SyncOptions:
     go through Dask."""
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+
+
 @dataclass
-class AsyncOptions:
+class GroupOptions:
+    """How a learner role given ``replicas: K`` runs as a data-parallel group (:mod:`dagrl.runtime.groups`)."""
+
+    backend: str = "auto"
+    """``torch.distributed`` backend of the learner replicas: ``gloo`` (CPU, or CUDA tensors through
+    the host), ``nccl`` (one distinct GPU per replica); ``auto``: nccl when every replica has a GPU
+    of its own, else gloo."""
+    timeout_s: float = 120.0
+    """How long a replica waits for the others (joining the group, one gradient all-reduce) before
+    failing; a replica whose peer died fails at once."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass
+class DataParallelOptions(GroupOptions):
+    mailbox: bool = True
+    """As ``sync``'s: samplers on a learner replica's host wait for its weights in a same-host
+    mailbox, and each replica for its samplers' rollouts (:class:`SyncOptions`)."""
+
+
+@dataclass
+class AsyncOptions(GroupOptions):
     max_staleness: int = 4
     """Rollouts collected with weights older than this many updates are dropped (still counted)."""
     rollouts_per_update: int | Literal["auto"] = "auto"
@@ -78,6 +108,7 @@ class AsyncOptions:
     finds no room waits: the backpressure that bounds staleness."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.rollouts_per_update != "auto" and self.rollouts_per_update < 1:
@@ -98,7 +129,7 @@ class AsyncOptions:
 
 
 @dataclass
-class ApexOptions:
+class ApexOptions(GroupOptions):
     update_ratio: float | None = None
     """Learner rounds per sampler collect; default one per N collects (N samplers), as ``sync``."""
     rate_limit: bool = True
@@ -111,6 +142,7 @@ class ApexOptions:
     """Collect calls each sampler keeps queued on its worker."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.update_ratio is not None and self.update_ratio <= 0:
             raise ValueError(f"update_ratio must be > 0, got {self.update_ratio}")
         if self.max_lead is not None and self.max_lead < 0:
@@ -119,29 +151,6 @@ class ApexOptions:
             raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
         if self.in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
-
-
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-@dataclass
-class DataParallelOptions:
-    mailbox: bool = True
-    """As ``sync``'s: samplers on a learner replica's host wait for its weights in a same-host
-    mailbox, and each replica for its samplers' rollouts (:class:`SyncOptions`)."""
-    backend: str = "auto"
-    """``torch.distributed`` backend of the learner replicas: ``gloo`` (CPU, or CUDA tensors through
-    the host), ``nccl`` (one distinct GPU per replica); ``auto``: nccl when every replica has a GPU
-    of its own, else gloo."""
-    timeout_s: float = 120.0
-    """How long a replica waits for the others (joining the group, one gradient all-reduce) before
-    failing; a replica whose peer died fails at once."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -174,8 +183,8 @@ class Traits:
 POLICY_TRAITS: dict[str, Traits] = {
     "single": Traits(distributed=False, snapshots=True, cost="serial"),
     "sync": Traits(snapshots=True, cost="lockstep"),
-    "async": Traits(streams=True, grows=True, cost="stream"),
-    "apex": Traits(streams=True, replay=True, cost="replay"),
+    "async": Traits(streams=True, grows=True, data_parallel=True, cost="stream"),
+    "apex": Traits(streams=True, replay=True, data_parallel=True, cost="replay"),
     "split-learner": Traits(streams=True, replay=True, split=True, cost="replay"),
     "dp-learners": Traits(data_parallel=True),
     "central-inference": Traits(inference=True),

@@ -19,6 +19,7 @@ from dagrl.core.fragment import FragmentGraph
 from dagrl.core.graph import Graph
 from dagrl.runtime import mailbox, shm
 from dagrl.runtime.executor import Executor
+from dagrl.runtime.groups import Groups
 from dagrl.runtime.hosts import Handle, close_all
 from dagrl.runtime.iteration import Finished, GraphHooks, GraphRun, Submitted
 from dagrl.runtime.recovery import Recovery
@@ -67,6 +68,9 @@ class Policy(GraphHooks):
         self.algorithm = graph.algorithm
         self.recovery = Recovery(graph, hosts, self.supervisor)
         """What the loss of a role instance means, decided once for every policy (the policy reports)."""
+        group = (getattr(self.options, "backend", "auto"), getattr(self.options, "timeout_s", 120.0))
+        self.groups = Groups(graph, hosts, self.executor.client, self.recovery, *group)
+        """Learner roles run as data-parallel replicas (``dp-learners``, the streams); empty: none."""
         self.iterations = GraphRun(self.executor, hosts, self)
         self.horizon: int | None = None
         """Set by the driver before each :meth:`step`: the iterations, that one included, that may end
@@ -105,7 +109,11 @@ class Policy(GraphHooks):
         return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}
 
     def restore(self, sd: dict[str, list[Any]]) -> None:
-        """Load checkpointed learner-side state after a rollback (the failed host already replaced)."""
+        """Load checkpointed learner-side state after a rollback (the failed host already replaced); a
+        learner group forms anew first (a replica found dead is replaced)."""
+        if self.groups:
+            self.groups.form()
+            self.groups.formed = True
         self.load_state_dict(sd)
         self.after_restore()
 
@@ -126,11 +134,16 @@ class Policy(GraphHooks):
         return False
 
     def state_dict(self) -> dict[str, list[Any]]:
-        """Every role replica's state (``None`` for one without, as a sampler, or one dropped)."""
+        """Every role replica's state (``None`` for one without, as a sampler, or one dropped); a learner
+        group's once, replica 0's, after checking the others match it."""
+        self.groups.prepare()
 
         def ask() -> dict[str, list[Any]]:
+            if self.groups:
+                self.groups.check("at a checkpoint")
             futures = {
-                role: [None if self.dropped(h) else h.state_dict() for h in hs] for role, hs in self.hosts.items()
+                role: [None if self.dropped(h) else h.state_dict() for h in self.groups.first(role, hs)]
+                for role, hs in self.hosts.items()
             }
             return {role: [None if f is None else f.result() for f in fs] for role, fs in futures.items()}
 
@@ -147,7 +160,7 @@ class Policy(GraphHooks):
         from dagrl.runtime.snapshot import KEY
 
         futures = []
-        for role, states in sd.items():
+        for role, states in self.groups.spread(sd).items():
             if role not in self.hosts or not any(s is not None for s in states):
                 continue
             hosts = self.hosts[role]

@@ -18,20 +18,16 @@ not blamed for it).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from dagrl.core.distribution import data_parallel_roles, mail_edges
+from dagrl.core.distribution import mail_edges
 from dagrl.core.graph import Graph
 from dagrl.policies.base import StepResult
 from dagrl.policies.lockstep import Lockstep
-from dagrl.runtime.collective import form_group
+from dagrl.runtime.groups import ReplicasDiverged
 from dagrl.runtime.hosts import Handle
-from dagrl.runtime.supervisor import TrainingError
 
-
-class ReplicasDiverged(TrainingError):
-    """Data-parallel replicas hold different states: the algorithm does not average its gradients."""
+__all__ = ["DataParallel", "ReplicasDiverged"]
 
 
 class DataParallel(Lockstep):
@@ -40,84 +36,29 @@ class DataParallel(Lockstep):
 
     def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
-        self.parallel = [r for r in data_parallel_roles(graph.algorithm) if len(hosts.get(r, [])) > 1]
-        self.recovery.groups = frozenset(self.parallel)  # a replica's loss rolls every one back
-        self.formed = False
+        self.recovery.groups = frozenset(self.groups.roles)  # a replica's loss rolls every one back
         self.checked = False
         if self.executor.remote and self.options.mailbox and graph.spec.shared_memory:
             self.mail = mail_edges(graph.algorithm)
 
     def step(self, ahead: bool = False) -> StepResult:
-        self.prepare()
+        self.groups.prepare()
         res = super().step(ahead and self.checked)  # the first iteration's states are compared when it ends
         if not self.checked:
-            self._check_identical("after the first iteration")
+            self.groups.check("after the first iteration")
             self.checked = True
         return res
 
     def collective(self, node: Any) -> bool:
         """A data-parallel role's calls may all-reduce: each waits for its worker's earlier calls first."""
-        return node.role in self.parallel
+        return node.role in self.groups.roles
 
     def output_calls(self, output: Any, calls: dict[int, list[Any]]) -> list[Any]:
         """Replay shard m passes on learner replica m % K's metrics: shards 0..K-1 give all K."""
         if not self.graph.algorithm.roles[output.role].many:
             return calls[output.id]
-        k = max((len(self.hosts[r]) for r in self.parallel), default=1)
-        return calls[output.id][:k]
+        return calls[output.id][: self.groups.largest]
 
     def restore(self, sd: dict[str, list[Any]]) -> None:
         self.drop_ahead()  # it followed the iteration that failed
-        self._form()  # replaces a replica found dead, then re-forms the group
-        self.load_state_dict(sd)
-        self.after_restore()
-
-    def state_dict(self) -> dict[str, list[Any]]:
-        """Every role's state; a data-parallel role's once (replica 0's), after checking the others match it."""
-        self.prepare()
-
-        def ask() -> dict[str, list[Any]]:
-            self._check_identical("at a checkpoint")
-            futures = {
-                role: [h.state_dict() for h in (hs[:1] if role in self.parallel else hs)]
-                for role, hs in self.hosts.items()
-            }
-            return {role: [f.result() for f in fs] for role, fs in futures.items()}
-
-        return self.recovery.attempt(ask)
-
-    def load_state_dict(self, sd: dict[str, list[Any]]) -> None:
-        """A data-parallel role's first state goes to every replica (a checkpoint holds one)."""
-        spread = {r: [s[0]] * len(self.hosts[r]) if r in self.parallel and s else s for r, s in sd.items()}
-        super().load_state_dict(spread)
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def prepare(self) -> None:
-        """Once: form the groups and give every replica replica 0's state (``step`` does it first)."""
-        if self.formed:
-            return
-        self._form()
-        for role in self.parallel:
-            sd = self.hosts[role][0].state_dict().result()
-            for f in [h.load_state_dict(sd) for h in self.hosts[role][1:]]:
-                f.result()
-        self.formed = True
-
-    def _form(self) -> None:
-        """(Re)form each data-parallel role's process group; a replica found dead is replaced first."""
-        options, client = self.options, self.executor.client
-        for role in self.parallel:
-            form = functools.partial(form_group, client, self.hosts[role], options.backend, options.timeout_s)
-            self.recovery.attempt(form, self.recovery.renew)  # a replica found dead: a new one, then again
-
-    def _check_identical(self, when: str) -> None:
-        for role in self.parallel:
-            digests = [f.result() for f in [h.digest() for h in self.hosts[role]]]
-            differ = [i for i, d in enumerate(digests) if d != digests[0]]
-            if differ:
-                raise ReplicasDiverged(
-                    f"{role} replicas {', '.join(map(str, differ))} differ from replica 0 {when}: algorithm "
-                    f"{self.graph.spec.algorithm} must call ctx.average_gradients(...) before each optimiser "
-                    "step to run under dp-learners"
-                )
+        super().restore(sd)  # replaces a replica found dead, re-forms the group, loads every replica

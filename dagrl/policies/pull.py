@@ -14,6 +14,13 @@ left here is what each policy chooses:
   worker) and the hub gets their reports; the rounds (``sample -> update -> reprioritize``) follow the
   inserts at ``update_ratio``, both ways, after the warm-up (``learning_starts``);
 * ``split-learner``: as ``apex``, two learner roles updating at once.
+
+Under ``async`` and ``apex`` a learner given ``replicas: K`` runs as a data-parallel group
+(:mod:`dagrl.runtime.groups`): each round is shared among the K replicas in equal parts (rollouts
+under ``async``, a multiple of K a round; replay shards ``m % K == k`` to replica k under ``apex``),
+which average gradients every step and publish one weights version. Their states are compared after
+the first round that learns and at every checkpoint; a lost replica past the first is replaced and
+the group formed anew without a rollback.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class Stream(Hooks, Policy):
 
     def __init__(self, graph: Graph, hosts: dict[str, list[Handle]], executor: Any = None):
         super().__init__(graph, hosts, executor)
+        self.recovery.regroups = frozenset(self.groups.roles)
+        self.checked = False
+        """A learner group's replicas were found equal after the first round that learnt."""
         self.watch = StreamWatch(
             graph, hosts, self.executor.client, self.recovery, self.hub_options, self.delayed_edges(), hooks=self
         )
@@ -52,7 +62,17 @@ class Stream(Hooks, Policy):
         return set()
 
     def step(self, ahead: bool = False) -> StepResult:
-        return self._result(self.watch.next_round(self.horizon))
+        checking = bool(self.groups) and not self.checked
+        if checking:  # a round at a time until the first that learns: the replicas are compared at rest
+            self.groups.prepare()
+        r = self.watch.next_round(1 if checking else self.horizon)
+        if checking and r.learnt:
+            self.groups.check("after the first round")
+            self.checked = True
+        return self._result(r)
+
+    def regroup(self, role: str) -> None:
+        self.groups.regroup(role)
 
     @property
     def pending(self) -> bool:
@@ -82,6 +102,8 @@ class Stream(Hooks, Policy):
         if self.watch.status is not None:
             res.metrics["perf/dropped_rollouts"] = float(self.watch.dropped)
             res.metrics["stream/refused"] = float(self.watch.refused)
+        for k, busy in enumerate(r.busy):  # a learner group: each replica's share of the round in its fragments
+            res.metrics[f"learners/{k}/busy"] = busy / r.wall_s if r.wall_s > 0 else 0.0
         res.update_time, res.sample_time = r.update_s, r.wall_s
         return res
 

@@ -193,8 +193,8 @@ def route(outs: list[Any], src: str, dst: str, roles: Any, replica: int, shards:
     weights, read from K places; an update result back to the shards it sampled); what it receives
     is sharded like a replicated role's.
     """
-    if src == dst:
-        return outs[replica]
+    if src == dst:  # a data-parallel group's publish runs on replica 0 only (the others hold the same)
+        return outs[replica % len(outs)]
     if not roles[src].many:  # data-parallel replicas: replica r % K's, so replay shard m gets the
         return outs[replica % len(outs)]  # result of the learner that drew its rows (shards m % K)
     if roles[dst].many or shards > 1:

@@ -32,10 +32,10 @@ class Remote:
     until the actor comes back, which a pinned one never does; here such a call fails at once with
     ``fail(kind, message)`` (``lost``: no answer; ``raised``: the method raised)."""
 
-    def __init__(self, address: str, key: str, fail: Callable[[str, str], Exception]):
+    def __init__(self, address: str, key: str, fail: Callable[[str, str], Exception], worker: Any = None):
         from distributed import get_worker
 
-        self.worker, self.address, self.key, self.fail = get_worker(), address, key, fail
+        self.worker, self.address, self.key, self.fail = worker or get_worker(), address, key, fail
 
     def __call__(self, method: str, *args: Any) -> Any:
         from distributed.protocol import to_serialize
@@ -60,20 +60,52 @@ def hub_of(address: str, key: str) -> Remote:
     return Remote(address, key, lambda kind, msg: HubGone(f"stream hub at {address}: {msg}"))
 
 
-def host_of(role: str, index: int, host_id: str, address: str) -> Remote:
-    return Remote(address, host_id, lambda kind, msg: PeerFailed(role, index, address, kind, msg))
+def host_of(role: str, index: int, host_id: str, address: str, worker: Any = None) -> Remote:
+    return Remote(address, host_id, lambda kind, msg: PeerFailed(role, index, address, kind, msg), worker)
 
 
 class Caller:
-    """Calls fragments of the learn side: on a host of this process directly, else by its actor."""
+    """Calls fragments of the learn side: on a host of this process directly, else by its actor.
 
-    def __init__(self, hosts: dict[str, list[tuple[str, str]]]):
+    A single-instance role given K replicas is a data-parallel group (:mod:`dagrl.runtime.groups`): its
+    K calls of a fragment run at once, one thread each, since they all-reduce with each other; its
+    ``publish`` (:meth:`publish`) runs on replica 0 alone, the others holding the same weights."""
+
+    def __init__(self, hosts: dict[str, list[tuple[str, str]]], roles: Any = None):
         self.hosts = hosts
         self.remotes: dict[str, Remote] = {}
         self.delayed: frozenset[tuple[int, int]] = frozenset()
         """``split-learner``'s delayed edges (:meth:`learn`)."""
         self.previous: dict[int, list[Any]] = {}
         """The delayed edges' values of the last round."""
+        self.groups = {r for r, hs in hosts.items() if len(hs) > 1 and roles is not None and not roles[r].many}
+        """The roles running as data-parallel groups."""
+        self.busy: dict[str, list[float]] = {r: [0.0] * len(hosts[r]) for r in self.groups}
+        """Per group, each replica's seconds in fragments since :meth:`take_busy`."""
+        self.pool = concurrent.futures.ThreadPoolExecutor(max((len(hosts[r]) for r in self.groups), default=1))
+        self.worker: Any = None
+        """This process's Dask worker, found in the loop's own thread (a pool's thread cannot look it up)."""
+        if self.groups:
+            from distributed import get_worker
+
+            self.worker = get_worker()
+
+    def publish(self, nodes: list[Node], roles: Any) -> dict[int, list[Any]]:
+        """The weights samplers take: the nodes before the stream, a group's on its replica 0 only."""
+        return self.run(nodes, {}, roles, first=True)
+
+    @property
+    def size(self) -> int:
+        """The replicas of the largest group (1: none)."""
+        return max((len(self.hosts[r]) for r in self.groups), default=1)
+
+    def take_busy(self) -> list[float]:
+        """The group's replicas' seconds in fragments since the last call (``[]``: no group)."""
+        if not self.groups:
+            return []
+        role = min(self.groups)
+        busy, self.busy[role] = self.busy[role], [0.0] * len(self.hosts[role])
+        return busy
 
     def learn(self, nodes: list[Node], values: dict[int, list[Any]], roles: Any) -> dict[int, list[Any]]:
         """A round's learn fragments (:meth:`run`); with delayed edges, their ends take the last round's
@@ -89,7 +121,7 @@ class Caller:
             return host.traced(fragment, *args)
         remote = self.remotes.get(host_id)
         if remote is None:
-            remote = self.remotes[host_id] = host_of(role, replica, host_id, address)
+            remote = self.remotes[host_id] = host_of(role, replica, host_id, address, self.worker)
         return unwrap(remote("traced", fragment, *args))
 
     def run(
@@ -99,13 +131,14 @@ class Caller:
         roles: Any,
         delayed: frozenset[tuple[int, int]] = frozenset(),
         previous: dict[int, list[Any]] | None = None,
+        first: bool = False,
     ) -> dict[int, list[Any]]:
         """Each node on every replica of its role, inputs routed as the executor routes them.
 
         ``delayed`` (``split-learner``): edges ``(src, dst)`` whose ``dst`` takes ``src``'s value of the
         previous round (``previous``, when there is one). Nodes run in waves, each as soon as its inputs
         are there; the nodes of one wave (an actor update beside the critic update it no longer waits
-        for) run at once, each on its own role's host."""
+        for) run at once, each on its own role's host. ``first``: a group's nodes on replica 0 alone."""
         values = dict(values)
         previous = previous or {}
 
@@ -121,24 +154,48 @@ class Caller:
                 raise RuntimeError(f"learn fragments wait on each other: {[n.name for n in pending]}")
             if len(wave) == 1 or not delayed:
                 wave = wave[:1]
-                rows = [self._node(wave[0], values, previous, roles, late)]
+                rows = [self._node(wave[0], values, previous, roles, late, first)]
             else:
                 with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
-                    rows = list(pool.map(lambda n: self._node(n, values, previous, roles, late), wave))
+                    rows = list(pool.map(lambda n: self._node(n, values, previous, roles, late, first), wave))
             for node, row in zip(wave, rows, strict=True):
                 values[node.id] = row
             pending = [n for n in pending if n not in wave]
         return values
 
     def _node(
-        self, node: Node, values: dict[int, list[Any]], previous: dict[int, list[Any]], roles: Any, late: Callable
-    ) -> list[Any]:
+        self, node: Node, values: dict[int, list[Any]], previous: dict[int, list[Any]], roles: Any, late: Callable,
+        first: bool = False,
+    ) -> list[Any]:  # fmt: skip
         n = len(self.hosts[node.role])
-        row = []
-        for r in range(n):
+
+        def call(r: int) -> Any:
             args = replica_args(node, lambda a: (previous if late(a, node) else values)[a.id], roles, r, n)
-            row.append(self.call(node.role, r, node.name, *args))
-        return row
+            return self.call(node.role, r, node.name, *args)
+
+        if node.role not in self.groups:
+            return [call(r) for r in range(n)]
+        if first:
+            return [call(0)]
+        return self._together(node.role, call, n)
+
+    def _together(self, role: str, call: Callable[[int], Any], n: int) -> list[Any]:
+        """A group's ``n`` calls at once (they all-reduce). A replica that could not be reached fails the
+        round with its :class:`PeerFailed`, before the error its peers' broken all-reduce raised."""
+
+        def timed(r: int) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return call(r)
+            finally:
+                self.busy[role][r] += time.perf_counter() - t0
+
+        futures = [self.pool.submit(timed, r) for r in range(n)]
+        concurrent.futures.wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, PeerFailed)), errors[0])
+        return [f.result() for f in futures]
 
 
 def learner_loop(
@@ -158,12 +215,12 @@ def learner_loop(
     hub = HUBS[hub_id]
     algo = load_algorithm(algorithm)
     shape, roles = stream_shape(algo), algo.roles
-    caller = Caller(hosts)
+    caller = Caller(hosts, roles)
     caller.delayed, caller.previous = frozenset(map(tuple, delayed)), {}
     step = _replay_round if hub.limit is not None else _round
     rounds = 0
     try:
-        published = caller.run(shape.before, {}, roles)
+        published = caller.publish(shape.before, roles)
         hub.publish(hub.version, published)
         last = time.perf_counter()
         while True:
@@ -182,10 +239,17 @@ def learner_loop(
         raise
 
 
-def _output(algo: Any, values: dict[int, list[Any]]) -> dict[str, float]:
+def _output(algo: Any, values: dict[int, list[Any]], caller: Caller) -> dict[str, float]:
+    """The round's metrics: the output node's first replica's, with a group's ``perf/frames`` summed over its
+    replicas (the output's first K calls: the K learners', or the K replay shards passing them on)."""
     output = algo.graph.output
-    out = values[output.id][0] if output is not None and output.id in values else None
-    return dict(out) if isinstance(out, dict) else {}
+    row = values.get(output.id) if output is not None else None
+    if not row or not isinstance(row[0], dict):
+        return {}
+    out = dict(row[0])
+    if caller.size > 1 and "perf/frames" in out:
+        out["perf/frames"] = float(sum(r.get("perf/frames", 0.0) for r in row[: caller.size] if isinstance(r, dict)))
+    return out
 
 
 def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, published: dict) -> tuple | None:
@@ -200,10 +264,11 @@ def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, pub
     values[shape.stream.id] = [a.value for a in taken]
     values = caller.learn(shape.learn, values, algo.roles)
     update_s = time.perf_counter() - t0
-    new = caller.run(shape.before, {}, algo.roles)
+    new = caller.publish(shape.before, algo.roles)
     item = Learned(
-        0, _output(algo, values), [(a.source, a.report) for a in (*taken, *stale)],
+        0, _output(algo, values, caller), [(a.source, a.report) for a in (*taken, *stale)],
         [version - a.version for a in taken], min(a.version for a in taken), update_s, 0.0, version, collects,
+        busy=caller.take_busy(),
     )  # fmt: skip
     return item, new
 
@@ -231,8 +296,9 @@ def _replay_round(hub: Any, generation: int, caller: Caller, shape: Any, algo: A
     update_s = time.perf_counter() - t0
     new = None
     if (hub.learnt + 1) % hub.limit.publish_every == 0:
-        new = caller.run(shape.before, {}, algo.roles)
-    return Learned(0, _output(algo, values), pairs, lags, oldest, update_s, 0.0, version, collects), new
+        new = caller.publish(shape.before, algo.roles)
+    out = _output(algo, values, caller)
+    return Learned(0, out, pairs, lags, oldest, update_s, 0.0, version, collects, busy=caller.take_busy()), new
 
 
 def sampler_loop(

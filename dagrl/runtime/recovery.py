@@ -7,10 +7,13 @@ Each role declares it (``@role(..., recover=...)``, :class:`~dagrl.core.fragment
 * ``rollback``: a new instance and the whole run back to the last checkpoint (learners, whose state
   is the run). The driver carries it out (:meth:`dagrl.app.driver.Driver.restore`).
 
-The graph adds two cases. A role that may grow (``max_replicas`` above the replicas it started with)
+The graph adds three cases. A role that may grow (``max_replicas`` above the replicas it started with)
 *drops* a replica lost with its worker while it has more than it started with: its slot waits for a
 worker that joins. The replicas of a data-parallel group fail together: one that raised while a peer
-was lost (its all-reduce broke) is not blamed, the lost peer is, and the group rolls back.
+was lost (its all-reduce broke) is not blamed, the lost peer is, and the group rolls back; under a
+stream (:attr:`Recovery.regroups`) a lost replica past the first is *regrouped* instead: replaced,
+given replica 0's state, the group formed anew, no rollback (the survivors hold identical weights;
+replica 0 holds the stream's hub, so its loss still rolls back).
 
 :class:`Recovery` turns a :class:`~dagrl.runtime.supervisor.RoleFailure` into its :class:`Action` and
 carries out those a policy goes on after (replace, drop); a rollback is raised on, to the driver. A
@@ -40,6 +43,7 @@ class Action(enum.Enum):
     REPLACE = "replace"
     DROP = "drop"
     ROLLBACK = "rollback"
+    REGROUP = "regroup"
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,18 @@ class Recovery:
         """Per role, the indices dropped with their workers (slots a worker that joins takes first)."""
         self.groups: frozenset[str] = frozenset()
         """Roles whose replicas fail together (``dp-learners``' data-parallel learners)."""
+        self.regroups: frozenset[str] = frozenset()
+        """Data-parallel roles whose lost replica past the first is replaced and the group formed anew
+        without a rollback (a stream's learner group)."""
 
     def action(self, failure: RoleFailure) -> Action:
         """What ``failure`` means for the run (module docstring)."""
         role = failure.handle.role
-        if self.supervisor is None or role in self.groups:
+        if self.supervisor is None:
+            return Action.ROLLBACK
+        if role in self.regroups and failure.handle.index > 0 and failure.kind != "raised":
+            return Action.REGROUP
+        if role in self.groups:
             return Action.ROLLBACK
         if self.algorithm.roles[role].recover != "replace" and role not in self.algorithm.eval_only_roles:
             return Action.ROLLBACK

@@ -235,6 +235,8 @@ class Learned:
     """Rollouts the samplers had delivered when the round started (inserts, with replay)."""
     learnt: bool = True
     """``False``: a warm-up iteration (replay not yet full enough), counted without learning."""
+    busy: list[float] = field(default_factory=list)
+    """Per learner replica (a data-parallel group), its seconds in the round's fragments."""
 
 
 @dataclass
@@ -268,6 +270,9 @@ class Hub:
         with ``capacity >= least``).
     capacity : the most rollouts waiting; a sampler whose put fills it waits before its next collect.
     max_staleness : rollouts older than this many versions when taken are dropped (still counted).
+    group : the learner replicas a round's rollouts are shared among (a data-parallel group,
+        :mod:`dagrl.runtime.groups`): a round takes a multiple of it, so every replica gets as many
+        rollouts as the others and makes as many gradient steps.
 
     Examples
     --------
@@ -284,10 +289,11 @@ class Hub:
     def __init__(
         self, hub_id: str, generation: int, version: int, *, samplers: int, budget: int, capacity: int,
         max_staleness: int | None, least: int = 1, limit: Limit | None = None, shards: dict[int, int] | None = None,
+        group: int = 1,
     ) -> None:  # fmt: skip
-        self.hub_id, self.generation = hub_id, generation
-        self.budget, self.capacity, self.max_staleness = budget, max(capacity, budget, 1), max_staleness
-        self.least = max(1, min(least, budget))
+        self.hub_id, self.generation, self.max_staleness = hub_id, generation, max_staleness
+        self.group = max(1, group)
+        self._size(budget, capacity, least)
         self.stale: list[Arrival] = []
         """Rollouts dropped as stale and not yet counted in a round."""
         self.cond = threading.Condition()
@@ -350,11 +356,19 @@ class Hub:
 
     # -- samplers (event loop) ---------------------------------------------------------------------------
 
-    async def resize(self, budget: int, capacity: int, least: int) -> None:
-        """Samplers were added: the learner's budget per round and the queue's room follow their count."""
+    def _size(self, budget: int, capacity: int, least: int) -> None:
+        """A round's budget and fewest rollouts, whole multiples of the group; the queue's room."""
+        k = self.group
+        self.budget = max(k, budget - budget % k)
+        self.least = max(k, min(least + (-least) % k, self.budget))
+        self.capacity = max(capacity, self.budget, 1)
+
+    async def resize(self, budget: int, capacity: int, least: int, group: int | None = None) -> None:
+        """Samplers were added or dropped, or the learner group changed: the learner's budget per round
+        and the queue's room follow their count."""
         with self.cond:
-            self.budget, self.capacity = budget, max(capacity, budget, 1)
-            self.least = max(1, min(least, budget))
+            self.group = max(1, group or self.group)
+            self._size(budget, capacity, least)
             self.cond.notify_all()
         self._wake()
 
@@ -567,10 +581,12 @@ class Hub:
                 self.queue = collections.deque(a for a in self.queue if id(a) not in dropped)
                 self.dropped += len(stale)
                 self.stale.extend(stale)
-            if not self.queue:  # every one was stale: count them with the next round, wait again
+            n = min(self.budget, len(self.queue))
+            n -= n % self.group  # an equal share for each learner replica
+            if not n:  # every one was stale (or too few are left): count them with the next round, wait again
                 self._wake()
                 return self.take(generation)
-            taken = [self.queue.popleft() for _ in range(min(self.budget, len(self.queue)))]
+            taken = [self.queue.popleft() for _ in range(n)]
             stale, self.stale = self.stale, []
             self.round_started = time.monotonic()
         self._wake()  # room for waiting samplers

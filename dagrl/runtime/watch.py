@@ -13,6 +13,10 @@ evaluation, a stop it can foresee), and supervises. What a loss means is :class:
   hub's budget follows the count; the other loops never stop;
 * a replay shard a loop failed on (its worker died, its fragment raised) is replaced and the loops
   that call it restart on the replacement (the learner's on the same hub: no rollback);
+* a learner replica past the first of a data-parallel group (``roles.learner.replicas: K``) lost with
+  its worker is replaced, given replica 0's state and the group formed anew (:meth:`Hooks.regroup`);
+  the learner loop starts again on the same hub, no rollback: the round it was in is lost, its
+  rollouts with it;
 * a learner whose loop raised, whose worker died, or whose round runs past ``hang_timeout_s`` is the
   driver's to roll back (:class:`~dagrl.runtime.supervisor.RoleFailure`). The restored learner gets a
   new hub (:meth:`StreamWatch.new_generation`: versions past every older one); the old hub, if it
@@ -87,6 +91,10 @@ class Hooks:
     def watched(self) -> None:
         """One look at the stream ended: the policy's own loops may be looked at too."""
 
+    def regroup(self, role: str) -> None:
+        """A replica of ``role``'s data-parallel group was replaced: the group forms anew, each replica with
+        replica 0's state."""
+
 
 class StreamWatch:
     """The driver's side of one stream (module docstring).
@@ -120,6 +128,8 @@ class StreamWatch:
                 f"{graph.spec.policy}: the iteration has no learner fragment after {self.shape.stream.name}"
             )
         self.learner_role = learn_roles[0]
+        self.group = len(hosts[self.learner_role])
+        """The learner's replicas (a data-parallel group past 1): each round is shared among them."""
         self.loops = [Loop() for _ in hosts[self.role]]
         self.generation = self.version = 0
         """The hub's generation, and the newest weights version the driver has heard of."""
@@ -176,7 +186,7 @@ class StreamWatch:
         self.starts[self.generation] = self.version + (self.generation > 0)
         self.hub_future = self.client.submit(
             Hub, key, self.generation, self.starts[self.generation], samplers=self.most, **self.options(self.active),
-            actor=True, workers=[home.address], allow_other_workers=False, key=key,
+            group=self.group, actor=True, workers=[home.address], allow_other_workers=False, key=key,
         )  # fmt: skip
         self.hub = self.hub_future.result()
         self.hub_key, self.hub_address, self.delivered = key, home.address, 0
@@ -338,7 +348,7 @@ class StreamWatch:
                 with contextlib.suppress(Exception):
                     wait([self.learner], timeout=5.0)
             err = self.learner.exception() if self.learner.status == "error" else status.error
-            if isinstance(err, PeerFailed) and self.recovery.peer(err, self.learner_peers) is not None:
+            if isinstance(err, PeerFailed) and self._peer_replaced(err):
                 self.hub.clear().result(timeout=CALL_TIMEOUT_S)
                 self._start_learner()  # the same hub: the learner's own state is untouched
                 return
@@ -352,6 +362,23 @@ class StreamWatch:
         if status.round_s is not None and status.round_s > hang:
             msg = f"a round has run {status.round_s:.0f} s (hang_timeout_s {hang:g})"
             raise RoleFailure(learner, "hung", TimeoutError(msg))
+
+    def _peer_replaced(self, err: PeerFailed) -> bool:
+        """Whether the learner loop's failure on another host (``err``) was recovered in place: a replay
+        shard replaced, or a learner replica regrouped (:class:`~dagrl.runtime.recovery.Recovery`)."""
+        if err.role != self.learner_role:
+            return self.recovery.peer(err, self.learner_peers) is not None
+        old = self.learner_peers.get((err.role, err.index))
+        sup = self.supervisor
+        if old is None or sup is None:
+            return False
+        kind = "lost" if err.kind == "lost" or not sup.alive(old.address, fresh=True) else err.kind
+        if self.recovery.action(RoleFailure(old, kind, err)) is not Action.REGROUP:
+            return False
+        self.recovery.recover(RoleFailure(old, kind, err))
+        self.hooks.regroup(err.role)
+        log.warning("%s[%d] replaced: the group of %d formed anew, no rollback", err.role, err.index, self.group)
+        return True
 
     def sampler_failed(self, i: int, failure: RoleFailure) -> None:
         """Sampler ``i`` failed with ``failure`` (its own): replaced and its loop started again, or dropped
@@ -381,7 +408,7 @@ class StreamWatch:
     def _resize(self) -> None:
         """The hub's budget per round and room, for the samplers streaming now."""
         options = self.options(self.active)
-        self._at_hub("resize", options["budget"], options["capacity"], options["least"])
+        self._at_hub("resize", options["budget"], options["capacity"], options["least"], self.group)
 
     def _grow(self) -> None:
         """Below ``max_replicas``: a sampler on every worker that fits it and hosts nothing (one that
