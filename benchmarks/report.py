@@ -214,6 +214,17 @@ def dp_learners(r: dict) -> list[str]:
     return markdown(["learners", "device", "frames/s", "speedup", "ms per step"], rows, {0, 2, 3, 4})
 
 
+def scaling_learners(r: dict) -> list[str]:
+    """``scaling --learners``: env steps/s of K learner replicas under ``async`` at each learner cost."""
+    rows = [
+        [x["learner us"], x["samplers"], x["learners"], round(x["steps/s"]), x["learner eff"], x["learner busy"],
+         x["machine busy"]]
+        for x in r["rows"]
+    ]  # fmt: skip
+    header = ["learner us / row", "samplers", "learners", "env steps/s", "learner eff", "learner busy", "machine busy"]
+    return markdown(header, rows, set(range(7)))
+
+
 def seed(r: dict) -> list[str]:
     """Env steps/s of each setup beside ``async``'s in its round; the samplers' share of ``collect`` in
     their envs; under central inference, the inference role's batches, forward, samplers' round trip and
@@ -293,6 +304,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "scaling-1ms": scaling,
     "scaling-10ms": scaling,
     "scaling-10ms-16cores": scaling,
+    "scaling-learners": scaling_learners,
     "seed": seed,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,

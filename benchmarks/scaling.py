@@ -3,6 +3,7 @@
     dagrl bench scaling [--samplers 1 2 4 8 16] [--envs 4] [--step-ms 1.0] [--cost sleep busy]
                         [--policies sync async async-threads async-subproc central-inference central-async]
                         [--seconds 8] [--skip-sb3] [--learner-device cpu]
+    dagrl bench scaling --learners 1 2 4 [--learner-us 20] --samplers 16 --cost sleep --skip-sb3
 
 PPO on ``dagrl.envs:CostlyCartPole-v0`` (graphs/ppo-costly-cartpole.yaml): CartPole whose every step
 costs ``step-ms`` more, slept (a remote or GPU-bound simulator) or spun (CPU-bound). For each cost,
@@ -38,11 +39,18 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
   envs), the graph's n_steps, epochs and minibatch, timed the same way (up to ``--sb3-max`` samplers:
   k x envs processes).
+
+``--learners 1 2 4`` measures the learners' scaling instead: ``async`` with ``roles.learner.replicas: K``
+(a data-parallel group, :mod:`dagrl.runtime.groups`) at each sampler count, **learner eff** =
+steps/s(K) / (K x steps/s(1)). ``--learner-us`` makes the learner bound the run the way a GPU-bound
+one does on a big machine: each row of each epoch costs it that many microseconds more, slept
+(``benchmarks/_costly_learner.py``), each replica paying for its own share.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -93,9 +101,12 @@ class Window:
         return (s_b - s_a) / (t_b - t_a)
 
 
-def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str) -> dict:
+def dagrl(
+    setup: str, k: int, args: argparse.Namespace, cost: str, client, root: str, learners: int = 1, learner_us: float = 0
+) -> dict:
     """One run of the graph as a user writes it: its own policy options and hyperparameters; only the
-    samplers, their envs, the env's cost and the stop change."""
+    samplers, their envs, the env's cost and the stop change (and, measuring learners, their replicas
+    and cost)."""
     policy, _, vector = setup.partition("-") if not setup.startswith("central") else (setup, "", "")
     Executor.report_events = vector != "report-tasks"
     options = {"central-async": "{name: central-inference, asynchronous: true}"}.get(policy, policy)
@@ -106,6 +117,8 @@ def dagrl(setup: str, k: int, args: argparse.Namespace, cost: str, client, root:
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
         "checkpoint.every=0", f"runs_dir={root}",
         *(["roles.learner.resources.GPU=1"] if args.learner_device == "cuda" else []),
+        *([f"roles.learner.replicas={learners}"] if learners > 1 else []),
+        *(["algorithm=_costly_learner", f"hyperparameters.update_us_per_row={learner_us}"] if learner_us else []),
     ])  # fmt: skip
     idle = idle_cpu_rate()
     window, machine = Window(args.warmup), MachineBusy()
@@ -227,6 +240,43 @@ def sb3(k: int, args: argparse.Namespace, cost: str) -> float:
     return (s_b - s_a) / (t_b - t_a)
 
 
+def learner_scaling(args: argparse.Namespace) -> None:
+    """``--learners``: ``async`` with K learner replicas at each sampler count (module docstring)."""
+    from distributed import Client
+
+    root = tempfile.mkdtemp(prefix="dagrl-bench-scaling-")
+    rows, runs = [], []
+    n_workers = max(args.samplers) + max(args.learners)
+    with (
+        local_cluster(LocalClusterSpec(dashboard_address=":0"), n_workers) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        for cost, us, k in itertools.product(args.cost, args.learner_us, args.samplers):
+            base = None
+            for n in sorted(args.learners):
+                r = dagrl("async", k, args, cost, client, root, learners=n, learner_us=us)
+                base = base or r["steps_s"] / n
+                row = {
+                    "cost": cost, "learner us": us, "samplers": k, "learners": n, "steps/s": r["steps_s"],
+                    "learner eff": r["steps_s"] / (n * base), "learner busy": r["learner_busy"],
+                    "machine busy": r["machine_busy"], "cpu": r["driver_cpu_ms_per_1k_steps"],
+                }  # fmt: skip
+                rows.append(row)
+                runs.append({"cost": cost, "learner_us": us, "samplers": k, "learners": n, "policy": "async", **r})
+                print(
+                    f"[{cost}] {us:g} us/row k={k} learners={n}: {r['steps_s']:,.0f} steps/s, "
+                    f"eff {row['learner eff']:.2f}, learner busy {r['learner_busy']:.2f}",
+                    flush=True,
+                )
+    print(f"\nenv steps/s, PPO on CostlyCartPole ({args.step_ms:g} ms/step), {args.envs} envs per sampler, async;")
+    print("learner us: what each row of each epoch costs the learner more (slept); learner eff = steps/s(K) /")
+    print("(K x steps/s(1)); learner busy: the replicas' mean share of the run in their fragments")
+    cols = ["cost", "learner us", "samplers", "learners", "steps/s", "learner eff", "learner busy", "machine busy"]
+    cols.append("cpu")
+    print(table(rows, cols))
+    emit("scaling-learners", {"args": vars(args), "rows": rows, "runs": runs})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samplers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -245,6 +295,14 @@ def main() -> None:
     p.add_argument("--busy-max", type=int, default=None, help="largest k for --cost busy (default: core count)")
     p.add_argument("--skip-sb3", action="store_true")
     p.add_argument("--learner-device", choices=["cpu", "cuda"], default="cpu", help="cuda: the learner on the GPU")
+    p.add_argument(
+        "--learners", type=int, nargs="+", default=None,
+        help="learner replicas K under async: the learners' scaling at each sampler count, not the policies'",
+    )  # fmt: skip
+    p.add_argument(
+        "--learner-us", type=float, nargs="+", default=[0.0],
+        help="with --learners: microseconds each row of each epoch costs the learner, slept (a device-bound one)",
+    )  # fmt: skip
     p.add_argument("--sb3-max", type=int, default=16, help="largest k for SB3 (k x envs env processes)")
     p.add_argument(
         "--plain-max",
@@ -262,6 +320,8 @@ def main() -> None:
 
     from distributed import Client
 
+    if args.learners:
+        return learner_scaling(args)
     cores = os.cpu_count() or 1
     ks = {c: sorted(k for k in args.samplers if c == "sleep" or k <= (args.busy_max or cores)) for c in args.cost}
     root = tempfile.mkdtemp(prefix="dagrl-bench-scaling-")

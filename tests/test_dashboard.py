@@ -231,3 +231,17 @@ def test_the_page_plots_each_agents_and_groups_return_of_a_multiagent_run():
     assert got == {"agents/agent_0": -19.0, "agents/agent_1": -21.0, "groups/agent": -20.0}
     assert page.agents.data["steps"] == [400] * 3
     assert "3 samplers" in page.header.text  # a stream's sampler count (it grows under max_replicas)
+
+
+def test_the_page_plots_each_learner_replicas_busy_share_and_the_groups_update_rate():
+    from dagrl.dashboard.page import RLPage
+
+    events = Events()
+    page = RLPage(events)
+    row = {"iteration": 1, "env_steps": 256, "time_s": 3.0, "perf/update_hz": 5120.0}
+    row |= {"learners/0/busy": 0.9, "learners/1/busy": 0.8}
+    events.log[METRICS].append((1.0, {"run": "group", "rows": [{"row": row}]}))
+    page.update()
+    got = dict(zip(page.learners.data["label"], page.learners.data["busy"], strict=True))
+    assert got == {"learners/0": 90.0, "learners/1": 80.0}
+    assert page.learners.data["t"] == [3.0, 3.0] and page.rates.data["update_hz"] == [5120.0]

@@ -54,6 +54,24 @@ def _take_allowed(hub: Hub):
     return hub.take(0)
 
 
+def test_a_learner_groups_round_takes_a_multiple_of_its_replicas():
+    """Two learner replicas: a budget of 3 and a least of 1 become 2 and 2, and three arrived rollouts give a
+    round of two (the third waits for the next)."""
+
+    async def main():
+        hub = _hub(samplers=3, budget=3, capacity=6, least=1, group=2)
+        assert (hub.budget, hub.least) == (2, 2)
+        for i in range(3):
+            await hub.put(i, 0, 0, i, Report(env_steps=4))
+        hub.allowed = 1
+        assert [a.value for a in hub.take(0).arrivals] == [0, 1]
+        assert [a.value for a in hub.queue] == [2]
+        await hub.resize(5, 6, 5, group=4)
+        assert (hub.budget, hub.least, hub.group) == (4, 4, 4)
+
+    asyncio.run(main())
+
+
 def test_stale_rollouts_are_dropped_and_counted():
     async def main():
         hub = _hub(max_staleness=1, capacity=4)

@@ -157,6 +157,23 @@ class RoleContext:
             return value
         return float(self.sum_over_replicas(np.array([float(value)]))[0]) / dist.get_world_size()
 
+    def least_over_replicas(self, value: int) -> int:
+        """The smallest ``value`` of this role's data-parallel replicas (``value`` itself with one).
+
+        For counts every replica must share, e.g. the gradient steps of an update on what each sampled: a
+        replica whose replay shard holds too little yet would otherwise step less, and the others would
+        wait in an all-reduce it never joins.
+        """
+        dist = _group()
+        if dist is None:
+            return value
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
     def sum_over_replicas(self, values: np.ndarray) -> np.ndarray:
         """``values`` summed elementwise over this role's data-parallel replicas (a float64 copy with one).
 

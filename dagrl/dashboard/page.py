@@ -10,7 +10,7 @@ from dagrl.dashboard.topics import ACTORS, METRICS
 INTERVAL_MS = 1000
 ROLLOVER = {
     "episodes": 3_000, "curve": 5_000, "evals": 2_000, "rates": 5_000, "stale": 5_000, "replay": 5_000,
-    "inference": 5_000, "agents": 5_000,
+    "inference": 5_000, "agents": 5_000, "learners": 5_000,
 }  # fmt: skip
 """Points kept per plot: the browser redraws them all on every update."""
 SAMPLER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -54,6 +54,7 @@ class RLPage:
         self.replay = source("dagrl-replay", t=[], ram=[], disk=[])
         self.inference = source("dagrl-inference", t=[], latency_ms=[], forward_ms=[], rows=[], busy_pct=[])
         self.agents = source("dagrl-agents", steps=[], ret=[], label=[], color=[])  # multi-agent runs only
+        self.learners = source("dagrl-learners", t=[], busy=[], label=[], color=[])  # learner groups only
         self.runs = source("dagrl-runs", run=[], steps=[], ret=[], color=[])  # one row per run: a multi-line
         self.table = source(
             "dagrl-actors", role=[], index=[], worker=[], device=[], state=[], heartbeat=[], calls=[], in_env=[]
@@ -98,6 +99,9 @@ class RLPage:
         per_agent = figure(title="Return per agent and group (multi-agent runs)", x_axis_label="env steps", **kw)
         per_agent.scatter("steps", "ret", source=self.agents, size=4, color="color", legend_field="label")
 
+        group = figure(title="Learner replicas: busy share of each round (%)", x_axis_label="seconds", **kw)
+        group.scatter("t", "busy", source=self.learners, size=4, color="color", legend_field="label")
+
         columns = [
             TableColumn(field="role", title="role"),
             TableColumn(field="index", title="#"),
@@ -113,7 +117,7 @@ class RLPage:
         )
         self.root = column(
             self.header, row(ret, hz, sizing_mode="stretch_width"), row(st, rp, sizing_mode="stretch_width"),
-            row(inf, every, sizing_mode="stretch_width"), row(per_agent, sizing_mode="stretch_width"), actors,
+            row(inf, every, sizing_mode="stretch_width"), row(per_agent, group, sizing_mode="stretch_width"), actors,
             sizing_mode="stretch_width",
         )  # fmt: skip
 
@@ -211,6 +215,9 @@ class RLPage:
                 name = key.removesuffix("/episode_return")
                 color = RUN_COLORS[sum(map(ord, name)) % len(RUN_COLORS)]
                 add("agents", steps=steps, ret=value, label=name, color=color)
+            elif key.startswith("learners/") and key.endswith("/busy"):  # a learner group's replicas
+                name = key.removesuffix("/busy")
+                add("learners", t=t, busy=100.0 * value, label=name, color=RUN_COLORS[int(name[9:]) % len(RUN_COLORS)])
         ret = row.get("charts/episode_return_mean")
         restarts = int(row.get("sup/restarts", 0))
         self.header.text = (

@@ -9,6 +9,9 @@ worker (:class:`Remote`). Nothing here goes through the scheduler or the driver.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +24,23 @@ from dagrl.runtime.report import report
 from dagrl.runtime.shm import unwrap, wrap
 from dagrl.runtime.stream import HUBS, Go, HubGone, Learned, Moved, PeerFailed, Refused, Reply, Stop, Weights
 
-__all__ = ["Remote", "learner_loop", "sampler_loop"]
+__all__ = ["SAMPLER_NICE", "Remote", "learner_loop", "sampler_loop"]
+
+SAMPLER_NICE = 5
+"""How much lower a sampler loop's thread (and the env threads it starts) runs than the learner's, where
+they share cores: a streaming learner is what bounds the run once it is busy, and the samplers wait
+for room anyway (backpressure). Linux gives each thread its own nice value, so the worker's other
+threads (a learner replica on the same worker, Dask's event loop) keep theirs."""
+
+
+def lower_priority(nice: int) -> None:
+    """This thread runs ``nice`` steps lower from now on (Linux; elsewhere, or refused, nothing changes).
+    Only a loop's own thread takes it: a seceded thread ends with its task."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 class Remote:
@@ -122,7 +141,7 @@ class Caller:
         remote = self.remotes.get(host_id)
         if remote is None:
             remote = self.remotes[host_id] = host_of(role, replica, host_id, address, self.worker)
-        return unwrap(remote("traced", fragment, *args))
+        return unwrap(remote("traced", fragment, *[wrap(a) for a in args]))  # same host: large arrays by shm
 
     def run(
         self,
@@ -327,6 +346,7 @@ def sampler_loop(
     from distributed import secede
 
     secede()
+    lower_priority(SAMPLER_NICE)
     host = _host(host_id)
     ask = hub_of(*hub)
     shards = [(node_id, name, shard, host_of(role, shard, key, address), spec)

@@ -173,13 +173,15 @@ def learn_from(
     the online network copied into the target every ``target_update`` steps; the steps' outputs, and
     each row's new priority (its step's ``td``) by the shard that drew it. Nothing before learning starts."""
     present = [s for s in samples if s is not None]
-    if not present:
+    cfg = state.cfg
+    steps = state.ctx.least_over_replicas(sum(len(s) for s in present) // cfg.batch_size)  # data-parallel: alike
+    if not present or not steps:
         return [], {}
-    cfg, dev = state.cfg, state.device
+    dev = state.device
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
     data["weight"] = torch.as_tensor(pooled_weights(present), device=dev)
     outs = []
-    for start in range(0, len(data["weight"]) - cfg.batch_size + 1, cfg.batch_size):
+    for start in range(0, steps * cfg.batch_size, cfg.batch_size):
         outs.append(step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))
         state.gradient_steps += 1
         if state.gradient_steps % cfg.target_update == 0:
