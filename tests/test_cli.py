@@ -184,3 +184,19 @@ def test_dagrl_logs_to_stderr_as_it_is_now_not_as_it_was(monkeypatch):
     monkeypatch.setattr(sys, "stderr", second)
     logging.getLogger("dagrl").warning("sampler[1] restarted")
     assert second.getvalue() == "dagrl: sampler[1] restarted\n"
+
+
+def test_a_listing_whose_reader_has_gone_exits_quietly():
+    """``dagrl graphs | head -1``: the pipe closes under the listing, which exits 141 with nothing on stderr."""
+    import os
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dagrl", "graphs"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(w)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -281,3 +281,20 @@ def test_update_rate_times_the_learner_not_the_replay_that_passes_its_metrics_on
         policy.close()
     timed = sum(r.update_time for r in results)
     assert busy["update"] > 0 and 0.9 * busy["update"] <= timed <= 1.1 * busy["update"] + 0.01
+
+
+@pytest.mark.parametrize("gradient_steps", [1, 2, 3])
+def test_td3_delays_its_policy_steps_across_update_calls(graphs_dir, tmp_path, gradient_steps):
+    """``policy_delay: 2`` means one actor step per two critic steps whatever an update call makes: with one
+    gradient step a call, the actor steps every other call (it used to step on every call)."""
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    summary, rundir = train(
+        f"{graphs_dir}/td3-pendulum-single.yaml", tmp_path,
+        [f"hyperparameters.gradient_steps={gradient_steps}", "hyperparameters.batch_size=32",
+         "hyperparameters.learning_starts=64", "stop.iterations=13", "stop.mean_return=null"],
+    )  # fmt: skip
+    roles = load_checkpoint(rundir.path)["roles"]
+    critic, actor = roles["critic"][0], roles["actor"][0]
+    assert critic["steps"] >= 8 * gradient_steps and critic["steps"] % gradient_steps == 0, critic["steps"]
+    assert actor["batches"] == critic["steps"] and actor["steps"] == critic["steps"] // 2

@@ -589,6 +589,37 @@ def command() -> int:
     return code
 
 
+def _command(args: argparse.Namespace, argv: list[str] | None, rest: list[str]) -> int:
+    """Run the command ``args`` names; its exit status."""
+    if args.command in SUBMIT_COMMANDS:
+        need_jobqueue(f"dagrl {args.command}")
+        from dagrl.clusters import submit
+
+        if args.command == "submit":
+            return cmd_submit(args)
+        return getattr(submit, f"cmd_{args.command}")(args)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "worker":
+        from dagrl.clusters.worker import run_worker
+
+        return run_worker([args.scheduler, *args.dask_args], args.quiet)
+    if args.command == "graph":
+        return cmd_graph(args)
+    if args.command == "eval":
+        return cmd_eval(args)
+    if args.command == "export":
+        return cmd_export(args)
+    if args.command == "sweep":
+        return cmd_sweep(args)
+    if args.command == "tune":
+        args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
+        return cmd_tune(args)
+    if args.command in ("graphs", "clusters"):
+        return cmd_list(args.command)
+    return cmd_bench(args, rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     _import_from_working_directory()
@@ -601,33 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:
         os.environ[DEBUG_ENV] = "1"  # worker processes started from here inherit it
     try:
-        if args.command in SUBMIT_COMMANDS:
-            need_jobqueue(f"dagrl {args.command}")
-            from dagrl.clusters import submit
-
-            if args.command == "submit":
-                return cmd_submit(args)
-            return getattr(submit, f"cmd_{args.command}")(args)
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "worker":
-            from dagrl.clusters.worker import run_worker
-
-            return run_worker([args.scheduler, *args.dask_args], args.quiet)
-        if args.command == "graph":
-            return cmd_graph(args)
-        if args.command == "eval":
-            return cmd_eval(args)
-        if args.command == "export":
-            return cmd_export(args)
-        if args.command == "sweep":
-            return cmd_sweep(args)
-        if args.command == "tune":
-            args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
-            return cmd_tune(args)
-        if args.command in ("graphs", "clusters"):
-            return cmd_list(args.command)
-        return cmd_bench(args, rest)
+        code = _command(args, argv, rest)
+        sys.stdout.flush()  # here, where a reader that has gone is caught, not at exit
+        return code
     except ConfigError as err:
         print(f"dagrl: error: {err}", file=sys.stderr)
         return 2
@@ -637,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmError as err:
         print(f"dagrl: error: SLURM: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dagrl graphs | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a flush at exit complains
+        return 141  # 128 + SIGPIPE, as a shell reports a process a pipe stopped
     except OSError as err:  # the machine: a full disk, permissions, a refused connection
         print(f"dagrl: error: {os_error(err)}", file=sys.stderr)
         return 2

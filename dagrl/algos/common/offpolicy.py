@@ -293,6 +293,8 @@ class ActorState:
     gen: torch.Generator  # the policy's draws and augment_shift's
     device: torch.device
     steps: int = 0
+    batches: int = 0
+    """The critic's batches this actor has seen, across update calls (what ``every`` counts)."""
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
     augment: Shift = Shift()  # augment_shift's, on every batch observation
 
@@ -301,6 +303,7 @@ class ActorState:
             "policy": self.policy.state_dict(),
             "opt": self.optimizer.state_dict(),
             "steps": self.steps,
+            "batches": self.batches,
             "q": self.q.state_dict(),
             "gen": self.gen.get_state(),
         }
@@ -309,6 +312,7 @@ class ActorState:
         self.policy.load_state_dict(sd["policy"])
         self.optimizer.load_state_dict(sd["opt"])
         self.steps = sd["steps"]
+        self.batches = sd.get("batches", self.steps * self.every)  # a checkpoint from before it was counted
         if "gen" in sd:  # checkpoints written before exact resume hold neither
             self.q.load_state_dict(sd["q"])
             self.gen.set_state(sd["gen"])
@@ -391,13 +395,16 @@ def new_actor(
 def actor_steps(
     state: ActorState, samples: list[Sample | None], critic_out: CriticOut, every: int = 1
 ) -> tuple[list[dict[str, torch.Tensor]], float]:
-    """The actor's gradient steps on every ``every``-th batch of ``samples``, against the critic's Q as
-    sent (and its encoder, with ``share_encoder``); with the frames the batches held."""
+    """The actor's gradient steps on every ``every``-th of the critic's batches, counted across update calls
+    (TD3's ``policy_delay``: the critic's steps ``every``, ``2 every``, ... as the critic's Polyak steps,
+    however many a call makes), against the critic's Q as sent (and its encoder, with
+    ``share_encoder``); with the frames the batches held."""
     batches = minibatches(samples, state.cfg.batch_size, state.device)
     frames = float(len(batches) * state.cfg.batch_size)
-    batches = batches[::every]
-    if not batches:
-        return [], 0.0
+    seen, state.batches = state.batches, state.batches + len(batches)
+    batches = [b for n, b in enumerate(batches, seen + 1) if n % every == 0]
+    if not batches:  # nothing sampled yet, or not this call's turn
+        return [], frames
     state.q.load_state_dict(as_tensors(critic_out.q, state.device))
     if state.cfg.share_encoder:
         state.policy.trunk.load_state_dict(state.q.trunk.state_dict())  # published with the policy
@@ -467,10 +474,11 @@ def update_critic(state: CriticState, samples: list[Sample | None], weights: Pub
 def update_actor(state: ActorState, samples: list[Sample | None], critic_out: CriticOut) -> Metrics:
     """The actor's steps against the critic's Q as sent."""
     outs, frames = actor_steps(state, samples, critic_out, every=state.every)
-    if not outs:
+    if not frames:
         return {"perf/frames": 0.0}
     charts = {f"charts/{k}": v for k, v in state.published().items()}
-    return {**critic_out.metrics, **step_means(outs, state.charts), **charts, "perf/frames": frames}
+    own = step_means(outs, state.charts) if outs else {}  # a call between two delayed policy steps: the critic's
+    return {**critic_out.metrics, **own, **charts, "perf/frames": frames}
 
 
 @fragment(role="evaluator")
