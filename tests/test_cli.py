@@ -101,6 +101,13 @@ def test_graph_command_prints_roles_and_edges(graphs_dir, tmp_path, capsys):
     assert "collect    @sampler    <- publish (stream, broadcast, staleness <= 2)" in out
     assert "update     @learner    <- collect (stream, 2 per update)" in out
     assert dot.read_text().count("->") == 2
+    assert "hyperparameters (* as the graph sets them" in out
+    assert "  * update_epochs = 20\n" in out and "    vf_coef = 0.5\n" in out  # the graph's, a default
+
+
+def test_graph_command_shows_a_learner_group_sharing_the_stream(graphs_dir, capsys):
+    assert main(["graph", f"{graphs_dir}/ppo-cartpole-async.yaml", "--set", "roles.learner.replicas=2"]) == 0
+    assert "update     @learner    <- collect (stream, 2 per update, shared by 2 learners)" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -37,6 +38,9 @@ def edge_kind(graph: Graph, edge: Edge) -> str:
             if dst_many
             else f"stream, {options.rollouts_per_update} per update"
         )
+        learners = graph.spec.roles[edge.dst.role].replicas
+        if src_many and not dst_many and learners > 1:  # a learner group shares each round
+            kind += f", shared by {learners} learners"
     return kind
 
 
@@ -71,6 +75,10 @@ def describe(graph: Graph) -> str:
         arrow = f" <- {', '.join(ins)}" if ins else ""
         out = "   => metrics" if node is algo.graph.output else ""
         lines.append(f"  {node.name:<10} @{node.role:<10}{arrow}{out}")
+    lines.append("hyperparameters (* as the graph sets them, the others the algorithm's defaults):")
+    given = set(spec.hyperparameters)
+    for f in dataclasses.fields(graph.config):
+        lines.append(f"  {'*' if f.name in given else ' '} {f.name} = {getattr(graph.config, f.name)!r}")
     return "\n".join(lines)
 
 
