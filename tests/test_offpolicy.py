@@ -298,3 +298,21 @@ def test_td3_delays_its_policy_steps_across_update_calls(graphs_dir, tmp_path, g
     critic, actor = roles["critic"][0], roles["actor"][0]
     assert critic["steps"] >= 8 * gradient_steps and critic["steps"] % gradient_steps == 0, critic["steps"]
     assert actor["batches"] == critic["steps"] and actor["steps"] == critic["steps"] // 2
+
+
+@pytest.mark.parametrize("policy", ["single", "apex"])
+def test_the_env_step_rate_is_what_the_run_made_per_second_of_wall_time(policy, client, graphs_dir, tmp_path):
+    """Under apex the samplers' time is not the iteration's (it read 0/s): the rate is env steps over the
+    run's wall time, in each metrics row and on the progress line."""
+    from dagrl.app.progress import _si, format_row
+
+    _, rundir = train(
+        f"{graphs_dir}/dqn-cartpole-{policy}.yaml", tmp_path, ["stop.iterations=12", "stop.mean_return=null"],
+        client if policy != "single" else None,
+    )  # fmt: skip
+    rows = rundir.read_metrics()
+    for row in rows:
+        assert row["perf/env_steps_per_s"] > 0
+        assert row["perf/env_steps_per_s"] == pytest.approx(row["env_steps"] / row["time_s"], rel=1e-2)
+    last = rows[-1]
+    assert f" sps {_si(last['env_steps'] / last['time_s']):>6} " in format_row(last)  # not a busy-time rate

@@ -355,6 +355,9 @@ class Trainer:
         if len(res.episodes):
             row["charts/episode_return"] = float(np.mean(res.episodes.returns))
             row["charts/episode_length"] = float(np.mean(res.episodes.lengths))
+        # throughput: env steps per second of wall time, as the row's own env_steps and time_s give it
+        row["perf/env_steps_per_s"] = c.env_steps / c.elapsed_s if c.elapsed_s > 0 else 0.0
+        # rates per busy second: of the iteration's sampling, and of its update (frames learnt from)
         row["perf/sample_hz"] = res.env_steps / res.sample_time if res.sample_time > 0 else 0.0
         frames = res.metrics.get("perf/frames", 0.0)
         row["perf/update_hz"] = frames / res.update_time if res.update_time > 0 else 0.0

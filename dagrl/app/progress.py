@@ -25,18 +25,19 @@ def _si(x: float) -> str:
 
 
 def format_row(row: dict) -> str:
-    """One metrics row as at most 79 characters.
+    """One metrics row as at most 79 characters: ``sps`` is env steps per second of wall time, the row's
+    ``env_steps`` over its ``time_s`` (what the run makes; the per-busy-second rates of sampling and of
+    the update are in ``metrics.jsonl`` and on the RL page).
 
     >>> format_row({"iteration": 12, "env_steps": 25088, "episodes": 310, "time_s": 16.2,
-    ...             "charts/episode_return_mean": 475.3, "perf/sample_hz": 1520.0, "perf/update_hz": 3.1})
-    'it    12 steps  25.1k ep    310 ret   475.3 smp   1.5k/s upd      3/s   16.2s'
+    ...             "charts/episode_return_mean": 475.3, "perf/update_hz": 3100.0})
+    'it    12 steps  25.1k ep    310 ret   475.3 sps   1.5k    16.2s'
     """
     ret = row.get("charts/episode_return_mean")
+    sps = row["env_steps"] / row["time_s"] if row["time_s"] > 0 else 0.0
     return (
         f"it {row['iteration']:>5} steps {_si(row['env_steps']):>6} ep {row['episodes']:>6} "
-        f"ret {'-' if ret is None else f'{ret:.1f}':>7} "
-        f"smp {_si(row.get('perf/sample_hz', 0.0)):>6}/s upd {_si(row.get('perf/update_hz', 0.0)):>6}/s "
-        f"{row['time_s']:6.1f}s"
+        f"ret {'-' if ret is None else f'{ret:.1f}':>7} sps {_si(sps):>6} {row['time_s']:7.1f}s"
     )
 
 

@@ -74,7 +74,9 @@ class RLPage:
         hz = figure(title="Throughput (Hz)", x_axis_label="seconds", **kw)
         h1 = hz.line("t", "sample_hz", source=self.rates, color="#1f77b4", line_width=2)
         h2 = hz.line("t", "update_hz", source=self.rates, color="#ff7f0e", line_width=2)
-        hz.add_layout(Legend(items=[("sample Hz (env steps)", [h1]), ("update Hz (frames)", [h2])]), "right")
+        hz.add_layout(
+            Legend(items=[("env steps per second", [h1]), ("frames per second of update time", [h2])]), "right"
+        )
 
         st = figure(title="Staleness (updates behind)", x_axis_label="seconds", **kw)
         st.line("t", "staleness", source=self.stale, color="#9467bd", line_width=2)
@@ -199,7 +201,8 @@ class RLPage:
             if row.get(key) is not None:
                 add("evals", steps=steps, ret=row[key])
                 break
-        add("rates", t=t, sample_hz=row.get("perf/sample_hz", 0.0), update_hz=row.get("perf/update_hz", 0.0))
+        sps = row.get("perf/env_steps_per_s", steps / t if t > 0 else 0.0)  # wall time: what the run makes
+        add("rates", t=t, sample_hz=sps, update_hz=row.get("perf/update_hz", 0.0))
         for key in STALENESS_KEYS:
             if key in row:
                 add("stale", t=t, staleness=row[key])

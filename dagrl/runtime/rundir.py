@@ -254,8 +254,10 @@ class RunDir:
         hz = figure(
             title="throughput", x_axis_label="env steps", y_axis_label="Hz", height=240, width=760, x_range=ret.x_range
         )
-        hz.line(steps, [r.get("perf/sample_hz") or 0 for r in rows], legend_label="sample Hz", color="navy")
-        hz.line(steps, [r.get("perf/update_hz") or 0 for r in rows], legend_label="update Hz", color="firebrick")
+        sps = [r.get("perf/env_steps_per_s") or 0 for r in rows]
+        hz.line(steps, sps, legend_label="env steps per second", color="navy")
+        busy = [r.get("perf/update_hz") or 0 for r in rows]
+        hz.line(steps, busy, legend_label="frames per second of update time", color="firebrick")
         out, tmp = self.path / "curve.html", self.path / ".curve.html.tmp"
         try:
             tmp.write_text(file_html(column(ret, hz), INLINE, title=self.path.name))
