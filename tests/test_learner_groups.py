@@ -12,18 +12,6 @@ from dagrl.runtime.groups import ReplicasDiverged
 from tests.test_supervision import Run
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Four worker processes under nannies: two samplers, two learner replicas, one per process."""
-    from distributed import Client, LocalCluster
-
-    with (
-        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
-        Client(lc, direct_to_workers=True) as client,
-    ):
-        yield client
-
-
 def test_two_ppo_learners_share_each_round_and_stay_equal_after_every_round(cluster, tmp_path):
     """A checkpoint every iteration compares the replicas' digests after every round (the stream rests at
     each); both learn (the group's frames are twice one replica's) and the checkpoint holds one state."""
