@@ -128,14 +128,18 @@ class Recovery:
 
     def peer(self, err: PeerFailed, peers: dict[tuple[str, int], Handle]) -> Outcome | None:
         """A loop failed in another role's fragment (a replay shard's ``add``): that role's failure, on the
-        host the loop called (``peers``), recovered if its role is replaced in place; ``None`` if the
-        loop did not call such a host (then the failure is the loop's own)."""
+        host the loop called (``peers``), recovered if its role is replaced in place or it is a learner
+        replica to regroup; ``None`` if the loop did not call such a host (then the failure is the loop's
+        own, or a rollback's)."""
         old = peers.get((err.role, err.index))
-        if old is None or self.algorithm.roles[err.role].recover != "replace":
+        if old is None:
             return None
         sup = self.supervisor
         kind = err.kind if sup is None or err.kind == "lost" or sup.alive(old.address, fresh=True) else "lost"
-        return self.recover(RoleFailure(old, kind, err))
+        failure = RoleFailure(old, kind, err)
+        if self.algorithm.roles[err.role].recover != "replace" and self.action(failure) is not Action.REGROUP:
+            return None
+        return self.recover(failure)
 
     def blame(self, failure: RoleFailure) -> RoleFailure:
         """A replica of a group that raised because a peer was lost mid all-reduce: the lost peer's failure."""

@@ -366,19 +366,11 @@ class StreamWatch:
     def _peer_replaced(self, err: PeerFailed) -> bool:
         """Whether the learner loop's failure on another host (``err``) was recovered in place: a replay
         shard replaced, or a learner replica regrouped (:class:`~dagrl.runtime.recovery.Recovery`)."""
-        if err.role != self.learner_role:
-            return self.recovery.peer(err, self.learner_peers) is not None
-        old = self.learner_peers.get((err.role, err.index))
-        sup = self.supervisor
-        if old is None or sup is None:
-            return False
-        kind = "lost" if err.kind == "lost" or not sup.alive(old.address, fresh=True) else err.kind
-        if self.recovery.action(RoleFailure(old, kind, err)) is not Action.REGROUP:
-            return False
-        self.recovery.recover(RoleFailure(old, kind, err))
-        self.hooks.regroup(err.role)
-        log.warning("%s[%d] replaced: the group of %d formed anew, no rollback", err.role, err.index, self.group)
-        return True
+        outcome = self.recovery.peer(err, self.learner_peers)
+        if outcome is not None and outcome.action is Action.REGROUP:
+            self.hooks.regroup(err.role)
+            log.warning("%s[%d] replaced: the group of %d formed anew, no rollback", err.role, err.index, self.group)
+        return outcome is not None
 
     def sampler_failed(self, i: int, failure: RoleFailure) -> None:
         """Sampler ``i`` failed with ``failure`` (its own): replaced and its loop started again, or dropped
