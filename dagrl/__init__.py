@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dagrl.app.agent import Agent, load
 from dagrl.app.training import train
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, load_algorithm, role, trace
@@ -10,6 +11,7 @@ from dagrl.envs.episodes import Episodes, EpisodeTracker
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "EpisodeTracker",
     "Episodes",
     "Manifest",
@@ -17,6 +19,7 @@ __all__ = [
     "evaluation",
     "fragment",
     "iteration",
+    "load",
     "load_algorithm",
     "role",
     "trace",

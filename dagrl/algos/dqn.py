@@ -123,7 +123,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     q = q_network(envs.single_observation_space, envs.single_action_space, cfg.hidden, cfg.dueling, cfg.cnn)
-    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
+    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes, epsilon=cfg.eps_end)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -186,9 +186,10 @@ def update(state: LearnerState, samples: list[Sample | None]) -> UpdateResult:
 
 @fragment(role="evaluator")
 def evaluate(state: EpisodeRunner, weights: Weights) -> dict[str, float]:
-    """``eval_episodes`` whole episodes acting greedily (no exploration)."""
+    """``eval_episodes`` whole episodes acting greedily (no exploration; or epsilon-greedily with the
+    schedule's last epsilon, see :attr:`EpisodeRunner.deterministic`)."""
     state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    return state.run(lambda obs: state.net(obs).argmax(1))
+    return state.run(state.pick(lambda obs: state.net(obs).argmax(1)))
 
 
 @evaluation

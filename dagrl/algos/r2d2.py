@@ -208,7 +208,7 @@ def learner(ctx: RoleContext, cfg: Config) -> LearnerState:
 def evaluator(ctx: RoleContext, cfg: Config) -> EpisodeRunner:
     envs = ctx.make_envs()
     q = RecurrentQ(envs.single_observation_space, envs.single_action_space, cfg)
-    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes)
+    return EpisodeRunner(envs, q, ctx.seed, cfg.eval_episodes, epsilon=cfg.eps_end)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -81,6 +81,10 @@ class Policy(offpolicy.BoundedPolicy):
     def forward(self, obs: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.act(self.trunk(obs), gen)
 
+    def sample(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """A sampled action (``dagrl eval --stochastic``)."""
+        return self(obs, gen)[0]
+
     def explore(self, obs: torch.Tensor, sampler: offpolicy.SamplerState) -> np.ndarray:
         """A sampled action (a sampler's, from its generator)."""
         return self(obs, sampler.gen)[0].numpy()

@@ -257,7 +257,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from dagrl.app.evaluate import evaluate_checkpoint, write_result
 
-    result = evaluate_checkpoint(args.run, args.episodes, args.seed, args.set, args.video)
+    result = evaluate_checkpoint(args.run, args.episodes, args.seed, args.set, args.video, not args.stochastic)
     run = Path(result.checkpoint).parent.parent
     out = write_result(run, result)
     if args.json:
@@ -273,7 +273,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from dagrl.app.export import export_policy
 
-    print(export_policy(args.run, args.out, args.set, args.group).line())
+    print(export_policy(args.run, args.out, args.set, args.group, args.format).line())
     return 0
 
 
@@ -443,7 +443,9 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
 
-    ev = command("eval", help="play greedy episodes with a run's checkpoint: returns, lengths, videos")
+    ev = command(
+        "eval", help="play greedy (or --stochastic) episodes with a run's checkpoint: returns, lengths, videos"
+    )
     ev.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
     ev.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
     ev.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's)")
@@ -451,11 +453,19 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"
     )
+    ev.add_argument(
+        "--stochastic",
+        action="store_true",
+        help="sample the policy's actions (value-based: epsilon-greedy at the last epsilon)",
+    )
     ev.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
-    ex = command("export", help="save a run's greedy policy as a torch.export program, to act with torch alone")
+    ex = command("export", help="save a run's greedy policy as a torch.export program (or ONNX), to act without dagrl")
     ex.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or one checkpoint file")
-    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2)")
+    ex.add_argument("--out", metavar="FILE", help="where to write it (default: RUN/export/<checkpoint>.pt2 or .onnx)")
+    ex.add_argument(
+        "--format", choices=["torch", "onnx"], default="torch", help="torch.export (default) or ONNX (dagrl[onnx])"
+    )
     ex.add_argument("--group", metavar="NAME", help="a multi-agent run: only this group's policy (its agents' rows in)")
     ex.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field of the run's graph"

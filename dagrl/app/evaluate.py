@@ -50,6 +50,7 @@ class EvalResult:
     returns: list[float]
     lengths: list[int]
     videos: list[str] = dataclasses.field(default_factory=list)
+    deterministic: bool = True
 
     @property
     def mean(self) -> float:
@@ -61,8 +62,9 @@ class EvalResult:
         return (sum((r - m) ** 2 for r in self.returns) / len(self.returns)) ** 0.5
 
     def line(self) -> str:
+        how = "" if self.deterministic else " (stochastic)"
         return (
-            f"{self.env_id}: return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} episodes "
+            f"{self.env_id}{how}: return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} episodes "
             f"(min {min(self.returns):.1f}, max {max(self.returns):.1f}, mean length "
             f"{sum(self.lengths) / len(self.lengths):.0f}); {Path(self.checkpoint).name}: iteration "
             f"{self.iteration}, {self.env_steps:,} env steps"
@@ -135,8 +137,11 @@ def evaluate_checkpoint(
     seed: int | None = None,
     overrides: list[str] | None = None,
     video: str | Path | None = None,
+    deterministic: bool = True,
 ) -> EvalResult:
-    """Play ``episodes`` greedy episodes with the checkpoint ``path`` names (see :func:`load_run`).
+    """Play ``episodes`` greedy episodes (``deterministic`` off: stochastic, see
+    :attr:`~dagrl.algos.common.evaluation.EpisodeRunner.deterministic`) with the checkpoint ``path``
+    names (see :func:`load_run`).
 
     Examples
     --------
@@ -164,6 +169,7 @@ def evaluate_checkpoint(
         raise ConfigError(
             "dagrl eval", "", f"algorithm {graph.spec.algorithm}: its evaluator state is not a dagrl EpisodeRunner"
         )
+    evaluator.deterministic = deterministic
     prefix = Path(ckpt["path"]).stem
     recorder = _record(evaluator, Path(video), prefix) if video is not None else None
     from dagrl.core.context import EnvError
@@ -197,6 +203,7 @@ def evaluate_checkpoint(
         returns=[float(r) for r in returns],
         lengths=[int(n) for n in lengths],
         videos=[str(p) for p in names if p.exists()],
+        deterministic=deterministic,
     )
 
 
@@ -240,7 +247,8 @@ def _record(runner: Any, folder: Path, prefix: str) -> Any:
 
 def write_result(run: Path, result: EvalResult) -> Path:
     """``<run>/eval/<checkpoint>-seed<seed>.json``."""
-    out = run / "eval" / f"{Path(result.checkpoint).stem}-seed{result.seed}.json"
+    how = "" if result.deterministic else "-stochastic"
+    out = run / "eval" / f"{Path(result.checkpoint).stem}-seed{result.seed}{how}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result.to_json(), indent=2))
     return out

@@ -30,8 +30,10 @@ them (``Box`` actions clipped to the space's bounds); observation statistics a n
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,46 +94,48 @@ class Exported:
         )
 
 
+FORMATS = {"torch": ".pt2", "onnx": ".onnx"}
+"""What ``--format`` takes, and each one's file suffix."""
+
+
 def export_policy(
-    run: str | Path, out: str | Path | None = None, overrides: list[str] | None = None, group: str | None = None
+    run: str | Path,
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+    group: str | None = None,
+    fmt: str = "torch",
 ) -> Exported:
     """Write the greedy policy of the checkpoint ``run`` names (a run directory's newest, or one file) to
-    ``out`` (default ``<run>/export/<checkpoint>.pt2``); check that the file read back acts as the
-    evaluator does on observations from the env.
+    ``out`` (default ``<run>/export/<checkpoint>.pt2``, ``.onnx`` for ``fmt="onnx"``); check that the file
+    read back acts as the evaluator does on observations from the env.
+
+    ``fmt="onnx"`` (the ``onnx`` extra) writes an ONNX model instead, made by torch's exporter, checked in
+    onnxruntime; its inputs are named ``obs`` (then ``state0``, ``state1``, ...), its outputs ``action``
+    (then the state after it), and ``dagrl.json`` is its metadata entry of that name.
 
     ``group`` (a multi-agent run): only that group's policy, taking the rows of its agents ``[B, k, W]``
     and returning their actions ``[B, k]`` (``dagrl.json`` names the agents, in order)."""
-    from dagrl.algos.common.evaluation import EpisodeRunner
-    from dagrl.app.evaluate import _hosts, eval_graph, load_run
-    from dagrl.runtime.executor import Executor
-    from dagrl.runtime.hosts import close_all
+    from dagrl.app.agent import capture
+    from dagrl.app.evaluate import load_run
 
+    if fmt not in FORMATS:
+        raise ConfigError("dagrl export", "--format", f"{fmt!r}: choose one of {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        _onnx_installed()
     run_dir, ckpt = load_run(run, "dagrl export")
-    graph = eval_graph(run_dir, 1, None, list(overrides or []), False)
-    hosts = _hosts(graph, run_dir, ckpt)
-    runner = hosts[graph.algorithm.eval_graph.output.role][0].target.state
-    if not isinstance(runner, EpisodeRunner):
-        raise ConfigError(
-            "dagrl export", "", f"algorithm {graph.spec.algorithm}: its evaluator state is not a dagrl EpisodeRunner"
-        )
-    runner.capture = True
-    try:
-        nodes = graph.algorithm.eval_graph
-        executor = Executor()
-        executor.wait(executor.run_nodes(nodes.nodes, hosts, graph.algorithm.roles)[nodes.output.id])
-        recurrent = getattr(runner.captured, "recurrent", False)
+    with capture(run_dir, ckpt, list(overrides or [])) as (graph, runner, acts):
+        act = acts[True]
+        recurrent = getattr(act, "recurrent", False)
         kind = RecurrentGreedyPolicy if recurrent else GreedyPolicy
-        policy = kind(runner.net, runner.captured, runner.envs.single_action_space)
+        policy = kind(runner.net, act, runner.envs.single_action_space)
         obs = _observations(runner.envs, 32)
-        agents = None
-        state = runner.captured.initial_state(len(obs)) if recurrent else ()
-        if group is not None:
-            policy, members = _group_policy(runner.net, group, graph.spec.algorithm)
-            agents = [graph.observation_space.agents[a] for a in members]
-            obs, state = obs[:, members], tuple(s[:, members] for s in state)
-        policy.eval().requires_grad_(False)
-    finally:
-        close_all([h for handles in hosts.values() for h in handles])
+    agents = None
+    state = act.initial_state(len(obs)) if recurrent else ()
+    if group is not None:
+        policy, members = _group_policy(runner.net, group, graph.spec.algorithm)
+        agents = [graph.observation_space.agents[a] for a in members]
+        obs, state = obs[:, members], tuple(s[:, members] for s in state)
+    policy.eval().requires_grad_(False)
     args = (obs, *state)
     batch = {0: torch.export.Dim.DYNAMIC}  # every input's first dimension: the batch
     shapes = {"obs": batch, **({"state": (batch,) * (len(args) - 1)} if recurrent else {})}
@@ -160,8 +164,11 @@ def export_policy(
         info["observation"]["shape"] = [len(agents), *space.shape[1:]]
     if recurrent:  # what to pass besides the observations: each entry zeros of [batch, *shape] at first
         info["state"] = [{"shape": list(s.shape[1:]), "dtype": str(s.dtype).removeprefix("torch.")} for s in args[1:]]
-    path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}.pt2"
+    path = Path(out) if out is not None else run_dir / "export" / f"{Path(ckpt['path']).stem}{FORMATS[fmt]}"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "onnx":
+        _save_onnx(path, program, policy, args, info)
+        return Exported(path, info)
     archive = io.BytesIO()  # torch wants a file named *.pt2 or a buffer; the file then replaces the old at once
     torch.export.save(program, archive, extra_files={"dagrl.json": json.dumps(info)})
     tmp = path.with_name(path.name + ".tmp")
@@ -169,6 +176,52 @@ def export_policy(
     tmp.replace(path)
     _check(path, policy, args)
     return Exported(path, info)
+
+
+def _onnx_installed() -> None:
+    try:
+        import onnxruntime  # noqa: F401  (the check runs the model in it)
+        import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
+    except ImportError:
+        raise ConfigError(
+            "dagrl export", "--format", "onnx needs onnxscript and onnxruntime: pip install 'dagrl[onnx]'"
+        ) from None
+
+
+def _save_onnx(
+    path: Path, program: torch.export.ExportedProgram, policy: nn.Module, args: tuple, info: dict[str, Any]
+) -> None:
+    """``program`` as an ONNX model at ``path``, ``info`` in its metadata; checked as :func:`_check` checks."""
+    import onnxruntime
+
+    n = len(args) - 1
+    names = ["obs", *(f"state{i}" for i in range(n))]
+    outputs = ["action", *(f"state{i}_after" for i in range(n))]
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
+    level = registry.level
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+        warnings.simplefilter("ignore")  # its deprecation notices about torch's own internals
+        registry.setLevel(logging.ERROR)
+        try:
+            onnx = torch.onnx.export(program, input_names=names, output_names=outputs, dynamo=True, verbose=False)
+        finally:
+            registry.setLevel(level)
+    onnx.model.metadata_props["dagrl.json"] = json.dumps(info)
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save(str(tmp))
+    session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+    inputs = [args, tuple(a[:1] for a in args)]
+    with torch.no_grad():
+        for x in inputs:
+            want = _outputs(policy(*x))
+            got = session.run(None, {k: v.numpy() for k, v in zip(names, x, strict=True)})
+            if any(
+                w.shape != g.shape or not np.allclose(w.float().numpy(), g, atol=1e-4)
+                for w, g in zip(want, got, strict=True)
+            ):
+                tmp.unlink()
+                raise RuntimeError(f"{path}: the ONNX policy acts unlike the evaluator's in onnxruntime; not written")
+    tmp.replace(path)
 
 
 class GroupPolicy(nn.Module):

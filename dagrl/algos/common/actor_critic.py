@@ -400,9 +400,10 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
 
 @fragment(role="evaluator")
 def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
-    """``eval_episodes`` whole episodes acting greedily (the most likely action)."""
+    """``eval_episodes`` whole episodes acting greedily (the most likely action; or sampled, see
+    :attr:`EpisodeRunner.deterministic`)."""
     state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    return state.run(state.net.greedy)
+    return state.run(state.pick(state.net.greedy, lambda obs: state.net.sample(obs, state.gen)[0]))
 
 
 @evaluation

@@ -214,16 +214,20 @@ class AgentsActorCritic(nn.Module):
         for g, rows in self._groups(agent):
             out, h_g = self._policy(g, self._own(g, x[rows]), h[rows])
             dist = self._dist(g, out)
-            if gen is None:
-                a = out if self.box else out.argmax(-1)
-            elif self.box:
-                a = out + self.log_stds[g].exp() * torch.randn(out.shape, generator=gen, device=out.device)
-            else:
-                a = torch.multinomial(torch.softmax(out, -1), 1, generator=gen).squeeze(-1)
+            a = self._pick(g, out, gen)
             actions = actions.index_put((rows,), a)
             logps = logps.index_put((rows,), dist.log_prob(a))
             after = after.index_put((rows,), h_g)
         return actions, logps, after
+
+    def _pick(self, g: int, out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """Group ``g``'s actions from its policy's output: sampled from ``gen``, or (``None``) the most likely."""
+        if gen is None:
+            return out if self.box else out.argmax(-1)
+        if self.box:
+            return out + self.log_stds[g].exp() * torch.randn(out.shape, generator=gen, device=out.device)
+        probs = torch.softmax(out.reshape(-1, out.shape[-1]), -1)
+        return torch.multinomial(probs, 1, generator=gen).view(out.shape[:-1])
 
     def unroll(
         self, x: torch.Tensor, agent: torch.Tensor, starts: torch.Tensor, h: torch.Tensor, keep: torch.Tensor
@@ -243,18 +247,20 @@ class AgentsActorCritic(nn.Module):
         rows, of = x[keep], agent.expand(len(x), S)[keep]
         return Rows(parts, len(rows)), self._values(rows, of, raw=True)
 
-    def greedy(self, obs: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Every agent's most likely action (a ``Box``'s mean), for observations ``[N, A, W]``
-        (evaluation, export): one pass per agent, so no shape depends on the data. With ``gru``, from
-        the GRU states ``h`` ``[N, A, gru]``: the actions and the states after them."""
-        return self._greedy(obs, range(self.A), h)
+    def greedy(
+        self, obs: torch.Tensor, h: torch.Tensor | None = None, gen: torch.Generator | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Every agent's most likely action (a ``Box``'s mean; with ``gen``, sampled), for observations
+        ``[N, A, W]`` (evaluation, export): one pass per agent, so no shape depends on the data. With
+        ``gru``, from the GRU states ``h`` ``[N, A, gru]``: the actions and the states after them."""
+        return self._greedy(obs, range(self.A), h, gen)
 
-    def _greedy(self, obs: torch.Tensor, agents: Any, h: torch.Tensor | None) -> Any:
+    def _greedy(self, obs: torch.Tensor, agents: Any, h: torch.Tensor | None, gen: Any = None) -> Any:
         actions, after = [], []
         for j, a in enumerate(agents):
             g = self.group_of[a]
             out, h_a = self._policy(g, self._own(g, obs[:, j]), None if h is None else h[:, j])
-            actions.append(out if self.box else out.argmax(-1))
+            actions.append(self._pick(g, out, gen))
             after.append(h_a)
         if h is None:
             return torch.stack(actions, 1)
@@ -265,11 +271,13 @@ class AgentsActorCritic(nn.Module):
         g = self.names.index(group)
         return [a for a in range(self.A) if self.group_of[a] == g]
 
-    def group_greedy(self, obs: torch.Tensor, group: str, h: torch.Tensor | None = None) -> Any:
+    def group_greedy(
+        self, obs: torch.Tensor, group: str, h: torch.Tensor | None = None, gen: torch.Generator | None = None
+    ) -> Any:
         """The most likely actions of one group's agents, for their rows ``[N, k, W]`` in the game's
         order (what ``dagrl export --group`` exports: the policy one kind of agent deploys with); with
         ``gru``, from their GRU states ``h`` ``[N, k, gru]``, and the states after them."""
-        return self._greedy(obs, self.members(group), h)
+        return self._greedy(obs, self.members(group), h, gen)
 
     def agent_index(self, n_games: int, device: Any = "cpu") -> torch.Tensor:
         """The agent of each row of ``n_games`` games' rows, flattened game-major."""
@@ -287,12 +295,13 @@ class RecurrentGreedy:
     recurrent = True
     """Acts on its state as well as the observation: ``dagrl export`` exports :meth:`step`."""
 
-    def __init__(self, net: AgentsActorCritic, n: int):
-        self.net = net
+    def __init__(self, net: AgentsActorCritic, n: int, gen: torch.Generator | None = None):
+        self.net, self.gen = net, gen
+        """``gen``: actions sampled from it instead of the most likely."""
         self.h = self.initial_state(n)[0]
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        actions, self.h = self.net.greedy(obs, self.h)
+        actions, self.h = self.net.greedy(obs, self.h, self.gen)
         return actions
 
     def ended(self, done: np.ndarray) -> None:
@@ -304,4 +313,4 @@ class RecurrentGreedy:
 
     def step(self, obs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every agent's action and the states after it, from observations ``[N, A, W]`` and the states before."""
-        return self.net.greedy(obs, h)
+        return self.net.greedy(obs, h, self.gen)

@@ -1,8 +1,10 @@
 """Evaluating a policy on whole episodes: the shared part of every algorithm's ``evaluator`` role.
 
 An algorithm's evaluator state is an :class:`EpisodeRunner` holding its envs and its policy network;
-its ``evaluate`` fragment loads the published weights and calls :meth:`EpisodeRunner.run` with a
-deterministic action function (argmax, the Gaussian's mean, ...).
+its ``evaluate`` fragment loads the published weights and calls :meth:`EpisodeRunner.run` with an
+action function: the deterministic one (argmax, the Gaussian's mean, ...), or with
+:attr:`EpisodeRunner.deterministic` off the stochastic one :meth:`EpisodeRunner.pick` chooses (a sample of
+the policy; a value-based policy's epsilon-greedy action, as Stable-Baselines3's ``predict`` gives).
 """
 
 from __future__ import annotations
@@ -30,6 +32,30 @@ class EpisodeRunner:
     capture: bool = False
     """``run`` keeps the action function it is given in :attr:`captured` and plays nothing (``dagrl export``)."""
     captured: Callable[[torch.Tensor], torch.Tensor] | None = None
+    deterministic: bool = True
+    """Act by the deterministic action function; off: by the stochastic one (``dagrl eval --stochastic``)."""
+    epsilon: float = 0.0
+    """A value-based policy's chance of a uniform random action when not :attr:`deterministic` (the run's
+    final epsilon)."""
+    gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    """What stochastic actions are drawn from (seeded from :attr:`seed` by :meth:`run`)."""
+
+    def pick(self, greedy: Callable[..., Any], sample: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``greedy`` when :attr:`deterministic`, else ``sample`` (``None``: ``greedy`` epsilon-greedily)."""
+        if self.deterministic:
+            return greedy
+        return sample if sample is not None else self.epsilon_greedy(greedy)
+
+    def epsilon_greedy(self, greedy: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """``greedy``'s actions, each replaced with chance :attr:`epsilon` by a uniform one (``Discrete``)."""
+        n = int(self.envs.single_action_space.n)
+
+        def act(x: torch.Tensor) -> torch.Tensor:
+            action = greedy(x)
+            explore = torch.rand(action.shape, generator=self.gen) < self.epsilon
+            return torch.where(explore, torch.randint(0, n, action.shape, generator=self.gen), action)
+
+        return act
 
     def run(
         self, act: Callable[[torch.Tensor], torch.Tensor], ended: Callable[[np.ndarray], None] | None = None
@@ -43,6 +69,7 @@ class EpisodeRunner:
             return {}
         envs = self.envs
         self.calls += 1
+        self.gen.manual_seed(self.seed + 10_000 * self.calls)
         obs, _ = envs.reset(seed=[self.seed + 10_000 * self.calls + i for i in range(envs.num_envs)])
         space = envs.single_action_space
         running, steps = np.zeros(envs.num_envs), np.zeros(envs.num_envs, np.int64)

@@ -329,9 +329,10 @@ def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
     """``eval_episodes`` whole games, every agent acting greedily (GRU policies: their states carried
     through each game); the return is the agents' mean."""
     _load(state.net, weights)
+    gen = None if state.deterministic else state.gen
     if not state.net.gru:
-        return state.run(state.net.greedy)
-    act = RecurrentGreedy(state.net, state.envs.num_envs)
+        return state.run(lambda obs: state.net.greedy(obs, None, gen))
+    act = RecurrentGreedy(state.net, state.envs.num_envs, gen)
     return state.run(act, act.ended)
 
 

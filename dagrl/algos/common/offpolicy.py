@@ -428,6 +428,11 @@ class BoundedPolicy(nn.Module):
         """An action in [-1, 1] at the bounds' scale."""
         return squashed * self.scale + self.bias
 
+    def sample(self, obs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The stochastic policy's action (``dagrl eval --stochastic``); a deterministic policy's own
+        action, as Stable-Baselines3's TD3 ``predict`` gives (its exploration noise is the sampler's)."""
+        return self.greedy(obs)
+
 
 def descend(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
     """One gradient step of ``optimizer`` on ``loss``."""
@@ -483,9 +488,10 @@ def update_actor(state: ActorState, samples: list[Sample | None], critic_out: Cr
 
 @fragment(role="evaluator")
 def evaluate(state: EpisodeRunner, weights: Published) -> Metrics:
-    """``eval_episodes`` whole episodes with the policy's ``greedy`` action (no exploration)."""
+    """``eval_episodes`` whole episodes with the policy's ``greedy`` action (no exploration; or its
+    ``sample``, see :attr:`EpisodeRunner.deterministic`)."""
     state.net.load_state_dict(as_tensors(weights.policy))
-    return state.run(state.net.greedy)
+    return state.run(state.pick(state.net.greedy, lambda obs: state.net.sample(obs, state.gen)))
 
 
 @evaluation

@@ -9,6 +9,7 @@ state beside the observations, and the answer the state after the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,13 +314,15 @@ class Greedy:
     recurrent = True
     """Acts on its state as well as the observation: ``dagrl export`` exports :meth:`step`."""
 
-    def __init__(self, agent: RecurrentActorCritic, n: int):
+    def __init__(self, agent: RecurrentActorCritic, n: int, pick: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.agent, self.state, self.starts = agent, agent.initial(n), torch.ones(n)
+        self.pick = agent.heads.greedy if pick is None else pick
+        """The action from the LSTM's output: the heads' ``greedy``, or a stochastic one."""
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         out, self.state = self.agent.step(obs, self.state, self.starts)
         self.starts = torch.zeros_like(self.starts)
-        return self.agent.heads.greedy(out)
+        return self.pick(out)
 
     def ended(self, done: np.ndarray) -> None:
         self.starts = torch.as_tensor(done, dtype=torch.float32)
@@ -331,14 +334,16 @@ class Greedy:
     def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Actions and the state after them, from observations ``[N, ...]`` and the state before."""
         out, (h, c) = self.agent.step(obs, (h.unsqueeze(0), c.unsqueeze(0)), obs.new_zeros(obs.shape[0]))
-        return self.agent.heads.greedy(out), h[0], c[0]
+        return self.pick(out), h[0], c[0]
 
 
 @fragment(role="evaluator")
 def evaluate(state: EpisodeRunner, weights: Weights) -> Metrics:
     """``eval_episodes`` whole episodes acting greedily, the LSTM state carried within each."""
     state.net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    act = Greedy(state.net, state.envs.num_envs)
+    heads = state.net.heads
+    sample = (lambda out: heads.sample(out, state.gen)[0]) if hasattr(heads, "sample") else None  # else epsilon
+    act = Greedy(state.net, state.envs.num_envs, state.pick(heads.greedy, sample))
     return state.run(act, act.ended)
 
 
