@@ -37,6 +37,7 @@ from dagrl.core.schema import positive
 from dagrl.nn.cuda_graphs import wants_graphs
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import as_tensors, mlp
+from dagrl.nn.optim import load_state
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -139,7 +140,7 @@ class ActorState(offpolicy.ActorState):
     def load_state_dict(self, sd: dict) -> None:
         with torch.no_grad():
             self.log_alpha.copy_(sd["log_alpha"])
-        self.alpha_optimizer.load_state_dict(sd["alpha_opt"])
+        load_state(self.alpha_optimizer, sd["alpha_opt"])
         super().load_state_dict(sd)
 
     def optimizers(self) -> list[torch.optim.Optimizer]:

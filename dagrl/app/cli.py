@@ -211,39 +211,119 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from dagrl.app.sweep import markdown, plan, run_sweep, sweep_client
+def sweep_cluster(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, float] | None]:
+    """The cluster spec of ``--cluster``/``--scheduler``, the SLURM pool of the trials' jobs, and what each
+    trial asks of a job (one trial per job at a time)."""
     from dagrl.clusters.spec import SlurmSpec, load_cluster
-    from dagrl.runtime.rundir import RunDir
 
-    graph_path = resolve("graphs", args.graph, "GRAPH")
-    if graph_path is None:
-        raise ConfigError("dagrl sweep", "GRAPH", "give a graph file or name")
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", "", f"must be >= 1, got {args.workers}")
-    base, trials = plan(graph_path, args.set, args.grid, args.seeds)
     cluster = load_cluster(resolve("clusters", args.cluster, "--cluster"), args.scheduler)
     if args.pool is not None and (not isinstance(cluster, SlurmSpec) or args.pool not in cluster.pools):
         known = ", ".join(cluster.pools) if isinstance(cluster, SlurmSpec) else "none: not a SLURM cluster file"
         raise ConfigError("--pool", "", f"{args.pool!r} is not a pool of the cluster file ({known})")
-    pool = None
-    if isinstance(cluster, SlurmSpec):
-        need_jobqueue("dagrl sweep --cluster")
-        pool = args.pool or next(iter(cluster.pools))
+    if not isinstance(cluster, SlurmSpec):
+        return cluster, None, None
+    from dagrl.clusters.slurm import pool_resource
+
+    need_jobqueue("dagrl sweep --cluster")
+    pool = args.pool or next(iter(cluster.pools))
+    return cluster, pool, {pool_resource(pool): 1.0}
+
+
+def sweep_dir(args: argparse.Namespace, base: Any, marker: str) -> Path:
+    """``--out`` (default a new ``runs_dir/sweep-<graph>-<time>``), made; refused where it holds
+    something other than a sweep (no ``marker`` file)."""
+    from dagrl.runtime.rundir import RunDir
+
     out = Path(args.out) if args.out else RunDir.new_path(base.spec.runs_dir, f"sweep-{base.name}").path
     out = out.resolve()  # job scripts and workers elsewhere read it
-    if out.exists() and any(out.iterdir()) and not (out / "trials.jsonl").exists():
-        raise ConfigError("--out", "", f"{out} exists and holds no sweep (no trials.jsonl)")
+    if out.exists() and any(out.iterdir()) and not (out / marker).exists():
+        raise ConfigError("--out", "", f"{out} exists and holds no sweep of this kind (no {marker})")
     out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def cmd_search(args: argparse.Namespace, graph_path: Path) -> int:
+    from dagrl.app.search import check, markdown, parse_space, report_every, run_search
+    from dagrl.app.sweep import sweep_client
+
+    if args.grid:
+        raise ConfigError("--grid", "", f"--search {args.search} draws from --space; --grid is the grid search's")
+    try:
+        import optuna  # noqa: F401  (both searches are Optuna's samplers)
+    except ImportError:
+        raise ConfigError("--search", args.search, "needs optuna: pip install 'dagrl[search]'") from None
+    spaces = parse_space(args.space)
+    trials = 20 if args.trials is None else args.trials
+    if trials < 1:
+        raise ConfigError("--trials", "", f"must be >= 1, got {trials}")
+    base = check(graph_path, args.set, spaces)
+    every = report_every(base, args.report_every)
+    cluster, pool, one_per_job = sweep_cluster(args)
+    out = sweep_dir(args, base, "study.journal")
+    pruning = args.search == "optuna" and not args.no_prune
+    log.info("sweep: %s search, %d trials of %s -> %s", args.search, trials, ", ".join(s.key for s in spaces), out)
+    with sweep_client(cluster, trials, args.workers, out, pool) as client:
+        log.info("dashboard: %s", client.dashboard_link)
+        parallel = args.workers or max(1, len(client.scheduler_info().get("workers", {})))
+        records = run_search(
+            client, graph_path, args.set, spaces, out, sampler=args.search, trials=trials, parallel=parallel,
+            seed=args.seeds[0], every=every, pruning=pruning, resources=one_per_job,
+        )  # fmt: skip
+    print(markdown(records, [s.key for s in spaces]), end="")
+    print(f"wrote {out / 'results.md'} and {out / 'results.html'}")
+    return 1 if any(r["state"] == "fail" for r in records) else 0
+
+
+def cmd_pbt(args: argparse.Namespace) -> int:
+    from dagrl.app.pbt import check_options, markdown, run_pbt
+    from dagrl.app.search import check, parse_space
+    from dagrl.app.sweep import sweep_client
+
+    graph_path = resolve("graphs", args.graph, "GRAPH")
+    if graph_path is None:
+        raise ConfigError("dagrl pbt", "GRAPH", "give a graph file or name")
+    check_options(args.population, args.interval, args.quantile)
+    spaces = parse_space(args.perturb)
+    base = check(graph_path, args.set, spaces)
+    budget = base.spec.stop.env_steps
+    if budget is None:
+        raise ConfigError(base.path, "stop.env_steps", "dagrl pbt needs each member's budget of env steps")
+    cluster, pool, one_per_job = sweep_cluster(args)
+    out = sweep_dir(args, base, "lineage.jsonl")
+    log.info(
+        "pbt: %d members, rounds of %s env steps up to %s, perturbing %s -> %s", args.population,
+        f"{args.interval:,}", f"{budget:,}", ", ".join(s.key for s in spaces), out,
+    )  # fmt: skip
+    with sweep_client(cluster, args.population, args.workers, out, pool) as client:
+        log.info("dashboard: %s", client.dashboard_link)
+        ranked = run_pbt(
+            client, graph_path, args.set, spaces, out, population=args.population, interval=args.interval,
+            budget=budget, quantile=args.quantile, seed=args.seed, resources=one_per_job, progress=not args.quiet,
+        )  # fmt: skip
+    print(markdown(ranked, [s.key for s in spaces]), end="")
+    print(f"wrote {out / 'lineage.jsonl'}, {out / 'results.md'} and {out / 'results.html'}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dagrl.app.sweep import markdown, plan, run_sweep, sweep_client
+
+    graph_path = resolve("graphs", args.graph, "GRAPH")
+    if graph_path is None:
+        raise ConfigError("dagrl sweep", "GRAPH", "give a graph file or name")
+    if args.search != "grid":
+        return cmd_search(args, graph_path)
+    if args.space or args.trials is not None:
+        raise ConfigError("--space" if args.space else "--trials", "", "takes --search random or --search optuna")
+    base, trials = plan(graph_path, args.set, args.grid, args.seeds)
+    cluster, pool, one_per_job = sweep_cluster(args)
+    out = sweep_dir(args, base, "trials.jsonl")
     if base.traits.distributed:
         log.info("each trial runs in one process (policy single), not under %s", base.spec.policy)
     settings = len({t.setting for t in trials})
     log.info("sweep: %d trials (%d settings x %d seeds) -> %s", len(trials), settings, len(args.seeds), out)
-    one_per_job = None
-    if pool is not None:  # every job advertises its pool once: one trial per job at a time
-        from dagrl.clusters.slurm import pool_resource
-
-        one_per_job = {pool_resource(pool): 1.0}
     with sweep_client(cluster, len(trials), args.workers, out, pool) as client:
         log.info("dashboard: %s", client.dashboard_link)
         rows = run_sweep(client, graph_path, trials, out, progress=not args.quiet, resources=one_per_job)
@@ -431,7 +511,24 @@ def parser() -> argparse.ArgumentParser:
         "--grid", action="append", default=[], metavar="KEY=V1,V2",
         help="values to try, e.g. hyperparameters.lr=1e-3,3e-4",
     )  # fmt: skip
-    sweep.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every setting (default 1 2 3)")
+    sweep.add_argument(
+        "--seeds", type=int, nargs="+", default=[1, 2, 3],
+        help="seeds of every setting (default 1 2 3); a search's trials run the first",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--search", choices=["grid", "random", "optuna"], default="grid",
+        help="grid: every --grid setting; random or optuna (dagrl[search]): --trials settings drawn from --space",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--space", action="append", default=[], metavar="KEY=LOW:HIGH[:log]|A,B",
+        help="a search's range or choices, e.g. hyperparameters.lr=1e-4:1e-2:log",
+    )  # fmt: skip
+    sweep.add_argument("--trials", type=int, help="settings a search draws (default 20)")
+    sweep.add_argument(
+        "--report-every", type=int, metavar="STEPS",
+        help="env steps between a trial's reports to the pruner (default: a tenth of stop.env_steps)",
+    )  # fmt: skip
+    sweep.add_argument("--no-prune", action="store_true", help="optuna: run every trial to its stop")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     where = sweep.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
@@ -442,6 +539,27 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--pool", help="the SLURM cluster file's pool for the trials' jobs (default: its first)")
     sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+
+    pbt = command("pbt", help="population-based training: members side by side, the worst copying the best")
+    pbt.add_argument("graph", help="a graph file or name")
+    pbt.add_argument(
+        "--perturb", action="append", default=[], metavar="KEY=LOW:HIGH[:log]|A,B",
+        help="a hyperparameter members draw and explore, e.g. hyperparameters.lr=1e-4:1e-2:log",
+    )  # fmt: skip
+    pbt.add_argument("--population", type=int, default=4, help="members (default 4)")
+    pbt.add_argument(
+        "--interval", type=int, default=10_000, help="env steps per member between exploits (default 10,000)"
+    )
+    pbt.add_argument("--quantile", type=float, default=0.25, help="share of members that copy the best (default 0.25)")
+    pbt.add_argument("--seed", type=int, default=1, help="member i's seed is SEED + i; draws are seeded by SEED")
+    pbt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    where = pbt.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
+    pbt.add_argument("--workers", type=int, help="local worker processes (default: one per core) or SLURM jobs")
+    pbt.add_argument("--pool", help="the SLURM cluster file's pool for the members' jobs (default: its first)")
+    pbt.add_argument("--out", help="directory for the members' runs and the lineage (default: runs_dir/sweep-...)")
+    pbt.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
 
     ev = command(
         "eval", help="play greedy (or --stochastic) episodes with a run's checkpoint: returns, lengths, videos"
@@ -519,6 +637,7 @@ EXAMPLES = {
     "logs": "dagrl logs runs/ppo-cartpole-20260101-120000 --no-follow",
     "cancel": "dagrl cancel runs/ppo-cartpole-20260101-120000",
     "sweep": "dagrl sweep ppo-cartpole --grid hyperparameters.lr=1e-3,3e-4 --seeds 1 2 3",
+    "pbt": "dagrl pbt ppo-cartpole-single --perturb hyperparameters.lr=1e-4:3e-3:log --population 4",
     "eval": "dagrl eval runs/ppo-cartpole-20260101-120000 --episodes 20 --json",
     "export": "dagrl export runs/ppo-cartpole-20260101-120000 --out policy.pt2",
     "graph": "dagrl graph ppo-cartpole --dot graph.dot",
@@ -618,6 +737,8 @@ def _command(args: argparse.Namespace, argv: list[str] | None, rest: list[str]) 
         return cmd_graph(args)
     if args.command == "eval":
         return cmd_eval(args)
+    if args.command == "pbt":
+        return cmd_pbt(args)
     if args.command == "export":
         return cmd_export(args)
     if args.command == "sweep":

@@ -23,3 +23,14 @@ def adam(params: Iterable[nn.Parameter], lr: float, device: str | torch.device, 
     if torch.device(device).type in FUSED:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
     return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+
+
+def load_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, keeping the learning rate (and the other options) each
+    parameter group had: those of the graph the run goes on with, which may differ from the run's that
+    wrote the checkpoint (``--set hyperparameters.lr=...`` on a resume; a PBT member's perturbed rate).
+    What the optimizer learnt (Adam's moments, its step counts) is the checkpoint's."""
+    options = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, kept in zip(optimizer.param_groups, options, strict=True):
+        group.update(kept)

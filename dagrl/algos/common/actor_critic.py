@@ -24,7 +24,7 @@ from dagrl.core.schema import at_least
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import RunningNorm, obs_tensor
-from dagrl.nn.optim import adam
+from dagrl.nn.optim import adam, load_state
 from dagrl.spaces.images import is_image
 from dagrl.spaces.mixed import MixedBox
 
@@ -252,7 +252,7 @@ class LearnerState:
 
     def load_state_dict(self, sd: dict) -> None:
         self.agent.load_state_dict(sd["agent"])
-        self.optimizer.load_state_dict(sd["optimizer"])
+        load_state(self.optimizer, sd["optimizer"])
         self.gen.set_state(sd["gen"])
         self.updates = sd["updates"]
         self.trained_steps = sd.get("trained_steps", 0)  # checkpoints written before anneal_lr

@@ -33,6 +33,7 @@ from dagrl.core.schema import at_least, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift, image_shift
 from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches, to_numpy
+from dagrl.nn.optim import load_state
 from dagrl.replay import ReplayState, Sample, Schema, Transitions, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import add, sample
@@ -261,7 +262,7 @@ class CriticState:
     def load_state_dict(self, sd: dict) -> None:
         self.q.load_state_dict(sd["q"])
         self.target.load_state_dict(sd["target"])
-        self.optimizer.load_state_dict(sd["opt"])
+        load_state(self.optimizer, sd["opt"])
         self.steps = sd["steps"]
         if "gen" in sd:  # checkpoints written before exact resume hold neither
             self.policy.load_state_dict(sd["policy"])
@@ -310,7 +311,7 @@ class ActorState:
 
     def load_state_dict(self, sd: dict) -> None:
         self.policy.load_state_dict(sd["policy"])
-        self.optimizer.load_state_dict(sd["opt"])
+        load_state(self.optimizer, sd["opt"])
         self.steps = sd["steps"]
         self.batches = sd.get("batches", self.steps * self.every)  # a checkpoint from before it was counted
         if "gen" in sd:  # checkpoints written before exact resume hold neither

@@ -18,6 +18,7 @@ from dagrl.core.fragment import fragment
 from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable
 from dagrl.nn.encoders import CNN
+from dagrl.nn.optim import load_state
 from dagrl.replay import ReplayState, Sample, Schema, replay_state
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import pooled_weights
@@ -145,7 +146,7 @@ class LearnerState:
     def load_state_dict(self, sd: dict) -> None:
         self.q.load_state_dict(sd["q"])
         self.target.load_state_dict(sd["target"])
-        self.optimizer.load_state_dict(sd["optimizer"])
+        load_state(self.optimizer, sd["optimizer"])
         self.gradient_steps = sd["gradient_steps"]
         set_capturable(self.optimizer, self.step is not None and self.step.enabled)
         if self.step is not None:
