@@ -4,10 +4,12 @@ algorithm, the env (made once here), replay and the installed extras, before any
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ from dagrl.replay.spill import CODECS
 __all__ = ["load_graph", "resolve_graph", "validate_device_request"]
 
 
+log = logging.getLogger("dagrl")
+
+
 def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
     """Read, override and validate a graph file.
 
@@ -34,13 +39,42 @@ def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
     """
     data = read_yaml(path)
     overrides = list(overrides or [])
+    # policy=NAME names the policy as policy.name=NAME does: the file's options stay where they apply
+    overrides = [f"policy.name={o[7:]}" if re.fullmatch(r"policy=[\w-]+", o) else o for o in overrides]
     if isinstance(data.get("policy"), str) and any(o.startswith("policy.") for o in overrides):
         data["policy"] = {"name": data["policy"]}  # --set policy.max_staleness=1 on `policy: async`
+    written = copy.deepcopy(data.get("policy"))
     data = apply_overrides(data, overrides)
+    if "policy" in data:
+        data["policy"] = switched_policy(written, data["policy"], overrides)
     if "name" in data and not str(data["name"] or "").strip():
         raise ConfigError(path, "name", "empty: it names the run's directory (leave it out for the file's name)")
     data.setdefault("name", Path(path).stem)
     return resolve_graph(data, str(path))
+
+
+def switched_policy(written: Any, policy: Any, overrides: list[str]) -> Any:
+    """The ``policy`` value after ``overrides`` that name a policy (``policy=NAME``, ``policy.name=NAME``):
+    the options the graph file wrote that the named policy takes are kept (``policy=async`` on a file's
+    ``{name: async, max_staleness: 2}`` keeps the 2); those it does not take are dropped, in one logged
+    line. Options the overrides set themselves are left for validation to judge."""
+    if not isinstance(written, dict) or not isinstance(written.get("name"), str):
+        return policy
+    if isinstance(policy, dict) and policy.get("name") == written["name"]:
+        return policy  # not switched: the file's options as written, for validation to judge
+    if isinstance(policy, str):
+        policy = {"name": policy}
+    if not isinstance(policy, dict) or policy.get("name") not in distribution.POLICY_OPTIONS:
+        return policy  # validation names what is wrong
+    was, name = written["name"], policy["name"]
+    fields = distribution.POLICY_OPTIONS[name].__dataclass_fields__
+    own = {o.split("=", 1)[0].removeprefix("policy.") for o in overrides if o.startswith("policy.")}
+    kept = {k: v for k, v in written.items() if k != "name" and k in fields and k not in own}
+    dropped = sorted(k for k in written if k != "name" and k not in fields and k not in own)
+    out = {**kept, **{k: v for k, v in policy.items() if k in own or k == "name" or k not in written}}
+    if dropped:
+        log.info("policy %s (the file's: %s): dropped %s, which %s does not take", name, was, ", ".join(dropped), name)
+    return out
 
 
 def resolve_graph(data: dict[str, Any], where: str) -> Graph:
