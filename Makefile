@@ -1,10 +1,13 @@
 # The two commands of the README: `make run` and `make test`. Both install what they need first.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-# The one torch pin: the CPU build, installed where no torch is (install a CUDA build of torch yourself
-# beforehand for a GPU).
+# The one torch pin, installed where no torch is. Which build comes is the package index's: PyPI's torch
+# for Linux is the CUDA build (several GB); TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU
+# build from PyTorch's own index. Install another build of torch first to keep it.
 TORCH_VERSION := 2.13.0
-TORCH := $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==$(TORCH_VERSION)
+TORCH_INDEX ?=
+TORCH := $(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==$(TORCH_VERSION) \
+	$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 .PHONY: run test install bench lint docs
 

@@ -269,7 +269,7 @@ def cmd_search(args: argparse.Namespace, graph_path: Path) -> int:
         parallel = args.workers or max(1, len(client.scheduler_info().get("workers", {})))
         records = run_search(
             client, graph_path, args.set, spaces, out, sampler=args.search, trials=trials, parallel=parallel,
-            seed=args.seeds[0], every=every, pruning=pruning, resources=one_per_job,
+            seed=args.seeds[0], every=every, pruning=pruning, resources=one_per_job, progress=not args.quiet,
         )  # fmt: skip
     print(markdown(records, [s.key for s in spaces]), end="")
     print(f"wrote {out / 'results.md'} and {out / 'results.html'}")

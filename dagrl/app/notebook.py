@@ -14,8 +14,12 @@ class LiveCurve:
     """A Trainer listener drawing mean return over env steps, redrawn at most every ``every_s`` seconds."""
 
     def __init__(self, title: str, every_s: float = 1.0):
-        import matplotlib.pyplot as plt
-        from IPython.display import display
+        try:
+            import matplotlib.pyplot as plt
+            from IPython.display import display
+        except ImportError as err:
+            raise ImportError(f"dagrl.train(live=True) draws with matplotlib in IPython ({err}): "
+                              "pip install 'dagrl[notebook]'") from None  # fmt: skip
 
         self.fig, self.ax = plt.subplots(figsize=(7, 3.2))
         plt.close(self.fig)  # shown through the display handle only

@@ -1,4 +1,5 @@
-"""A one-line live progress display: redrawn in place on a terminal, a log line every few seconds otherwise.
+"""A one-line live progress display: redrawn in place on a terminal, a log line every few seconds otherwise;
+in a notebook, tqdm's bar (:class:`NotebookProgress`), which ``dagrl.train`` shows there by default.
 
 On a terminal the line fits its width (80 columns hold all of it), and log records and warnings of
 this process (Dask's among them) are printed above the line instead of into it.
@@ -118,3 +119,43 @@ class Progress:
         if self.enabled and self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def in_notebook() -> bool:
+    """This process is a Jupyter kernel (where ``dagrl.train`` shows a progress bar unless told not to)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+class NotebookProgress:
+    """The run's progress as tqdm's notebook bar (:mod:`tqdm.auto`: a widget where ipywidgets is installed,
+    text otherwise): env steps against ``stop.env_steps`` where the graph has one, the rest of
+    :func:`format_row` beside it. The same calls as :class:`Progress`."""
+
+    def __init__(self, name: str, total: int | None):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=name, unit="step", unit_scale=True, dynamic_ncols=True)
+
+    def update(self, row: dict, force: bool = False) -> None:
+        self.bar.update(row["env_steps"] - self.bar.n)
+        ret = row.get("charts/episode_return_mean")
+        self.bar.set_postfix_str(
+            f"it {row['iteration']} ep {row['episodes']} ret {'-' if ret is None else f'{ret:.1f}'}"
+        )
+
+    def above(self, text: str) -> None:
+        self.bar.write(text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_display(enabled: bool | None, name: str, total: int | None) -> Progress | NotebookProgress:
+    """What ``dagrl.train(progress=...)`` shows: ``None`` is a bar in a notebook and nothing elsewhere."""
+    notebook = in_notebook()
+    if enabled is None:
+        enabled = notebook
+    if enabled and notebook:
+        return NotebookProgress(name, total)
+    return Progress(enabled=enabled)

@@ -231,6 +231,7 @@ def run_search(
     every: int,
     pruning: bool,
     resources: dict[str, float] | None = None,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run ``trials`` trials of the search, ``parallel`` at a time, on ``client``'s cluster; write
     ``trials.jsonl`` as they end, ``results.md``/``.json``/``.html`` at the end; the records, best first."""
@@ -251,7 +252,13 @@ def run_search(
     t0 = time.monotonic()
     with (
         (out / "trials.jsonl").open("a") as log_file,
-        tqdm(total=trials, initial=min(len(ended), trials), desc=f"dagrl sweep ({sampler})", unit="trial") as bar,
+        tqdm(
+            total=trials,
+            initial=min(len(ended), trials),
+            desc=f"dagrl sweep ({sampler})",
+            unit="trial",
+            disable=not progress,
+        ) as bar,
     ):
         while len(ended) + len(running) < trials or running:
             while len(running) < parallel and len(ended) + len(running) < trials:

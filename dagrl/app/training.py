@@ -30,7 +30,7 @@ def train(
     cluster: Any = None,
     rundir: RunDir | None = None,
     resume: dict[str, Any] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     listeners: Iterable[Callable[[dict[str, Any], Any], None]] = (),
 ) -> dict[str, Any]:
     """Train ``graph`` until a stop condition holds; return the run summary (``summary["run_dir"]``).
@@ -41,9 +41,10 @@ def train(
 
     ``client`` is a ``distributed.Client`` to run on; without one, a distributed policy starts the
     cluster of ``cluster`` (a :mod:`dagrl.clusters.spec` spec; default an embedded LocalCluster) and
-    stops it at the end. ``single`` runs in this process whatever is given. ``rundir`` defaults to
-    a new ``<runs_dir>/<name>-<timestamp>``; ``resume`` is a checkpoint to continue from. Each
-    metrics row is passed to ``listeners`` (and to the RL dashboard page when on a cluster).
+    stops it at the end. ``single`` runs in this process whatever is given. ``progress``: a live
+    progress line (``None``, the default: tqdm's bar in a notebook, nothing elsewhere). ``rundir``
+    defaults to a new ``<runs_dir>/<name>-<timestamp>``; ``resume`` is a checkpoint to continue from.
+    Each metrics row is passed to ``listeners`` (and to the RL dashboard page when on a cluster).
 
     Examples
     --------
@@ -68,7 +69,7 @@ def train(
 
         curve = LiveCurve(f"{graph.name}: {graph.spec.policy}")
         listeners = [*listeners, curve]
-    from dagrl.app.progress import Progress
+    from dagrl.app.progress import progress_display
     from dagrl.app.signals import stop_signals
     from dagrl.policies import build_policy
 
@@ -121,7 +122,7 @@ def train(
             policy,
             rundir,
             resume=resume,
-            progress=Progress(enabled=progress),
+            progress=progress_display(progress, graph.name, spec.stop.env_steps),
             curve_later=curve_later,
             stop=stop,
         )
