@@ -597,7 +597,11 @@ def parser() -> argparse.ArgumentParser:
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"
     )
 
-    tune = command("tune", help="measure this cluster and write a graph with samplers, envs and policy chosen")
+    tune = command(
+        "tune",
+        help="choose parallelism, not hyperparameters (those: dagrl sweep --search optuna, dagrl pbt): measure "
+        "this cluster and write a graph with samplers, envs and policy chosen",
+    )
     tune.add_argument("graph", help="a graph file or name")
     tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
     where = tune.add_mutually_exclusive_group()
