@@ -1,10 +1,12 @@
-"""BENCHMARKS.md's tables, made from the results the benchmarks keep (``benchmarks/results/<name>.json``).
+"""The benchmark reports' tables, made from the results the benchmarks keep (``benchmarks/results/<name>.json``).
 
-    dagrl bench report           # rewrite every generated table in BENCHMARKS.md from its JSON
+    dagrl bench report           # rewrite every generated table of the reports from its JSON
     dagrl bench report --check   # exit 1, naming them, if a table differs from its JSON (the tests run this)
 
-A generated table sits in BENCHMARKS.md between ``<!-- table: NAME -->`` and ``<!-- end table -->``,
-NAME being its JSON file's; the lines between are this script's, never typed. Each table is followed by
+The reports are BENCHMARKS.md (the short one: a brief table and a reading per benchmark) and
+``benchmarks/RESULTS.md`` (every table whole, with the notes of its run). A generated table sits between
+``<!-- table: NAME -->`` and ``<!-- end table -->``, NAME being its JSON file's, ``NAME:brief`` for the
+brief view (:data:`BRIEF`); the lines between are this script's, never typed. Each table is followed by
 the command that made its JSON and the machine it ran on, both read from the JSON.
 """
 
@@ -22,8 +24,8 @@ from typing import Any
 from _common import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORT = ROOT / "BENCHMARKS.md"
-BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+REPORTS = [ROOT / "BENCHMARKS.md", ROOT / "benchmarks" / "RESULTS.md"]
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
 def number(v: Any) -> str:
@@ -282,6 +284,58 @@ def tune(r: dict) -> list[str]:
     return markdown(header, rows, {1, 2, 3, 4, 6})
 
 
+def scaling_brief(r: dict) -> list[str]:
+    """:func:`scaling` cut to the throughput: env steps/s by sampler count, against k bare processes and SB3."""
+    policies = r["args"]["policies"]
+    sb3 = not r["args"].get("skip_sb3") and any("sb3" in x for x in r["rows"])
+    header = ["samplers", "plain \\|\\| k", *policies, f"{policies[0]} / plain\\|\\|"]
+    header += ["SB3", *(f"{p} / SB3" for p in policies)] if sb3 else []
+    rows = []
+    for x in r["rows"]:
+        row = [x["samplers"], round(x["plain || k"]) if "plain || k" in x else "", *(round(x[p]) for p in policies)]
+        row.append(x.get(f"{policies[0]} / plain||", ""))
+        row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)] if sb3 else []
+        rows.append(row)
+    return markdown(header, rows, set(range(len(header))) - {0})
+
+
+def replay_brief(r: dict) -> list[str]:
+    """:func:`replay` cut to uniform draws: a store all in RAM and one 90 % spilled, against a numpy ring."""
+    rows = []
+    for kind in ("vector", "image"):
+        k = r.get(kind)
+        if not k:
+            continue
+        ring = k["numpy ring"]["sample"]
+        for setup in ("dagrl, all in RAM", "dagrl, 90 % spilled"):
+            rows.append(
+                [
+                    f"{kind} ({k['row_bytes']:,} B)",
+                    setup,
+                    k[setup]["add"],
+                    k[setup]["sample"],
+                    k[setup]["sample"] / ring,
+                ]
+            )
+    return markdown(["rows", "store", "add rows/s", "sample rows/s", "sample / numpy ring"], rows, {2, 3, 4})
+
+
+def supervision_brief(r: dict) -> list[str]:
+    """:func:`supervision` cut to the time from the fault to a working replacement."""
+    rows = [[x["role"], x["graph"], x["notice_s"], x["total_s"]] for x in r["rows"]]
+    return markdown(["role lost", "graph", "fault -> noticed (s)", "fault -> working (s)"], rows, {2, 3})
+
+
+BRIEF: dict[str, Callable[[dict], list[str]]] = {
+    "scaling-1ms": scaling_brief,
+    "scaling-10ms": scaling_brief,
+    "replay": replay_brief,
+    "supervision": supervision_brief,
+    "supervision-hosts": supervision_brief,
+}
+"""The brief views BENCHMARKS.md shows (``<!-- table: NAME:brief -->``); RESULTS.md has the tables whole."""
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
     "impala-stability": impala_stability,
     "tune": tune,
@@ -326,13 +380,15 @@ def provenance(r: dict) -> str:
 
 
 def block(name: str) -> str:
-    path = RESULTS / f"{name}.json"
-    if name not in RENDER:
-        raise SystemExit(f"BENCHMARKS.md: table {name!r} has no renderer in {Path(__file__).name}")
+    base, _, view = name.partition(":")
+    renderers = BRIEF if view == "brief" else RENDER
+    path = RESULTS / f"{base}.json"
+    if base not in renderers or view not in ("", "brief"):
+        raise SystemExit(f"table {name!r} has no renderer in {Path(__file__).name}")
     if not path.exists():
-        raise SystemExit(f"BENCHMARKS.md: table {name!r}: no {path}")
+        raise SystemExit(f"table {name!r}: no {path}")
     result = json.loads(path.read_text())
-    return "\n".join([*RENDER[name](result), "", f"From `benchmarks/results/{name}.json`: {provenance(result)}\n"])
+    return "\n".join([*renderers[base](result), "", f"From `benchmarks/results/{base}.json`: {provenance(result)}\n"])
 
 
 def render(text: str) -> str:
@@ -343,22 +399,26 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its JSON")
     args = p.parse_args()
-    text = REPORT.read_text()
-    new = render(text)
-    stale = [
-        m.group("name")
-        for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new), strict=True)
-        if m.group(0) != n.group(0)
-    ]
-    if args.check:
-        if stale:
-            print(f"BENCHMARKS.md: tables not as their JSON gives them: {', '.join(stale)} (run `dagrl bench report`)")
-            return 1
-        print(f"BENCHMARKS.md: {len(BLOCK.findall(text))} generated tables match their JSON")
-        return 0
-    REPORT.write_text(new)
-    print(f"BENCHMARKS.md: {len(stale)} of {len(BLOCK.findall(text))} generated tables rewritten")
-    return 0
+    code = 0
+    for report in REPORTS:
+        text = report.read_text()
+        new = render(text)
+        stale = [
+            m.group("name")
+            for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new), strict=True)
+            if m.group(0) != n.group(0)
+        ]
+        where, count = report.relative_to(ROOT), len(BLOCK.findall(text))
+        if args.check:
+            if stale:
+                print(f"{where}: tables not as their JSON gives them: {', '.join(stale)} (run `dagrl bench report`)")
+                code = 1
+            else:
+                print(f"{where}: {count} generated tables match their JSON")
+            continue
+        report.write_text(new)
+        print(f"{where}: {len(stale)} of {count} generated tables rewritten")
+    return code
 
 
 if __name__ == "__main__":
