@@ -247,6 +247,7 @@ def sweep_dir(args: argparse.Namespace, base: Any, marker: str) -> Path:
 def cmd_search(args: argparse.Namespace, graph_path: Path) -> int:
     from dagrl.app.search import check, markdown, parse_space, report_every, run_search
     from dagrl.app.sweep import sweep_client
+    from dagrl.runtime.workers import workers as live_workers
 
     if args.grid:
         raise ConfigError("--grid", "", f"--search {args.search} draws from --space; --grid is the grid search's")
@@ -266,7 +267,8 @@ def cmd_search(args: argparse.Namespace, graph_path: Path) -> int:
     log.info("sweep: %s search, %d trials of %s -> %s", args.search, trials, ", ".join(s.key for s in spaces), out)
     with sweep_client(cluster, trials, args.workers, out, pool) as client:
         log.info("dashboard: %s", client.dashboard_link)
-        parallel = args.workers or max(1, len(client.scheduler_info().get("workers", {})))
+        # SLURM: as many jobs as were asked, started or not; else the workers there are
+        parallel = args.workers or (trials if pool is not None else max(1, len(live_workers(client))))
         records = run_search(
             client, graph_path, args.set, spaces, out, sampler=args.search, trials=trials, parallel=parallel,
             seed=args.seeds[0], every=every, pruning=pruning, resources=one_per_job, progress=not args.quiet,
