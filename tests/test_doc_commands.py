@@ -64,3 +64,11 @@ def test_a_command_in_the_docs_parses_and_names_a_graph_that_exists(page, line):
 def test_every_graph_file_a_page_names_exists(page):
     missing = [name for name in GRAPH_PATH.findall(page.read_text()) if not (ROOT / "graphs" / name).exists()]
     assert not missing, f"{page.relative_to(ROOT)} names {missing}"
+
+
+def test_the_design_page_stays_short():
+    """The architecture page is the short form; the detail lives in the docstrings of the modules it names."""
+    words = len((ROOT / "docs" / "architecture.md").read_text().split())
+    assert words <= 4000, f"docs/architecture.md has {words} words"
+    for module in ("dagrl/runtime/executor.py", "dagrl/policies/__init__.py", "dagrl/replay/__init__.py"):
+        assert "Design notes" in (ROOT / module).read_text(), module

@@ -457,6 +457,22 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def runs_on_a_cluster(command: argparse.ArgumentParser, what: str) -> None:
+    """The options of a command whose ``what`` are runs side by side on a cluster (``sweep``, ``pbt``)."""
+    command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
+    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
+    command.add_argument(
+        "--workers",
+        type=int,
+        help=f"local worker processes (default: one per core) or SLURM jobs (one per {what[:-1]})",
+    )
+    command.add_argument("--pool", help=f"the SLURM cluster file's pool for the {what}' jobs (default: its first)")
+    command.add_argument("--out", help=f"directory for the {what}' runs and the results (default: runs_dir/sweep-...)")
+    command.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+
+
 def parser() -> argparse.ArgumentParser:
     from dagrl import __version__
 
@@ -531,16 +547,7 @@ def parser() -> argparse.ArgumentParser:
         help="env steps between a trial's reports to the pruner (default: a tenth of stop.env_steps)",
     )  # fmt: skip
     sweep.add_argument("--no-prune", action="store_true", help="optuna: run every trial to its stop")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
-    where = sweep.add_mutually_exclusive_group()
-    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
-    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
-    sweep.add_argument(
-        "--workers", type=int, help="local worker processes (default: one per core) or SLURM jobs (one per trial)"
-    )
-    sweep.add_argument("--pool", help="the SLURM cluster file's pool for the trials' jobs (default: its first)")
-    sweep.add_argument("--out", help="directory for the trials' runs and the results (default: runs_dir/sweep-...)")
-    sweep.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    runs_on_a_cluster(sweep, "trials")
 
     pbt = command("pbt", help="population-based training: members side by side, the worst copying the best")
     pbt.add_argument("graph", help="a graph file or name")
@@ -554,14 +561,7 @@ def parser() -> argparse.ArgumentParser:
     )
     pbt.add_argument("--quantile", type=float, default=0.25, help="share of members that copy the best (default 0.25)")
     pbt.add_argument("--seed", type=int, default=1, help="member i's seed is SEED + i; draws are seeded by SEED")
-    pbt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
-    where = pbt.add_mutually_exclusive_group()
-    where.add_argument("--cluster", help="a cluster file or name (local, scheduler or slurm)")
-    where.add_argument("--scheduler", help="attach to a running Dask scheduler (workers sharing this filesystem)")
-    pbt.add_argument("--workers", type=int, help="local worker processes (default: one per core) or SLURM jobs")
-    pbt.add_argument("--pool", help="the SLURM cluster file's pool for the members' jobs (default: its first)")
-    pbt.add_argument("--out", help="directory for the members' runs and the lineage (default: runs_dir/sweep-...)")
-    pbt.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    runs_on_a_cluster(pbt, "members")
 
     ev = command(
         "eval", help="play greedy (or --stochastic) episodes with a run's checkpoint: returns, lengths, videos"

@@ -1,4 +1,41 @@
-"""The driver loop: iterations, counters, stop conditions, metrics, checkpoints and progress."""
+"""The driver loop: iterations, counters, stop conditions, metrics, checkpoints and progress.
+
+Evaluation: design notes
+------------------------
+
+An algorithm may define one ``@evaluation`` function, traced like the iteration. Roles that only it uses
+(``evaluator``) are *evaluation-only*: started only when the graph sets ``evaluate.every``, replaced in place when
+they fail (never a rollback). The driver runs the evaluation graph in lockstep between two iterations
+(``Policy.evaluate``), so a learner's ``publish`` never overlaps its ``update``, and adds its ``eval/*`` metrics to
+that iteration's row. It blocks training while it runs.
+
+``evaluate: {every: N, concurrent: true}`` runs it beside training instead (``runtime/driver.py``, ``Evaluation``):
+after iteration N the driver starts the same evaluation graph from a thread of its own and goes on with
+iteration N+1. Its ``publish`` is a fragment on the learner like any other, so it takes the learner host's lock
+and sees the weights of one whole update (those after iteration N, or a later one if the learner's worker had
+queued the next update first); the ``evaluate`` fragment runs on the evaluator's own worker, so training waits
+for neither. The row of the iteration during which it finished gets its ``eval/*`` metrics and `eval/iteration:
+N``; one runs at a time (a due one is skipped while the previous runs, counted in ``eval/skipped`); one still
+running at the stop is waited for and written to ``summary.json`` as ``eval``. Under ``single`` the thread shares
+the process, and training's numbers stay bit-identical to a run without evaluation (tested).
+
+After a run, ``dagrl eval RUN`` (``dagrl/app/evaluate.py``) runs the same evaluation graph on a checkpoint with no
+cluster: the run's ``config.yaml`` is re-resolved under ``single`` with evaluation on, only the evaluation graph's
+roles are built (in-process, on the CPU) and loaded from the checkpoint, and the executor runs `publish ->
+evaluate` once. The evaluator keeps the returns and lengths of the episodes it played
+(``EpisodeRunner.last_returns``), which the command prints and writes to ``RUN/eval/``. With ``--video``, its one
+env is wrapped in gymnasium's ``RecordVideo`` inside the sync vector env, so each file is one whole episode: the
+vector env resets that env right after its last step, which closes the file with the last frame in it (a
+vector-level recorder in same-step autoreset mode loses it).
+
+``dagrl export RUN`` (``dagrl/app/export.py``) builds the same roles the same way, but its ``EpisodeRunner`` is put
+in capture mode: the ``evaluate`` fragment loads the weights and hands over its action function (argmax of Q,
+the most likely action, the squashed mean) instead of playing. That function, with its network and the
+clipping to a ``Box`` space, is exported with ``torch.export`` (batch dimension dynamic, observations in the
+space's own dtype), saved with a ``dagrl.json`` of provenance, read back and compared with the evaluator on
+observations from the env. No algorithm has an export path of its own: what the evaluator acts with is, by
+construction, what is exported.
+"""
 
 from __future__ import annotations
 

@@ -12,6 +12,27 @@ Every trial's graph is validated before a cluster starts. The workers write into
 directory, so a cluster reached by ``--scheduler`` or started on SLURM (one worker job per trial, or
 ``--workers`` jobs, of the cluster file's first pool or ``--pool``) must share that filesystem with
 the driver, as the nodes of a SLURM cluster share their home or scratch directories.
+
+Design notes
+------------
+
+``dagrl sweep`` is the one place where a Dask task is a whole training run rather than a fragment call: the
+grid's settings times the seeds, every trial validated as a graph before a cluster starts, then one
+``client.submit(run_trial, ...)`` per trial (key ``trial-<setting>_seed-<s>-<tag>``, ``pure=False``), which loads
+the graph on the worker and trains it under ``single`` in that worker's process, writing its own run directory.
+Dask places the trials (one per worker thread; the local cluster gets one single-threaded worker per core, at
+most one per trial) and the driver gathers only summaries, as ``as_completed`` hands them back, into
+``trials.jsonl``, then ``results.md``/``results.json``. Trials run under ``single`` because independent runs use a
+cluster best side by side: a distributed policy per trial would need a cluster per trial, and on
+CartPole-sized tasks ``single`` is the fastest setting per core anyway (BENCHMARKS.md). A failing trial is the
+trial's result, not the sweep's. A trial's task resumes from its run directory's newest checkpoint when there
+is one: Dask reruns the task of a worker that died (up to ``distributed.scheduler.allowed-failures`` times), and
+a sweep started again over its directory reads back the trials with a final ``summary.json`` and resubmits only
+the rest. Each trial's metrics rows go to the RL page from its worker (``dashboard.feed.TrialFeed``:
+``Worker.log_event`` only queues the message, so the training loop does not wait); the page draws every run's
+mean return. On SLURM a sweep's workers are generic, not a graph's roles: ``slurm.jobs_cluster`` (which
+``slurm.cluster`` also runs, with one job per role replica) submits one job per trial (or ``--workers`` jobs) of
+one pool, each checked with ``sbatch --test-only`` first and resubmitted if it leaves, on a shared filesystem.
 """
 
 from __future__ import annotations

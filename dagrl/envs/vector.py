@@ -35,6 +35,18 @@ FIRE at reset); any other id is looked up in EnvPool under the same name (``Cart
 ``Pendulum-v1``, ``HalfCheetah-v5``...), its ``env.kwargs`` passed through. The graph is checked
 before anything starts: the task must exist, and its spaces must equal those of the gymnasium env
 of the same id (which evaluators and the driver still use).
+
+How ``auto`` decides, seeding and threads
+----------------------------------------
+
+``auto`` is ``sync`` for its first 18 vector steps, timed (wall time, the thread's CPU time, its
+voluntary context switches); envs that waited then move each to a thread of its own, which
+``EnvThreads`` adopts, and step as ``threads`` does from then on. Envs that computed, even on a
+machine whose cores other processes take (involuntary switches), stay in turn. On EnvPool env ``i``
+gets ``seed + i`` when the pool is made; EnvPool cannot reseed at reset, so a run on EnvPool is
+reproducible with itself, not with ``sync``. EnvPool runs a thread per core of the host unless
+``roles.<role>.vector_threads`` says otherwise: where several samplers share a host, give each the
+cores it should use (e.g. its ``resources.CPU``), or their threads contend.
 """
 
 from __future__ import annotations

@@ -21,6 +21,137 @@ The ``single`` policy uses the same executor without Dask: ``submit`` runs the f
 this process, so ``single`` and ``sync`` compute the same numbers through the same code.
 
 Routing between roles follows one rule (:func:`route`), in-process or remote.
+
+Design notes
+------------
+
+```
+ driver: submit the iteration, then wait for the small things only
+   |
+   |  publish-learner-0 ─────────────┬─────────────────────┐        (weights: future on the learner's worker)
+   |                                 v                     v
+   |                   collect-sampler-0       collect-sampler-1       (fetch the weights peer to peer,
+   |                                                                    or take them from the mailbox)
+   |                        |      \\                |      \\
+   |                        |   (report event)      |   (report event)  ──> driver: env steps, episodes
+   |                        v                        v
+   |                    update-learner-0  <── rollouts fetched worker to worker
+   |                        └─────────────────────────────────────────> driver: metrics
+```
+
+Each fragment call is a task (``dagrl.runtime.host.run_fragment``) restricted to the worker that hosts the role
+replica's actor (``workers=[address]``, ``allow_other_workers=False``); it finds the host there by id in a
+per-process registry and runs the fragment on its state. Its output stays on that worker as a future; a
+consumer task names the future among its arguments, so the consuming worker fetches it directly. The driver
+gathers only reports (env steps and finished episodes of a sampler output) and the iteration's output
+(metrics), so a rollout never crosses the driver (tested from the workers' transfer logs,
+``tests/test_dask_native.py``). Where every sampler output goes to the one output call (``sync`` PPO's ``update``)
+and nothing else reads that output, the output's own task reports the rollouts it consumed and returns them
+with the metrics (``host.Reported``), saving a task per sampler per iteration (driver CPU 29.6 -> 22.2 ms per
+iteration, 111.5 -> 106.3 ms per iteration, medians of 6 alternated runs of 25 iterations on 2 cores).
+Everywhere else (the stream of ``split-learner`` and central inference's asynchronous form, ``sync`` graphs whose
+output is read further) the sampler's own task logs its output's report as a Dask event (``Worker.log_event`` on
+a topic of the run's executor; the driver subscribes with ``Client.subscribe_topic``): one message from the
+worker through the scheduler to the driver instead of a ``report-*`` task per rollout with its own scheduling
+and fetch. A worker's messages reach the scheduler in order and the scheduler's reach the client in order, so
+the event is in hand by the time the call's future reads finished; should one ever be missing five seconds
+after that, a ``report-*`` task computes it (``executor.Announced``). Nothing else changes for supervision: the
+call's own future is what the driver waits on. Task keys are ``<fragment>-<role>-<replica>-<uuid>``, so the
+dashboard's Task Stream groups them as ``collect-sampler-0``, ``update-learner-0`` (the browser test checks that
+Dask's own ``/individual-task-stream`` page shows them during a run: ``docs/task-stream.png``).
+
+Measured before choosing this shape (2-core machine): a task round trip from the driver is ~12 ms against ~1
+ms for an actor call (Dask batches client, scheduler and worker messages every 10, 5 and 2 ms), a three-task
+chain ~26 ms. So nothing waits on one task at a time: ``sync`` submits a whole iteration at once, streams keep
+``in_flight`` (2) ``collect`` tasks queued on each sampler's worker, and a learner round is submitted as one
+graph.
+
+``sync`` also *runs ahead*: when the driver knows it will ask for iteration k+1 right after k, with nothing in
+between (no checkpoint or blocking evaluation due, no ``iterations``/``env_steps`` stop it can foresee), it
+submits k+1 together with k. Each call of k+1 also waits for the last call of k on its role (an ``after`` edge),
+so ``publish`` k+1 starts on the learner's worker as soon as ``update`` k ends, without the round trip through the
+driver, and every role state still sees the iterations in order: the numbers, and the learner in every
+checkpoint, are ``single``'s (tested). A stop the driver cannot foresee (``mean_return``, ``wall_time_s``, Ctrl-C)
+lets the iteration already submitted finish and counts it, so such a run ends one iteration past the one that
+met the condition. ``summary.json``'s totals (and its ``mean_return`` window) include that iteration; its
+``stopped_at`` holds the counters, the window and the evaluation return of the iteration that met the condition.
+A failure cancels the iteration ahead with the failed one. Measured: 73 -> 64 ms per iteration with 1 update
+epoch, 117 -> 109 ms with PPO's 20 (medians of 4 interleaved runs of 40 and 20 iterations, 2-core machine).
+
+On the learner's host, ``sync``'s samplers take the weights from a *mailbox*, and the learner the rollouts
+(``dagrl.runtime.mailbox``, ``policy: {name: sync, mailbox: true}``, the default). Running ahead removed the
+driver from the iteration's boundaries but not the scheduler: ``publish`` k+1 ended, the scheduler learnt it,
+sent each ``collect`` k+1 to its worker, and that worker fetched the weights from the learner's (14-19 ms of a
+127-159 ms CartPole iteration on 2 cores); the last ``collect`` ended, and the same again before ``update`` (7-10
+ms). With the mailbox, ``collect`` k+1 names a ticket (box, sequence number) instead of ``publish``'s future, so
+it depends on nothing of iteration k+1: it starts as soon as ``collect`` k ends and waits on its worker;
+``update`` k starts after its own ``publish`` k and waits there for every sampler's rollout. A producer writes its
+output into the box (a file on ``/dev/shm``: the pickle, then each array's bytes, out of band) and wakes the
+waiting tasks through a FIFO per waiting thread (~0.5 ms); a consumer maps the file and gets arrays that are
+views of it, so a rollout costs one copy, the writer's. Used only where it cannot block anything
+(``distribution.mail_edges``): weights from a single-instance role to a role with no other fragment in the
+iteration and none the producer depends on (``publish -> collect``), rollouts from a replicated role into a
+single-instance one, the consumer then also waiting for the fragments of its role that the producer needs
+(``update`` after ``publish``); not a replay shard's ``reprioritize``, whose ``add`` and ``sample`` the ``update`` it
+waits for needs. The consumer replica must be on the producer's host, on a worker hosting nothing else
+(``executor.mail_readers``), and ``shared_memory`` on; elsewhere values go through Dask as before, and a posting
+that finds no room on ``/dev/shm`` says so, its consumer then fetching the producer's output through Dask. A
+failure cancels the iteration as before and aborts its postings, so no task waits on for values that will not
+come: the driver writes the abort into the box itself where it shares the host, else the waiting workers do
+(``Client.run``, from a thread of the driver's: a reader that just died, such as a killed learner, holds the
+scheduler's broadcast for the 30 s connect timeout, which recovery must not wait out); a producer that raised
+posts its error, and a consumer that hears it first is not blamed (the executor blames the producer). A
+producer's next posting removes its own previous one (every consumer of it has ended by then; keyed by role
+replica and fragment, since one worker may hold a learner replica and a sampler whose postings are read at
+different times); the box goes at the run's end, and those of killed processes with the next sweep.
+``dp-learners`` uses it the same way (each learner replica posts its weights and gathers its own samplers'
+rollouts). A replica's ``update`` all-reduces its gradients, which holds its worker's thread until every peer
+has joined, so it also waits for the iteration's earlier calls on its own worker: a sampler there whose
+rollout a peer waits for has run first (without that edge, both waited for gloo's 120 s timeout in 4 of 10
+runs on 2 cores). The numbers stay ``single``'s (tested, with and without the mailbox); ``sync`` PPO on CartPole
+ran 6-13 % faster with it, and as fast as before the redesign (BENCHMARKS.md). A task that waits in the
+mailbox is a running task to Dask, so its bar in the Task Stream spans the wait (a ``collect`` bar then covers
+most of the ``update`` before it). The wait and the read are metered apart through Dask's fine performance
+metrics (``distributed.metrics.context_meter``): the dashboard's *Fine Performance Metrics* page shows
+``mailbox-wait`` and ``mailbox-read`` for ``collect-sampler`` and ``update-learner``, and they leave those tasks'
+``thread-noncpu`` and ``thread-cpu`` (tested).
+
+**Streams** (``async``, ``apex``, ``split-learner``, asynchronous ``central-inference``; the hub and its messages in
+``runtime/stream.py``, the loops in ``runtime/loops.py``, the driver's side in ``runtime/watch.py``, what each
+policy chooses in ``policies/pull.py``). The engine before the streams (removed after ``0e27a49``; BENCHMARKS.md
+keeps its figures) put the driver and the scheduler in each rollout's path: a collect was issued, finished and
+reported before the next went out, one scheduler round trip each way, ~100 ms per iteration under load on 2
+cores; with 8 samplers ``async`` ran at 0.22 of 8 x one sampler, and with a 10 ms env it was flat at ~190
+steps/s from 4 to 64 samplers. Now each sampler runs its fragment in a loop, one long-running task on its
+worker (it secedes from the worker's pool), and hands each rollout to a hub, a Dask actor beside the learner
+whose sampler-facing methods are ``async`` (a waiting sampler holds no thread), by Dask's actor RPC worker to
+worker; under ``apex`` it stores the rollout in its replay shard itself and the hub gets the report. The learner
+loops beside the hub: take, update, publish a new weights version, which each sampler fetches between rollouts
+when the reply to its last put says there is a newer one. Backpressure is the hub's: a put that fills it is
+answered once the learner has taken some, so a sampler waits before its next collect, not with a rollout that
+ages. The driver polls the hub at most 20 times a second, receives the finished rounds (one iteration each)
+and grants the rounds the learner may run before it must act itself (a checkpoint, a blocking evaluation, a
+foreseeable stop: ``Trainer.horizon``), so checkpoints hold exactly what the counters say. The loops call other
+workers' actors by Dask's RPC directly rather than through ``distributed.Actor``: the proxy holds every call to
+an actor whose worker died until the actor comes back, which a pinned one never does (a killed learner's
+samplers hung on it). A learner rollback opens a new hub; the old one, if it answers, refuses every later put
+and redirects its sampler there. Measured (BENCHMARKS.md): 0.86-0.91 of 8 x one sampler at 1 ms/step,
+0.95-1.01 from 4 to 32 samplers at 10 ms (0.60-0.80 at 64, where the 2 cores are busy), the driver's CPU per
+env step falling as samplers grow.
+
+What dagrl still places itself, and why: Dask's ``resources=`` are held only while a task runs, so an actor
+releases its slot right after its constructor and Dask would stack every actor on one worker.
+``dagrl.runtime.placement`` therefore chooses a worker per role replica (GPU roles on workers advertising ``GPU``,
+custom resources, ``CPU`` against threads, one actor per worker where possible) and pins the actor there;
+fragment tasks then follow their actor with a ``workers=`` restriction, which is Dask's own machinery.
+Supervision watches the futures: a fragment that raised is blamed on the call that raised (not its consumers),
+a worker that left while any call of the iteration was pending or held an output is ``lost``, a call pending
+past ``hang_timeout_s`` is ``hung``.
+
+Weights reach samplers once per version: ``publish`` is a future on the learner's worker that every ``collect`` of
+that version names; a sampler worker keeps its copy while it has queued collects. Dask's ``sizeof`` is taught to
+count dataclass outputs (a ``Rollout``), so its memory accounting, spilling and transfer logs see their real
+size.
 """
 
 from __future__ import annotations

@@ -8,6 +8,16 @@ On a worker, fragments do not reach the host through actor calls: each fragment 
 by its id. Dask runs tasks on the worker's thread pool and actor methods (``state_dict``, ``info``)
 on a separate actor thread, so the host serialises them with a lock: one fragment at a time per
 role state, and a checkpoint never sees half an update.
+
+When the run ends, ``Policy.close`` closes every host at once, on its worker, before releasing the
+actors: the state's own ``close`` if it has one (a replay's prefetch thread), every vector env
+``RoleContext.make_envs`` made (env threads, env subprocesses, EnvPool) and a sampler's inference
+socket. An algorithm whose state holds other resources gives it a ``close()``. A replaced host is
+closed the same way if it raised, and only released if its worker was lost or hung. A host whose
+fragment is still running after 8 s (an env that hangs as the run ends) is not waited for on the
+actor thread, which is the worker's only one and every actor there shares: it refuses new fragments
+from then on, and the fragment closes the state when it returns. A kept cluster (a notebook's) then
+serves the next run's actors on that worker.
 """
 
 from __future__ import annotations

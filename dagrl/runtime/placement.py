@@ -1,4 +1,28 @@
-"""Choosing a worker for every role replica (Dask holds no resources for actors, so dagrl does)."""
+"""Choosing a worker for every role replica (Dask holds no resources for actors, so dagrl does).
+
+Devices and resources: design notes
+-----------------------------------
+
+A role with ``resources: {GPU: 1}`` is placed on a worker advertising ``GPU`` and its state factory gets
+``ctx.device == "cuda"`` when that worker has CUDA. Without one, the host falls back to CPU and the driver logs
+one line; ``gpu_fallback: false`` turns that into an error before any cluster starts (local clusters) or at
+actor start (remote clusters). Weights cross processes as CPU numpy arrays.
+
+A learner on a GPU whose networks are small spends its time launching kernels, not running them. SAC, TD3 and
+DQN take ``cuda_graphs: true``: their learner roles wrap one gradient step in
+``dagrl.nn.cuda_graphs.CapturedStep``, which runs the first three calls eagerly on a side stream (lazy
+initialisation), then captures the step once and replays it: each call copies its batch into the graph's input
+tensors and replays one launch. That holds because a step's other tensors keep their storage (weights arriving
+from the other role are copied into the parameters in place, Adam runs with ``capturable=True`` so its state
+lives on the device, and the noise comes from a generator registered with the graph, so each replay draws new
+numbers). Loading a checkpoint replaces the optimizer's state, so the load drops the graph and the next calls
+capture again; it also sets ``capturable`` to what the device wants, so a checkpoint written by a capturing GPU
+learner resumes on a CPU. TD3's critic has two captured steps, with and without the delayed Polyak update; DQN
+copies its target network between replays, in place. Data-parallel DQN learners step as written: their
+gradient all-reduce is not captured. Capture uses CUDA's thread-local mode, because two roles sharing a GPU
+worker run their fragments on two threads at once. This is compute inside a role and knows nothing of Dask; on
+the CPU the option changes nothing.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,24 @@
-"""A run directory: resolved config, per-iteration metrics, checkpoints and the learning curve."""
+"""A run directory: resolved config, per-iteration metrics, checkpoints and the learning curve.
+
+Design notes
+------------
+
+``runs/<name>-<YYYYmmdd-HHMMSS>/``: ``config.yaml`` (the resolved graph, defaults filled in), ``metrics.jsonl`` (one
+row per iteration: counters, ``charts/*``, ``losses/*``, ``perf/*``), ``checkpoints/ckpt-<iteration>.pt`` (newest
+``checkpoint.keep``), ``summary.json``, ``curve.html``, ``actors.json`` (where each role actor runs: written at the
+start, again after each iteration in which supervision replaced a role, and at the end with each instance's
+busy seconds), ``events.jsonl`` (restarts, rollbacks), ``.lock``. One process trains into a run directory at a
+time: ``dagrl.train`` and ``dagrl run`` hold an advisory ``flock`` on ``.lock`` (which names the holder's pid) while
+they run, so a ``--resume`` of a run that is still going, or a second ``--run-dir`` into it, stops with `DIR is in
+use by another dagrl process (pid N)` before writing anything, instead of interleaving its metrics and
+checkpoints with the first's. The system drops the lock when the holder ends, however it ends. `dagrl run
+--resume DIR` reads the newest checkpoint and continues the counters; samplers restart with seeds shifted by
+the iteration count so they do not replay the same episodes. The stop window comes back from the checkpoint; a
+restarted sampler's episodes join it only once every one of its envs has finished an episode
+(``Episodes.in_window``, set by ``EpisodeTracker``), because the first to finish after a reset of all envs are the
+shortest, and where length and return go together (Pong) a window of them stopped a resumed run on 20.9 with a
+true mean near 18.
+"""
 
 from __future__ import annotations
 

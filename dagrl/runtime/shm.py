@@ -18,7 +18,9 @@ envelope; a consumer on the producing worker unwraps it itself (:func:`unwrap`).
 Slots are named ``dagrl-shm-<sender pid>-<random>`` and live until :func:`sweep` removes them: a
 run's end sweeps every worker's own slots, and anyone's sweep removes those whose sender is gone
 (a killed worker). A slot whose receiver died, or still holds the arrays, stays busy; the sender
-uses its other slots, then frames.
+uses its other slots, then frames. ``posix_fallocate`` reserves a slot's pages when it is made, so a
+full ``/dev/shm`` is an error there (and a fallback to frames), never a SIGBUS later.
+``shared_memory: false`` in a graph turns all of it off.
 """
 
 from __future__ import annotations

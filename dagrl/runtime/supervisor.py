@@ -12,13 +12,85 @@ worker (its ``remove-worker`` event, :class:`~dagrl.runtime.workers.Departures`)
 * ``raised``: the fragment raised (an env error in ``step`` names the env id, with its traceback).
 
 :meth:`Supervisor.replace` recreates the role replica on a live worker. Who calls it, and what is
-restored, is the role's ``recover`` (``@role(..., recover=...)``, see ``docs/architecture.md``):
+restored, is the role's ``recover`` (``@role(..., recover=...)``, see the design notes below):
 ``replace`` roles (samplers, replay shards, evaluators) are replaced in place by the policy and the
 iteration goes on (a sampler gets current weights with its next call, a replay shard reopens its
 zarr store); ``rollback`` roles (learners) are replaced by the driver, which rolls the run back to
 the last checkpoint. More than
-``max_restarts`` restarts of one role within ``window_s`` is a crash loop: :class:`CrashLoop`
+``max_restarts`` restarts of one role within ``window_s`` is a crash loop: :class:``CrashLoop``
 stops the run, naming the role, the worker and the exception, and the last checkpoint stays.
+
+Design notes
+------------
+
+Dask does not rebuild an actor whose worker died, so every remote call is *watched*. A call on a dead worker
+does not fail by itself: Dask waits for the actor's task (or a task pinned to that worker) to come back, which
+for a role never happens. The driver hears the scheduler remove a worker (its ``remove-worker`` event,
+``dagrl.runtime.workers.Departures``), and every call waiting on that worker fails then, as ``lost``. It listens
+on each role worker's own event topic, not on the scheduler's ``all``: Dask keeps one handler per topic and
+client, and a user's own handler of ``all`` on the same client would replace dagrl's (or dagrl's the user's). A
+call that waits is also checked every ``poll_s`` against the scheduler's worker list, and one running past
+``hang_timeout_s`` is *hung* (its worker is restarted, the only way to stop a stuck thread). That list is asked
+of the scheduler each time (``dagrl.runtime.workers.workers``), never read from ``client.scheduler_info()``: that
+returns the client's cached identity, which the client's own refresh replaces every 2 s with one holding no
+workers, and a check that read it just then found every role's worker gone (a killed sampler was once blamed
+on the learner, which was rolled back for nothing). A fragment that raises is a failure too; envs are wrapped
+so their errors name the env id and the role replica and carry the env's traceback.
+
+What happens is the role's ``recover``, declared beside its replication and independent of it: `@role("sampler",
+many=True)`` defaults to ``recover="replace"``, ``@role("learner")`` to ``recover="rollback"`, and
+``@role("evaluator", recover="replace")`` is a single instance that is nevertheless replaced in place (it holds
+no run state). One component decides, for every policy: ``runtime/recovery.Recovery`` turns a ``RoleFailure`` into
+an action from that declaration and the graph, and carries out those the run goes on after; a policy reports
+what failed (and whose failure it is: a sampler that cannot reach the inference role reports the role's loss
+when the role does not answer either) and does what its shape needs next (redo the iteration, restart a
+sampler's loop, serve again). ``Recovery.attempt`` runs a piece of work again after each failure it recovers (an
+iteration, an evaluation, a checkpoint's states); ``RoleFailure`` is caught there and in the driver only.
+
+* sampler, evaluator, inference role (``recover="replace"``): action: replace; who carries it out: ``Recovery``,
+  in place; what is restored: nothing: current weights go with the next call; lost: the rollout in flight
+  (``sync``: the iteration is redone)
+* replay shard (``replace``): action: replace; who carries it out: ``Recovery``, in place; the loops that call it
+  restart on the replacement; what is restored: the store reopens from its zarr path; lost: rows not yet
+  flushed/spilled
+* sampler lost with its worker, above the replicas a growing stream started with (``max_replicas``): action:
+  drop; who carries it out: ``Recovery``; its slot waits for a worker that joins; what is restored: nothing;
+  lost: the rollout in flight
+* a stream's learner replica past the first, lost with its worker (``async``/``apex`` with
+  ``roles.learner.replicas: K``): action: regroup; who carries it out: ``Recovery``;
+  ``runtime/groups.Groups.regroup``: replica 0's state to every replica, the group formed anew, the learner loop
+  restarted on the same hub; what is restored: nothing: the survivors hold identical weights; lost: the round
+  in progress and its rollouts
+* learner (``rollback``); any replica of a ``dp-learners`` group, or a stream group's replica 0 (a replica that
+  raised because a peer was lost is not blamed: the peer is): action: roll back; who carries it out: the
+  driver; what is restored: every single-instance role from the last checkpoint; counters go back to it;
+  metrics rows of redone iterations are dropped; lost: iterations since that checkpoint
+
+Replacements go to a live worker that fits the role, preferring one with no actor (the nanny's restarted
+worker, within ~2 s here). After ``respawn_after_s`` (15 s) without one, on a LocalCluster of the driver's
+process whose nanny did not bring the dead worker back (seen on a loaded 2-core machine), the worker's spec
+entry is replaced by a copy under a new name and a fresh worker starts in its place (same resources and
+environment), so the cluster keeps its size; on a cluster reached by address the replacement shares the least
+loaded worker that fits. A replacement's seed is shifted so it does not replay its predecessor's episodes.
+More than ``max_restarts`` failures of one role within ``window_s`` is a crash loop: the run stops with the role,
+worker, exception and traceback, keeping the last checkpoint. The driver writes a checkpoint at iteration 0,
+so a learner that dies early has something to go back to, and refuses to write one whose weights hold NaN/inf.
+Restarts and rollbacks are lines of ``events.jsonl``; each metrics row carries ``sup/restarts`` and
+``sup/restarts/<role>``. On SLURM a worker *job* that ends under the run (preemption, ``scancel``, walltime) is
+resubmitted in the same pool by ``slurm.Resubmitter`` (a worker name missing for 3 s; at most 3 times per
+worker), and the supervisor places the lost role on the new worker (8 s from ``scancel`` to a working sampler on
+the test SLURM).
+
+A host cut off by a partition closes no socket, and Dask's worker TTL is 5 minutes. On a cluster spanning
+several hosts the supervisor compares each worker's last heartbeat with the newest: one ``probe_after_s`` (2 s)
+behind has its address asked for a TCP connection from the scheduler (``runtime/workers.answers``, 1 s to
+answer). The host's kernel completes that handshake whatever the worker process is doing, so a worker busy in
+a long fragment answers and keeps its roles; a host behind the partition does not, and its worker is removed
+from the scheduler and its roles replaced (4.7 s from the cut to a working learner on emulated hosts). One
+that answers but stays silent for ``unreachable_s`` (10 s) goes the same way. On clusters large enough for Dask
+to space heartbeats out (1 s from 11 workers, 2 s from 50, more from 200) both bounds rise to at least 2 and 5
+heartbeat intervals, so a worker between two beats is not probed for it (``lateness_bounds``). A worker heard
+from again after it was cut off is restarted: what it still runs belongs to roles replaced meanwhile.
 """
 
 from __future__ import annotations

@@ -11,6 +11,27 @@ the channels (what Stable-Baselines3's ``VecFrameStack`` and ``VecTransposeImage
 
 Height and width are :data:`dagrl.spaces.images.MIN_IMAGE_SIDE` pixels at least; anything smaller is no image
 and is flattened to a vector instead.
+
+Image observations: design notes
+--------------------------------
+
+An observation space of ``uint8`` ``[C, H, W]`` at least 36 pixels high and wide (``dagrl.spaces.images.is_image``:
+stacked grayscale frames, as gymnasium's Atari wrappers give; a channels-last ``[H, W, C]`` one and a stack of
+frames are made one where envs are made, see above) gets the Nature CNN (``networks.NatureCNN``, scaling to [0,
+1] inside; ``hyperparameters.cnn: impala``: IMPALA's residual CNN, ``networks.ImpalaCNN``, in its place) as
+PPO's/IMPALA's shared trunk, with a linear actor and critic head, and as DQN's Q-network with one linear
+layer; SAC and TD3 give their actor a trunk of its own and their twin critics one trunk for both, each
+followed by the usual MLP (``networks.encoder``; the critic's losses train its trunk, the actor's loss its own).
+With ``share_encoder: true`` their actor trains only its head, on the critic's CNN features read without
+gradient (DrQ-v2's actor); the actor copies the critic's trunk into its policy at each exchange, so samplers,
+evaluators and exports act with it. Any other space keeps the MLPs (checkpoint keys unchanged). Samplers store
+observations with ``networks.obs_array``: images stay ``uint8`` in rollouts, through Dask (whose ``sizeof`` then
+counts the real bytes) and into the learner, which converts minibatches on its device; DQN's replay stores
+them as ``uint8`` rows (zarr compresses Atari frames well). ``dagrl.envs:BrightHalf-v0`` (which half of a noisy
+84x84 image is bright) is the smallest task that proves the path learns (``graphs/ppo-brighthalf.yaml``,
+``graphs/dqn-brighthalf.yaml``, and with a continuous action ``graphs/sac-brighthalf.yaml`` and
+``graphs/td3-brighthalf.yaml``; ``tests/test_images.py``); ``dagrl.envs:Atari-v0`` is an ALE game behind gymnasium's
+standard wrappers (``graphs/ppo-atari.yaml``, ``graphs/dqn-atari-apex.yaml``).
 """
 
 from __future__ import annotations
