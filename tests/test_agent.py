@@ -138,6 +138,18 @@ def test_a_recurrent_agent_carries_its_state_and_starts_episodes_from_zeros(tmp_
 
     assert play(Forgetful(), env, seed, episodes=3)[0] != returns
 
+    # the ONNX export of the same policy: observations and state in, actions and the state after out
+    assert main(["export", str(rundir.path), "--format", "onnx", "--out", str(tmp_path / "lstm.onnx")]) == 0
+    session = onnxruntime.InferenceSession(str(tmp_path / "lstm.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["obs", "state0", "state1"]
+    obs, state = np.stack(seen[:8]), None
+    h = c = np.zeros((8, 64), np.float32)
+    for _ in range(3):  # three steps, each from the state the step before left
+        want, state = agent.predict(obs, state)
+        got, h, c = session.run(None, {"obs": obs, "state0": h, "state1": c})
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(h, state[0], atol=1e-5)
+
 
 def test_a_multi_agent_run_answers_per_group_and_for_every_agent(tmp_path):
     _, rundir = train("graphs/mappo-spread-single.yaml", tmp_path, ["stop.iterations=1", "stop.mean_return=null"])

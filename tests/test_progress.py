@@ -91,3 +91,18 @@ def test_workers_sharing_the_terminal_write_their_stderr_to_a_file(tmp_path):
     for line in ("distributed - WARNING - Event loop was unresponsive", "UserWarning: a gymnasium warning"):
         assert line in text, text
     assert "from-a-child-process" in text
+
+
+def test_a_notebook_gets_tqdms_bar_by_default_and_a_terminal_nothing(monkeypatch, capsys):
+    from dagrl.app import progress
+
+    monkeypatch.setattr(progress, "in_notebook", lambda: False)
+    assert isinstance(progress.progress_display(None, "run", 1000), progress.Progress)
+    assert not progress.progress_display(None, "run", 1000).enabled
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    bar = progress.progress_display(None, "ppo-cartpole", 1000)
+    assert isinstance(bar, progress.NotebookProgress)
+    bar.update({"iteration": 3, "env_steps": 768, "episodes": 40, "time_s": 1.0, "charts/episode_return_mean": 21.5})
+    assert bar.bar.n == 768 and bar.bar.total == 1000 and "ret 21.5" in str(bar.bar)
+    bar.close()
+    assert not isinstance(progress.progress_display(False, "run", 1000), progress.NotebookProgress)
