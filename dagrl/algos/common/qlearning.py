@@ -51,7 +51,7 @@ class Config:
     eps_end: float = 0.05
     """Epsilon at the end of the schedule."""
     eps_steps: int = 10_000
-    """Env steps (per sampler) over which epsilon decays linearly."""
+    """Env steps of the run (all samplers together) over which epsilon decays linearly."""
     per_sampler_epsilon: bool = False
     """Ape-X: a fixed epsilon per sampler instead of the schedule."""
     apex_eps: float = 0.4
@@ -119,7 +119,9 @@ class SamplerState:
         if c.per_sampler_epsilon:
             spread = self.index / (self.replicas - 1) if self.replicas > 1 else 0.0
             return c.apex_eps ** (1 + c.apex_alpha * spread)
-        frac = min(1.0, self.steps_done / max(c.eps_steps, 1))
+        # the run's env steps, as every sampler's own times their number (they step at one pace): the
+        # schedule ends at eps_steps of the run whatever the sampler count, as under `single`
+        frac = min(1.0, self.steps_done * self.replicas / max(c.eps_steps, 1))
         return c.eps_start + frac * (c.eps_end - c.eps_start)
 
 
