@@ -1,14 +1,15 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|multiagent|mappo-paper]
+    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|acrobot|multiagent|mappo-paper]
                          [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
 Each graph runs for its budget of env steps once per seed (``single`` graphs in this process;
 distributed ones on an embedded LocalCluster with ``--cluster``). Per run: the final return (mean of
 the last 10 training episodes), the last evaluation return (greedy policy, the graph's ``evaluate``),
-env steps/s and wall time. Beside each: the published reference for the same algorithm and env,
-at the same budget where a source gives one, else the nearest budget the sources give (said in
+env steps/s and wall time, and the env steps until the mean training return first reached the graph's
+own ``stop.mean_return`` (median over the seeds that did). Beside each: the published reference for the
+same algorithm and env, at the same budget where a source gives one, else the nearest budget the sources give (said in
 the table). Numbers are carried from the cited pages; no code is.
 
 ``--final-eval N`` (default 10) then plays N greedy episodes with each run's final checkpoint
@@ -51,6 +52,8 @@ PRESETS = {
     ],
     "cartpole": ["ppo-cartpole-single:50000", "dqn-cartpole-single:50000"],
     "recurrent": ["ppo-lstm-cartpole-novel:100000"],
+    # the same DQN in one process and under apex (one gradient step per env step both ways): env steps to -100
+    "acrobot": ["dqn-acrobot-single:100000", "dqn-acrobot-apex:100000"],
     # a central critic against independent ones, the same budget and seeds (no published figure in these units)
     "multiagent": ["mappo-spread-single:300000", "ippo-spread-single:300000"],
     # MAPPO on the game the MAPPO paper's code plays, in one process and (with --cluster) under async
@@ -120,9 +123,18 @@ def final_eval(path: Path, episodes: int) -> list[float] | None:
     return result.returns
 
 
+def to_target(rows: list[dict[str, Any]], target: float | None) -> int | None:
+    """The env steps of the first row whose mean training return (over the last ``WINDOW`` episodes)
+    reaches ``target`` (the graph's own ``stop.mean_return``); ``None``: never, or no target."""
+    if target is None:
+        return None
+    return next((r["env_steps"] for r in rows if (r.get("charts/episode_return_mean") or -1e18) >= target), None)
+
+
 def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any, episodes: int = 0) -> dict[str, Any]:
     path = out / f"{graph_name}-s{seed}"
     rundir = RunDir(path)
+    target = load_graph(f"graphs/{graph_name}.yaml").spec.stop.mean_return
     overrides = [f"seed={seed}", f"stop.env_steps={budget}", "stop.mean_return=null", f"stop.window={WINDOW}"]
     overrides += ["stop.wall_time_s=null", f"runs_dir={out}"]
     graph = load_graph(f"graphs/{graph_name}.yaml", overrides)
@@ -153,6 +165,8 @@ def run_one(graph_name: str, budget: int, seed: int, out: Path, client: Any, epi
         "eval_at": next((r["env_steps"] for r in reversed(rows) if "eval/return_mean" in r), None),
         "final_eval": None if final is None else statistics.mean(final),
         "final_eval_episodes": 0 if final is None else len(final),
+        "target": target,
+        "to_target": to_target(rows, target),
         "wall_s": summary["elapsed_s"],
         "steps_per_s": summary["env_steps"] / summary["elapsed_s"],
         "curve": [
@@ -207,6 +221,7 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "final_return": _mean_pm(finals),
             "eval_return": _mean_pm(evals) + (f" @ {first['eval_at'] / 1000:.0f}k" if evals else ""),
             "final_eval": _mean_pm(finals_eval) + (f" ({first['final_eval_episodes']} ep)" if finals_eval else ""),
+            "to_target": _to_target(mine),
             "steps/s": statistics.mean(r["steps_per_s"] for r in mine),
             "wall_s": statistics.mean(r["wall_s"] for r in mine),
             "published": "none carried" if ref is None else _published(ref),
@@ -214,6 +229,16 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         rows.append(row)
     return rows
+
+
+def _to_target(runs: list[dict[str, Any]]) -> str:
+    """``12,288 (3/3) to -100``: the median env steps to the graph's target over the seeds that reached it."""
+    target = runs[0].get("target")
+    if target is None:
+        return "-"
+    reached = sorted(r["to_target"] for r in runs if r.get("to_target") is not None)
+    median = f"{statistics.median(reached):,.0f}" if reached else "never"
+    return f"{median} ({len(reached)}/{len(runs)}) to {target:g}"
 
 
 def _published(ref: dict[str, Any]) -> str:
@@ -325,7 +350,8 @@ def main() -> None:
             print(f"[{len(runs) + 1}/{total}] {name} seed {seed}, {budget:,} env steps", flush=True)
             runs.append(run_one(name, budget, seed, args.out, client, args.final_eval))
     rows = aggregate(runs)
-    columns = ["graph", "steps", "seeds", "final_return", "eval_return", "final_eval", "published", "steps/s", "wall_s"]
+    columns = ["graph", "steps", "seeds", "final_return", "eval_return", "final_eval", "to_target", "published"]
+    columns += ["steps/s", "wall_s"]
     print(table(rows, columns))
     (args.out / "results.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
     md = ["| " + " | ".join(columns + ["source"]) + " |", "|" + "---|" * (len(columns) + 1)]

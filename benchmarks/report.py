@@ -192,6 +192,15 @@ def dashboard(r: dict) -> list[str]:
 
 
 def learning(r: dict) -> list[str]:
+    if any("to_target" in x for x in r["table"]):  # runs since 2026-12-07: the env steps to the graph's target
+        rows = [
+            [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], x["to_target"], x["published"],
+             round(x["steps/s"]), f"{x['wall_s']:.0f} s"]
+            for x in r["table"]
+        ]  # fmt: skip
+        header = ["graph", "env steps", "seeds", "final (training episodes)", "final checkpoint",
+                  "env steps to target (median)", "published", "env steps/s", "wall"]  # fmt: skip
+        return markdown(header, rows, {1, 2, 7, 8})
     rows = [
         [x["graph"], x["steps"], x["seeds"], x["final_return"], x["final_eval"], x["published"], round(x["steps/s"]),
          f"{x['wall_s']:.0f} s"]

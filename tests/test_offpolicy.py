@@ -340,3 +340,35 @@ def test_the_env_step_rate_is_what_the_run_made_per_second_of_wall_time(policy, 
         assert row["perf/env_steps_per_s"] == pytest.approx(row["env_steps"] / row["time_s"], rel=1e-2)
     last = rows[-1]
     assert f" sps {_si(last['env_steps'] / last['time_s']):>6} " in format_row(last)  # not a busy-time rate
+
+
+def test_exploration_fraction_sets_the_decay_from_the_runs_budget_and_needs_one(graphs_dir):
+    from dagrl.core.schema import ConfigError
+    from dagrl.runtime.hosts import role_context
+
+    graph = load_graph(f"{graphs_dir}/dqn-cartpole-single.yaml", ["hyperparameters.exploration_fraction=0.25"])
+    state = dqn.sampler(role_context(graph, "sampler", 0), graph.config)
+    assert state.eps_steps == 0.25 * graph.spec.stop.env_steps
+    state.steps_done = state.eps_steps // 2
+    assert state.epsilon() == pytest.approx(1.0 + 0.5 * (graph.config.eps_end - 1.0))
+    no_budget = ["hyperparameters.exploration_fraction=0.25", "stop.env_steps=null"]
+    with pytest.raises(ConfigError, match="exploration_fraction needs stop.env_steps"):
+        load_graph(f"{graphs_dir}/dqn-cartpole-single.yaml", no_budget)
+
+
+@pytest.mark.parametrize(("double", "td"), [(True, 1.0), (False, 1.0 - 0.99 * 3.0)])
+def test_plain_dqn_values_the_next_state_by_the_target_networks_own_maximum(graphs_dir, double, td):
+    """Q = its last layer's bias (the other weights zero): online [1, 0], target [0, 3]. Double DQN bootstraps
+    from the target's value of the online network's pick (0: 0.0), plain DQN from the target's maximum (3.0)."""
+    from dagrl.runtime.hosts import role_context
+
+    graph = load_graph(f"{graphs_dir}/dqn-cartpole-single.yaml", [f"hyperparameters.double={str(double).lower()}"])
+    state = dqn.learner(role_context(graph, "learner", 0), graph.config)
+    for net, bias in ((state.q, [1.0, 0.0]), (state.target, [0.0, 3.0])):
+        for weights in net.parameters():
+            torch.nn.init.zeros_(weights)
+        net[-1].bias.data = torch.tensor(bias)
+    b = {"obs": torch.zeros(1, 4), "next_obs": torch.zeros(1, 4), "action": torch.tensor([0]),
+         "reward": torch.tensor([0.0]), "terminated": torch.tensor([False]), "weight": torch.ones(1)}  # fmt: skip
+    out = dqn.learner_step(state, b)
+    assert float(out["q_mean"]) == 1.0 and float(out["td"][0]) == pytest.approx(abs(td))

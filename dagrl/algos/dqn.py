@@ -97,7 +97,8 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     rng = np.random.default_rng(ctx.seed)
     done = ctx.per_replica(ctx.env_steps)  # a resumed run or a replacement: epsilon as the run has got to
     recorder = Recorder(envs.num_envs, cfg.n_step, cfg.gamma)
-    return SamplerState(cfg, envs, q, rng, obs, recorder, ctx.index, ctx.replicas, done)
+    decay = cfg.epsilon_steps(ctx.env_steps_budget)
+    return SamplerState(cfg, envs, q, rng, obs, recorder, ctx.index, ctx.replicas, done, decay)
 
 
 @role("replay", many=True)
@@ -147,12 +148,15 @@ def collect(state: SamplerState, weights: Weights) -> Transitions:
 
 
 def learner_step(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One Double-DQN gradient step on batch ``b`` (``b["weight"]``: importance weights); returns the
-    loss, the mean Q and |TD error| per row."""
+    """One Double-DQN (``double: false``: DQN) gradient step on batch ``b`` (``b["weight"]``: importance
+    weights); returns the loss, the mean Q and |TD error| per row."""
     cfg = state.cfg
     with torch.no_grad():
-        next_action = state.q(b["next_obs"].float()).argmax(1, keepdim=True)
-        next_q = state.target(b["next_obs"].float()).gather(1, next_action).squeeze(1)
+        target_q = state.target(b["next_obs"].float())
+        if cfg.double:  # the online network chooses, the target network values
+            next_q = target_q.gather(1, state.q(b["next_obs"].float()).argmax(1, keepdim=True)).squeeze(1)
+        else:
+            next_q = target_q.max(1).values
         discount = b.get("discount", cfg.gamma)  # n-step rows carry theirs
         target = b["reward"] + discount * (1.0 - b["terminated"].float()) * next_q
     q = state.q(b["obs"].float()).gather(1, b["action"].long().unsqueeze(1)).squeeze(1)

@@ -185,7 +185,7 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
     lstm = tuple(s[0].numpy() for s in q.initial(n))
     return SamplerState(
         cfg, envs, q, np.random.default_rng(ctx.seed), obs, recorder, ctx.index, ctx.replicas, done,
-        lstm=lstm, starts=np.ones(n, np.float32),
+        cfg.epsilon_steps(ctx.env_steps_budget), lstm=lstm, starts=np.ones(n, np.float32),
     )  # fmt: skip
 
 
@@ -252,8 +252,10 @@ def sequence_loss(state: LearnerState, b: dict[str, torch.Tensor]) -> dict[str, 
     rewards = b["reward"].transpose(0, 1)[B:]
     length = b["length"].long()
     with torch.no_grad():
-        best = q_online.argmax(-1, keepdim=True)
-        boot = q_target.gather(-1, best).squeeze(-1)  # [L + 1, N]
+        if cfg.double:  # the online network chooses, the target network values
+            boot = q_target.gather(-1, q_online.argmax(-1, keepdim=True)).squeeze(-1)  # [L + 1, N]
+        else:
+            boot = q_target.max(-1).values
         if cfg.value_rescale:
             boot = unrescale(boot)
         goal = targets(rewards, length, b["terminated"], boot, cfg.gamma, cfg.n_step)

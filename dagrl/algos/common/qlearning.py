@@ -52,6 +52,12 @@ class Config:
     """Epsilon at the end of the schedule."""
     eps_steps: int = 10_000
     """Env steps of the run (all samplers together) over which epsilon decays linearly."""
+    exploration_fraction: float | None = None
+    """The share of the run's ``stop.env_steps`` over which epsilon decays (Stable-Baselines3's and the
+    rl-zoo's name); set, it replaces ``eps_steps``."""
+    double: bool = True
+    """Double DQN (van Hasselt et al., 2016): the online network picks the next action, the target network
+    values it; ``false``: the target network's own maximum (DQN as Mnih et al., 2015, and SB3's ``DQN``)."""
     per_sampler_epsilon: bool = False
     """Ape-X: a fixed epsilon per sampler instead of the schedule."""
     apex_eps: float = 0.4
@@ -84,6 +90,24 @@ class Config:
         at_least(self, 0, "learning_starts", "per_alpha")
         positive(self, "lr", "max_grad_norm")
         unit_interval(self, "gamma", "eps_start", "eps_end", "apex_eps", "per_beta")
+        if self.exploration_fraction is not None and not 0 < self.exploration_fraction <= 1:
+            raise ValueError(f"exploration_fraction must be in (0, 1], got {self.exploration_fraction}")
+
+    def check_budget(self, env_steps: int | None) -> None:
+        """Refuse, before any cluster starts, what the run's ``stop.env_steps`` (``None``: none) rules out."""
+        if self.exploration_fraction is not None and env_steps is None:
+            raise ValueError("exploration_fraction needs stop.env_steps (epsilon decays over that share of it)")
+
+    def epsilon_steps(self, budget: int | None) -> int:
+        """The env steps of the run over which epsilon decays: ``exploration_fraction`` of the run's budget
+        where set, else ``eps_steps``.
+
+        >>> Config(exploration_fraction=0.12).epsilon_steps(100_000)
+        12000
+        """
+        if self.exploration_fraction is None or budget is None:
+            return self.eps_steps
+        return max(1, round(self.exploration_fraction * budget))
 
 
 class DuelingHead(nn.Module):
@@ -113,6 +137,8 @@ class SamplerState:
     index: int
     replicas: int
     steps_done: int = 0
+    eps_steps: int | None = None
+    """The run's env steps over which epsilon decays (:meth:`Config.epsilon_steps`); ``None``: ``cfg.eps_steps``."""
 
     def epsilon(self) -> float:
         c = self.cfg
@@ -121,7 +147,8 @@ class SamplerState:
             return c.apex_eps ** (1 + c.apex_alpha * spread)
         # the run's env steps, as every sampler's own times their number (they step at one pace): the
         # schedule ends at eps_steps of the run whatever the sampler count, as under `single`
-        frac = min(1.0, self.steps_done * self.replicas / max(c.eps_steps, 1))
+        decay = self.eps_steps if self.eps_steps is not None else c.eps_steps
+        frac = min(1.0, self.steps_done * self.replicas / max(decay, 1))
         return c.eps_start + frac * (c.eps_end - c.eps_start)
 
 
