@@ -36,6 +36,9 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
 * **plain || k**: k such loops at once, one process each, no Dask: what the machine itself allows k
   samplers (on 2 cores, 8 processes contend for the CPU even when their envs sleep). ``/ plain||``
   is a policy's throughput over it: the framework's share of the loss, apart from the machine's.
+* **plain at cores**: where k samplers outnumber the cores, the same k x ``envs`` envs in one such loop per
+  core (two processes of 16 envs for 8 samplers of 4 on 2 cores): what a hand-written program would run
+  on this machine; ``/ plain cores`` is a policy's throughput over it.
 * **SB3**: Stable-Baselines3 PPO on a ``SubprocVecEnv`` of k x ``envs`` env processes (the same total
   envs), the graph's n_steps, epochs and minibatch, timed the same way (up to ``--sb3-max`` samplers:
   k x envs processes).
@@ -164,15 +167,13 @@ def plain_loop(args: argparse.Namespace, cost: str) -> float:
     return done / (time.perf_counter() - t0)
 
 
-def _plain_process(args: argparse.Namespace, cost: str, index: int, start: Any, out: Any) -> None:
+def _plain_process(args: argparse.Namespace, cost: str, index: int, start: Any, out: Any, envs: int) -> None:
     """One of :func:`plain_parallel`'s loops: built, then timed from the moment every loop is built."""
     import torch
 
     torch.set_num_threads(1)
     env_kwargs = {"step_ms": args.step_ms, "cost": cost}
-    ctx = RoleContext(
-        "sampler", index, 1, seed=index, env_id=ENV, num_envs=args.envs, vector="sync", env_kwargs=env_kwargs
-    )
+    ctx = RoleContext("sampler", index, 1, seed=index, env_id=ENV, num_envs=envs, vector="sync", env_kwargs=env_kwargs)
     state = ppo.sampler(ctx, ppo.Config(num_steps=NUM_STEPS))
     weights = {k: v.detach().numpy().copy() for k, v in state.agent.state_dict().items()}
     ppo.collect(state, weights)
@@ -183,14 +184,16 @@ def _plain_process(args: argparse.Namespace, cost: str, index: int, start: Any, 
     out.put(done / (time.perf_counter() - t0))
 
 
-def plain_parallel(k: int, args: argparse.Namespace, cost: str) -> float:
-    """Total env steps/s of ``k`` plain loops running at once in ``k`` processes (spawned: this
-    process runs a LocalCluster's threads, which a fork would copy mid-flight)."""
+def plain_parallel(k: int, args: argparse.Namespace, cost: str, envs: int | None = None) -> float:
+    """Total env steps/s of ``k`` plain loops running at once in ``k`` processes of ``envs`` envs each
+    (default ``--envs``; spawned: this process runs a LocalCluster's threads, which a fork would copy
+    mid-flight)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(k), ctx.Queue()
-    procs = [ctx.Process(target=_plain_process, args=(args, cost, i, start, out), daemon=True) for i in range(k)]
+    envs = envs or args.envs
+    procs = [ctx.Process(target=_plain_process, args=(args, cost, i, start, out, envs), daemon=True) for i in range(k)]
     for proc in procs:
         proc.start()
     try:
@@ -343,6 +346,9 @@ def main() -> None:
                 if k <= args.plain_max:
                     row["plain || k"] = plain if k == 1 else plain_parallel(k, args, cost)
                     print(f"[{cost}] plain || {k}: {row['plain || k']:,.0f} steps/s", flush=True)
+                if k > cores and k * args.envs % cores == 0:  # the same envs in a process per core
+                    row["plain at cores"] = plain_parallel(cores, args, cost, k * args.envs // cores)
+                    print(f"[{cost}] plain at {cores} cores: {row['plain at cores']:,.0f} steps/s", flush=True)
                 for policy in args.policies:
                     r = dagrl(policy, k, args, cost, client, root)
                     base.setdefault(policy, r["steps_s"])
@@ -355,6 +361,8 @@ def main() -> None:
                     row[f"{policy} machine busy"] = r["machine_busy"]
                     if "plain || k" in row:
                         row[f"{policy} / plain||"] = r["steps_s"] / row["plain || k"]
+                    if "plain at cores" in row:
+                        row[f"{policy} / plain cores"] = r["steps_s"] / row["plain at cores"]
                     runs.append({"cost": cost, "samplers": k, "policy": policy, **r})
                     cpu, net = r["driver_cpu_ms_per_1k_steps"], r["net_cpu_ms_per_1k_steps"]
                     print(
@@ -369,9 +377,10 @@ def main() -> None:
                     for policy in args.policies:
                         row[f"{policy}/sb3"] = row[policy] / row["sb3"]
                 rows.append(row)
-    cols = ["cost", "samplers", "envs", "plain x k", "plain || k"]
+    cols = ["cost", "samplers", "envs", "plain x k", "plain || k", "plain at cores"]
     for policy in args.policies:
-        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} cpu", f"{policy} net cpu"]
+        cols += [policy, f"{policy} eff", f"{policy} / plain||", f"{policy} / plain cores", f"{policy} cpu"]
+        cols += [f"{policy} net cpu"]
         cols += [f"{policy} in env", f"{policy} learner busy", f"{policy} machine busy"]
     if not args.skip_sb3:
         cols += ["sb3"] + [f"{policy}/sb3" for policy in args.policies]
