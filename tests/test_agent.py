@@ -170,3 +170,32 @@ def test_loading_what_is_not_a_run_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="dagrl.load.*does not exist"):
         dagrl.load(tmp_path / "missing")
     assert main(["export", str(tmp_path), "--format", "onnx"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("graph_file", "overrides"),
+    [
+        ("graphs/td3-pendulum-single.yaml", ["hyperparameters.learning_starts=64"]),
+        ("graphs/impala-cartpole.yaml", ["policy=single"]),
+        ("graphs/impala-lstm-cartpole-novel.yaml", ["policy=single"]),
+        ("graphs/r2d2-cartpole-novel.yaml", ["policy=single"]),
+        ("graphs/ppo-brighthalf.yaml", ["policy=single"]),
+        ("graphs/ippo-spread-single.yaml", []),
+    ],
+    ids=["td3", "impala", "impala-lstm", "r2d2", "ppo-images", "ippo"],
+)
+def test_every_algorithm_loads_as_an_agent_that_acts_in_its_env(tmp_path, graph_file, overrides):
+    if "spread" in graph_file:
+        pytest.importorskip("mpe2")
+    _, rundir = train(graph_file, tmp_path, [*overrides, "stop.iterations=2", "stop.mean_return=null"])
+    agent = dagrl.load(rundir.path)
+    env = agent.make_env()
+    obs, _ = env.reset(seed=0)
+    state = None
+    for deterministic in (True, False, True):
+        action, state = agent.predict(obs, state, deterministic=deterministic)
+        assert env.action_space.contains(np.asarray(action, env.action_space.dtype)), action
+        obs = env.step(action if np.ndim(action) else action.item())[0]
+    assert (state is not None) == agent.recurrent
+    batch, _ = agent.predict(np.stack([obs, obs, obs]))
+    assert len(batch) == 3
