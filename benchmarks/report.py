@@ -297,12 +297,17 @@ def scaling_brief(r: dict) -> list[str]:
     """:func:`scaling` cut to the throughput: env steps/s by sampler count, against k bare processes and SB3."""
     policies = r["args"]["policies"]
     sb3 = not r["args"].get("skip_sb3") and any("sb3" in x for x in r["rows"])
-    header = ["samplers", "plain \\|\\| k", *policies, f"{policies[0]} / plain\\|\\|"]
+    cores = any("plain at cores" in x for x in r["rows"])  # runs since 2026-12-07
+    header = ["samplers", "plain \\|\\| k", *(["plain at cores"] if cores else []), *policies]
+    header += [f"{policies[0]} / plain\\|\\|", *([f"{policies[0]} / plain at cores"] if cores else [])]
     header += ["SB3", *(f"{p} / SB3" for p in policies)] if sb3 else []
     rows = []
     for x in r["rows"]:
-        row = [x["samplers"], round(x["plain || k"]) if "plain || k" in x else "", *(round(x[p]) for p in policies)]
+        row = [x["samplers"], round(x["plain || k"]) if "plain || k" in x else ""]
+        row += [round(x["plain at cores"]) if "plain at cores" in x else ""] if cores else []
+        row += [round(x[p]) for p in policies]
         row.append(x.get(f"{policies[0]} / plain||", ""))
+        row += [x.get(f"{policies[0]} / plain cores", "")] if cores else []
         row += [round(x["sb3"]) if "sb3" in x else "", *(x.get(f"{p}/sb3", "") for p in policies)] if sb3 else []
         rows.append(row)
     return markdown(header, rows, set(range(len(header))) - {0})
