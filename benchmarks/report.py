@@ -135,18 +135,22 @@ def scaling(r: dict) -> list[str]:
     shares of the run."""
     policies = r["args"]["policies"]
     busy = any(f"{p} learner busy" in x for x in r["rows"] for p in policies)  # runs since 2026-11-29
-    header = ["samplers", "plain x k", "plain \\|\\| k"]
+    cores = any("plain at cores" in x for x in r["rows"])  # runs since 2026-12-07
+    header = ["samplers", "plain x k", "plain \\|\\| k", *(["plain at cores"] if cores else [])]
     for p in policies:
-        header += [p, "eff", "/ plain\\|\\|", "CPU ms / 1k steps (net)"]
+        header += [p, "eff", "/ plain\\|\\|", *(["/ plain at cores"] if cores else []), "CPU ms / 1k steps (net)"]
         header += ["learner / machine busy"] if busy else []
     sb3 = not r["args"].get("skip_sb3")
     header += ["SB3", *(f"{p} / SB3" for p in policies)] if sb3 else []
     rows = []
     for x in r["rows"]:
         row = [x["samplers"], round(x["plain x k"]), round(x["plain || k"]) if "plain || k" in x else ""]
+        row += [round(x["plain at cores"]) if "plain at cores" in x else ""] if cores else []
         for p in policies:
             cpu = f"{number(x[f'{p} cpu'])} ({number(x[f'{p} net cpu'])})"
-            row += [round(x[p]), x[f"{p} eff"], x.get(f"{p} / plain||", ""), cpu]
+            row += [round(x[p]), x[f"{p} eff"], x.get(f"{p} / plain||", "")]
+            row += [x.get(f"{p} / plain cores", "")] if cores else []
+            row.append(cpu)
             if busy:
                 shares = (x.get(f"{p} learner busy"), x.get(f"{p} machine busy"))
                 row += [" / ".join("" if v is None else f"{v:.2f}" for v in shares)]
@@ -341,6 +345,8 @@ def supervision_brief(r: dict) -> list[str]:
 
 
 BRIEF: dict[str, Callable[[dict], list[str]]] = {
+    "scaling-0.2ms": scaling_brief,
+    "scaling-5ms": scaling_brief,
     "scaling-1ms": scaling_brief,
     "scaling-10ms": scaling_brief,
     "replay": replay_brief,
@@ -372,6 +378,9 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "scaling-1ms": scaling,
     "scaling-10ms": scaling,
     "scaling-10ms-16cores": scaling,
+    "scaling-0.2ms": scaling,
+    "scaling-5ms": scaling,
+    "learning-acrobot": learning,
     "scaling-learners": scaling_learners,
     "seed": seed,
     "learning-multiagent": learning,
