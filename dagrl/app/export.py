@@ -191,7 +191,8 @@ def _onnx_installed() -> None:
 def _save_onnx(
     path: Path, program: torch.export.ExportedProgram, policy: nn.Module, args: tuple, info: dict[str, Any]
 ) -> None:
-    """``program`` as an ONNX model at ``path``, ``info`` in its metadata; checked as :func:`_check` checks."""
+    """``program`` as an ONNX model at ``path``, ``info`` in its metadata; checked in onnxruntime
+    (:func:`_acts_alike`) before it replaces what was there."""
     import onnxruntime
 
     n = len(args) - 1
@@ -210,17 +211,14 @@ def _save_onnx(
     tmp = path.with_name(path.name + ".tmp")
     onnx.save(str(tmp))
     session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-    inputs = [args, tuple(a[:1] for a in args)]
-    with torch.no_grad():
-        for x in inputs:
-            want = _outputs(policy(*x))
-            got = session.run(None, {k: v.numpy() for k, v in zip(names, x, strict=True)})
-            if any(
-                w.shape != g.shape or not np.allclose(w.float().numpy(), g, atol=1e-4)
-                for w, g in zip(want, got, strict=True)
-            ):
-                tmp.unlink()
-                raise RuntimeError(f"{path}: the ONNX policy acts unlike the evaluator's in onnxruntime; not written")
+
+    def run(*x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feed = {k: v.numpy() for k, v in zip(names, x, strict=True)}
+        return tuple(torch.as_tensor(out) for out in session.run(None, feed))
+
+    if not _acts_alike(policy, run, args, atol=1e-4):
+        tmp.unlink()
+        raise RuntimeError(f"{path}: the ONNX policy acts unlike the evaluator's in onnxruntime; not written")
     tmp.replace(path)
 
 
@@ -258,17 +256,23 @@ def _observations(envs: Any, steps: int) -> torch.Tensor:
 
 
 def _check(path: Path, policy: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-    """The file read back acts as ``policy`` on ``args`` (the observations, then any state), and on the
-    first row alone; a recurrent policy also from the state its first step left."""
+    """The file read back acts as ``policy`` (:func:`_acts_alike`)."""
     loaded = torch.export.load(path).module()
+    if not _acts_alike(policy, lambda *x: _outputs(loaded(*x)), args, atol=1e-5):
+        path.unlink()
+        raise RuntimeError(f"{path}: the exported policy acts unlike the evaluator's; removed")
+
+
+def _acts_alike(policy: nn.Module, run: Any, args: tuple[torch.Tensor, ...], atol: float) -> bool:
+    """``run`` (an exported form of ``policy``, its outputs as a tuple) gives ``policy``'s outputs on ``args``
+    (the observations, then any state), on the first row alone, and for a recurrent policy also from the
+    state its first step left."""
     inputs = [args, tuple(a[:1] for a in args)]
     with torch.no_grad():
         if len(args) > 1:
             inputs.append((args[0], *_outputs(policy(*args))[1:]))
-        pairs = [(w, g) for x in inputs for w, g in zip(_outputs(policy(*x)), _outputs(loaded(*x)), strict=True)]
-    if any(w.shape != g.shape or not torch.allclose(w.float(), g.float(), atol=1e-5) for w, g in pairs):
-        path.unlink()
-        raise RuntimeError(f"{path}: the exported policy acts unlike the evaluator's; removed")
+        pairs = [(w, g) for x in inputs for w, g in zip(_outputs(policy(*x)), run(*x), strict=True)]
+    return all(w.shape == g.shape and torch.allclose(w.float(), g.float(), atol=atol) for w, g in pairs)
 
 
 def _outputs(out: Any) -> tuple[torch.Tensor, ...]:

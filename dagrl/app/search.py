@@ -247,7 +247,7 @@ def run_search(
     ended = [t for t in found.trials if t.state.is_finished()]
     for stale in (t for t in found.trials if not t.state.is_finished()):  # a search stopped while it ran
         found.tell(stale.number, state=optuna.trial.TrialState.FAIL)
-    records = [_record(t, out) for t in ended]
+    records = [_recorded(t, out) for t in ended]
     running: dict[Any, Any] = {}
     t0 = time.monotonic()
     with (
@@ -264,9 +264,9 @@ def run_search(
             while len(running) < parallel and len(ended) + len(running) < trials:
                 trial = found.ask(distributions)
                 overrides = [*sets, *(f"{k}={v}" for k, v in trial.params.items()), f"seed={seed}", "policy=single"]
-                run_dir = out / f"trial-{trial.number:03d}"
-                args = (path, overrides, str(run_dir.resolve()), journal, trial.number, every, pruning)
-                key = f"trial-{trial.number:03d}-{out.name}"
+                where = trial_dir(out, trial.number)
+                args = (path, overrides, str(where.resolve()), journal, trial.number, every, pruning)
+                key = f"{where.name}-{out.name}"  # the Task Stream shows each trial by its number
                 running[client.submit(run_trial, *args, key=key, pure=False, resources=resources)] = trial
             done, _ = wait(list(running), return_when="FIRST_COMPLETED")
             for future in done:
@@ -285,9 +285,10 @@ def run_search(
 
 
 def _tell(found: Any, trial: Any, future: Any, out: Path) -> dict[str, Any]:
+    """Tell the study how the trial of ``future`` ended; its record."""
     import optuna
 
-    state, value, summary, error = optuna.trial.TrialState.COMPLETE, None, None, None
+    state, value, summary, error = optuna.trial.TrialState.COMPLETE, None, {}, None
     try:
         summary = future.result()
     except Exception as err:  # one trial's failure is the trial's, not the search's
@@ -301,32 +302,39 @@ def _tell(found: Any, trial: Any, future: Any, out: Path) -> dict[str, Any]:
         value = objective(summary)
         state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
     found.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+    return _record(trial.number, trial.params, state, value, summary, out, error)
+
+
+def _recorded(trial: Any, out: Path) -> dict[str, Any]:
+    """A trial an earlier search over this directory ended, as :func:`_tell` recorded it."""
+    summary = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((trial_dir(out, trial.number) / "summary.json").read_text())
+    value = trial.value
+    if value is None and trial.intermediate_values:  # pruned: its last report
+        value = trial.intermediate_values[max(trial.intermediate_values)]
+    return _record(trial.number, trial.params, trial.state, value, summary, out)
+
+
+def _record(
+    number: int, params: dict, state: Any, value: float | None, summary: dict, out: Path, error: str | None = None
+) -> dict[str, Any]:
+    pruned = state.name == "PRUNED"
     return {
-        "trial": trial.number,
-        "params": trial.params,
+        "trial": number,
+        "params": params,
         "state": state.name.lower(),
         "value": value,
-        "env_steps": (summary or {}).get("env_steps"),
-        "stop_reason": (summary or {}).get("stop_reason") or ((summary or {}).get("pruned") and "pruned"),
-        "run_dir": str(out / f"trial-{trial.number:03d}"),
+        "env_steps": summary.get("env_steps"),
+        "stop_reason": "pruned" if pruned else summary.get("stop_reason"),
+        "run_dir": str(trial_dir(out, number)),
         **({"error": error} if error else {}),
     }
 
 
-def _record(trial: Any, out: Path) -> dict[str, Any]:
-    """A trial an earlier search over this directory ended, as :func:`_tell` recorded it."""
-    summary = {}
-    with contextlib.suppress(OSError, ValueError):
-        summary = json.loads((out / f"trial-{trial.number:03d}" / "summary.json").read_text())
-    return {
-        "trial": trial.number,
-        "params": trial.params,
-        "state": trial.state.name.lower(),
-        "value": trial.value if trial.value is not None else (max(trial.intermediate_values.values(), default=None)),
-        "env_steps": summary.get("env_steps"),
-        "stop_reason": summary.get("stop_reason", "pruned" if trial.state.name == "PRUNED" else None),
-        "run_dir": str(out / f"trial-{trial.number:03d}"),
-    }
+def trial_dir(out: Path, number: int) -> Path:
+    """The run directory of trial ``number`` of the search in ``out``."""
+    return out / f"trial-{number:03d}"
 
 
 def markdown(records: list[dict[str, Any]], keys: list[str]) -> str:
