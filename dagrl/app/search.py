@@ -132,18 +132,22 @@ def report_every(graph: Any, every: int | None) -> int:
 
 
 def study(out: Path, sampler: str, seed: int, pruning: bool) -> Any:
-    """The sweep's study in ``out/study.journal`` (loaded where an earlier search left one)."""
+    """The sweep's study in ``out/study.journal`` (loaded where an earlier search left one). The sampler is
+    seeded with ``seed`` plus the trials already there, so a search started again draws new settings."""
     import optuna
 
-    chosen = optuna.samplers.RandomSampler(seed=seed) if sampler == "random" else optuna.samplers.TPESampler(seed=seed)
-    return optuna.create_study(
+    found = optuna.create_study(
         study_name=STUDY,
         storage=_storage(str(out / "study.journal")),
-        sampler=chosen,
         pruner=_pruner(pruning),
         direction="maximize",
         load_if_exists=True,
     )
+    seed += len(found.trials)
+    found.sampler = (
+        optuna.samplers.RandomSampler(seed) if sampler == "random" else optuna.samplers.TPESampler(seed=seed)
+    )
+    return found
 
 
 def _storage(journal: str) -> Any:
@@ -169,11 +173,12 @@ class Reporter:
         found = optuna.load_study(study_name=STUDY, storage=storage, pruner=_pruner(pruning))
         trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(STUDY), number)
         self.trial = optuna.trial.Trial(found, trial_id)
-        self.every, self.next, self.last = every, every, None
+        self.every, self.next, self.last, self.env_steps = every, every, None, 0
 
     def __call__(self, row: dict[str, Any], _: Any) -> None:
         import optuna
 
+        self.env_steps = row["env_steps"]
         value = row.get("charts/episode_return_mean")
         if value is not None and not math.isnan(value):
             self.last = float(value)
@@ -205,7 +210,7 @@ def run_trial(
     try:
         return train(graph, rundir=rundir, listeners=[reporter])
     except optuna.TrialPruned as pruned:
-        return {"pruned": str(pruned), "mean_return": reporter.last}
+        return {"pruned": str(pruned), "mean_return": reporter.last, "env_steps": reporter.env_steps}
 
 
 def objective(summary: dict[str, Any]) -> float | None:
