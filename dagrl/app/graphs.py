@@ -54,27 +54,24 @@ def load_graph(path: str | Path, overrides: list[str] | None = None) -> Graph:
 
 
 def switched_policy(written: Any, policy: Any, overrides: list[str]) -> Any:
-    """The ``policy`` value after ``overrides`` that name a policy (``policy=NAME``, ``policy.name=NAME``):
-    the options the graph file wrote that the named policy takes are kept (``policy=async`` on a file's
-    ``{name: async, max_staleness: 2}`` keeps the 2); those it does not take are dropped, in one logged
-    line. Options the overrides set themselves are left for validation to judge."""
-    if not isinstance(written, dict) or not isinstance(written.get("name"), str):
-        return policy
-    if isinstance(policy, dict) and policy.get("name") == written["name"]:
-        return policy  # not switched: the file's options as written, for validation to judge
-    if isinstance(policy, str):
-        policy = {"name": policy}
-    if not isinstance(policy, dict) or policy.get("name") not in distribution.POLICY_OPTIONS:
+    """The ``policy`` value after ``overrides`` that name another policy (``policy.name=NAME``; ``policy=NAME``
+    comes here as that): the options the graph file wrote that the named policy takes are kept (``policy=async``
+    on a file's ``{name: async, max_staleness: 2}`` keeps the 2); those it does not take are dropped, in one
+    logged line. Options the overrides set themselves are left for validation to judge."""
+    if not (isinstance(written, dict) and isinstance(policy, dict)) or policy.get("name") == written.get("name"):
+        return policy  # not switched: as written, for validation to judge
+    name = policy.get("name")
+    if name not in distribution.POLICY_OPTIONS:
         return policy  # validation names what is wrong
-    was, name = written["name"], policy["name"]
     fields = distribution.POLICY_OPTIONS[name].__dataclass_fields__
     own = {o.split("=", 1)[0].removeprefix("policy.") for o in overrides if o.startswith("policy.")}
-    kept = {k: v for k, v in written.items() if k != "name" and k in fields and k not in own}
     dropped = sorted(k for k in written if k != "name" and k not in fields and k not in own)
-    out = {**kept, **{k: v for k, v in policy.items() if k in own or k == "name" or k not in written}}
     if dropped:
-        log.info("policy %s (the file's: %s): dropped %s, which %s does not take", name, was, ", ".join(dropped), name)
-    return out
+        log.info(
+            "policy %s (the file's: %s): dropped %s, which %s does not take", name, written.get("name"),
+            ", ".join(dropped), name,
+        )  # fmt: skip
+    return {k: v for k, v in policy.items() if k not in dropped}
 
 
 def resolve_graph(data: dict[str, Any], where: str) -> Graph:
