@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -153,6 +155,22 @@ def test_data_parallel_replicas_get_distinct_workers_first_and_on_replacement():
     avoid = frozenset({"tcp://0"})  # where the other replica lives
     assert place_one("learner", RoleSpec(replicas=2), workers, load, True, avoid) == "tcp://1"
     assert place_one("learner", RoleSpec(replicas=2), {"tcp://0": {}}, {}, True, avoid) is None
+
+
+def test_samplers_go_to_the_learners_hosts_evenly_before_other_hosts():
+    """Two GPU learners on hosts n1 and n2, a CPU-only host a3: the samplers fill the learners' hosts'
+    free workers, half on each, and only then a3's; with no learner named, a3 (first by address) fills first."""
+    workers = {f"tcp://{h}:{p}": {"host": h, "resources": {"GPU": 1} if p == 0 and h != "a3" else {}}
+               for h in ("n1", "n2", "a3") for p in range(4)}  # fmt: skip
+    roles = {"sampler": RoleSpec(replicas=8), "learner": RoleSpec(replicas=2, resources={"GPU": 1})}
+    out = place(roles, workers, near=["learner"])
+    assert {out[("learner", i)] for i in range(2)} == {"tcp://n1:0", "tcp://n2:0"}
+    hosts = collections.Counter(workers[out[("sampler", i)]]["host"] for i in range(8))
+    assert hosts == {"n1": 3, "n2": 3, "a3": 2}
+    first = [workers[out[("sampler", i)]]["host"] for i in range(6)]
+    assert sorted(first) == ["n1"] * 3 + ["n2"] * 3  # the learners' hosts before a3
+    plain = place(roles, workers)  # without near: the least-loaded workers by address
+    assert collections.Counter(workers[plain[("sampler", i)]]["host"] for i in range(8))["a3"] == 4
 
 
 @pytest.mark.parametrize(("graph_file", "vector"), [("ppo-cartpole-single", "sync"), ("ppo-cartpole-sync", "threads")])

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrl.core.context import RoleContext
+from dagrl.core.distribution import data_parallel_roles
 from dagrl.core.graph import Graph
 from dagrl.envs.wrappers import parse as parse_wrappers
 from dagrl.runtime.host import CLOSE_WAIT_S, Done, RoleHost
@@ -296,7 +297,8 @@ def start_actors(
     start = start or Start()
     workers = live_workers(client)
     wanted = {r: graph.spec.roles[r] for r in (roles or graph.active_roles)}
-    placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback)
+    learners = [r for r in data_parallel_roles(graph.algorithm) if r in wanted]
+    placement = place(wanted, workers, gpu_fallback=graph.spec.gpu_fallback, near=learners)
     futures = {key: _submit(client, graph, *key, addr, start) for key, addr in placement.items()}
     hosts: dict[str, list[Handle]] = {role: [] for role in wanted}
     for (role, i), fut in sorted(futures.items()):

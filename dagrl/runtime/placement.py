@@ -26,7 +26,7 @@ the CPU the option changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from dagrl.core.graph import RoleSpec
@@ -37,15 +37,21 @@ class PlacementError(RuntimeError):
 
 
 def place(
-    roles: Mapping[str, RoleSpec], workers: Mapping[str, Mapping[str, Any]], *, gpu_fallback: bool = True
+    roles: Mapping[str, RoleSpec],
+    workers: Mapping[str, Mapping[str, Any]],
+    *,
+    gpu_fallback: bool = True,
+    near: Collection[str] = (),
 ) -> dict[tuple[str, int], str]:
     """Map each ``(role, replica)`` to a worker address, one role actor per worker where possible.
 
     ``workers`` is :func:`dagrl.runtime.workers.workers`: address -> info with ``resources``.
-    Roles asking for a GPU go first, onto workers advertising ``GPU``; the rest spread over the
-    least-loaded workers; a worker *named* ``<role>-<i>`` (SLURM's per-role jobs) takes replica i of
-    that role. ``CPU`` is checked against a worker's threads; any other resource must be advertised by
-    the worker (``dask worker --resources "SSD=1"``).
+    Roles asking for a GPU go first, onto workers advertising ``GPU``, then the roles in ``near``
+    (the learners); the rest spread over the least-loaded workers, preferring, among those, the hosts
+    of the ``near`` roles' replicas, evenly over them (rollouts travel the shortest way to a learner).
+    A worker *named* ``<role>-<i>`` (SLURM's per-role jobs) takes replica i of that role. ``CPU`` is
+    checked against a worker's threads; any other resource must be advertised by the worker
+    (``dask worker --resources "SSD=1"``).
 
     Examples
     --------
@@ -53,6 +59,10 @@ def place(
     >>> w = {"tcp://a": {"resources": {"GPU": 1}}, "tcp://b": {"resources": {}}}
     >>> place({"sampler": RoleSpec(replicas=1), "learner": RoleSpec(resources={"GPU": 1})}, w)
     {('learner', 0): 'tcp://a', ('sampler', 0): 'tcp://b'}
+    >>> w = {f"tcp://{h}:{p}": {"host": h} for h in ("n1", "n2") for p in (1, 2, 3)}
+    >>> out = place({"learner": RoleSpec(replicas=1), "sampler": RoleSpec(replicas=2)}, w, near=["learner"])
+    >>> sorted(host_of(w, a) for a in out.values())
+    ['n1', 'n1', 'n1']
     """
     if not workers:
         raise PlacementError("the cluster has no workers")
@@ -60,7 +70,8 @@ def place(
     free_gpu = {addr: float(info.get("resources", {}).get("GPU", 0)) for addr, info in workers.items()}
     out: dict[tuple[str, int], str] = {}
     taken: set[tuple[str, str]] = set()
-    order = sorted(roles.items(), key=lambda kv: -kv[1].gpus)
+    order = sorted(roles.items(), key=lambda kv: (-kv[1].gpus, kv[0] not in near))
+    drawn: dict[str, int] = {}  # per host of a near role's replica: the other replicas placed on it
     for name, spec in order:
         for i in range(spec.replicas):
             candidates = [a for a in load if _fits(spec, workers[a])]
@@ -75,16 +86,34 @@ def place(
             named = [a for a in candidates if workers[a].get("name") == f"{name}-{i}" and load[a] == 0]
             if named:  # a worker started for this replica (SLURM's per-role jobs)
                 candidates = named
-            addr = min(  # least loaded; among equals, one without this role (data-parallel replicas)
-                candidates,
-                key=lambda a: (load[a], (name, a) in taken, -free_gpu[a] if spec.gpus else free_gpu[a]),
+            addr = min(  # least loaded; among equals, one without this role (data-parallel replicas),
+                candidates,  # then the learners' hosts, the least drawn first
+                key=lambda a: (
+                    load[a],
+                    (name, a) in taken,
+                    drawn.get(host_of(workers, a), len(out) + 1),
+                    -free_gpu[a] if spec.gpus else free_gpu[a],
+                ),
             )
+            if name in near:
+                drawn.setdefault(host_of(workers, addr), 0)
+            elif host_of(workers, addr) in drawn:
+                drawn[host_of(workers, addr)] += 1
             if spec.gpus > 0 and free_gpu[addr] >= spec.gpus:
                 free_gpu[addr] -= spec.gpus
             load[addr] += 1
             taken.add((name, addr))
             out[(name, i)] = addr
     return out
+
+
+def host_of(workers: Mapping[str, Mapping[str, Any]], address: str) -> str:
+    """The host of worker ``address``: the scheduler's ``host``, else the address's own."""
+    host = workers.get(address, {}).get("host")
+    if host:
+        return str(host)
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
 def _fits(spec: RoleSpec, info: Mapping[str, Any]) -> bool:
