@@ -33,6 +33,7 @@ from dagrl.core.context import RoleContext
 from dagrl.core.fragment import Manifest, evaluation, fragment, iteration, role
 from dagrl.nn.cuda_graphs import CapturedStep, step_means, wants_graphs
 from dagrl.nn.encoders import CNN, encoder
+from dagrl.nn.networks import Widths, hidden_layers
 from dagrl.replay import ReplayState, Sample, Schema, Transitions
 from dagrl.replay.record import Recorder
 from dagrl.replay.role import UpdateResult, add, reprioritize, sample, shard_draws
@@ -57,7 +58,7 @@ __all__ = [
 
 
 def q_network(
-    obs_space: gym.Space, act_space: gym.Space, hidden: int, dueling: bool = False, cnn: CNN = "nature"
+    obs_space: gym.Space, act_space: gym.Space, hidden: Widths, dueling: bool = False, cnn: CNN = "nature"
 ) -> nn.Module:
     """An MLP over vector observations; over ``uint8`` images the CNN ``cnn`` names; then one linear layer,
     or with ``dueling`` a :class:`DuelingHead`.
@@ -73,15 +74,12 @@ def q_network(
     if is_image(obs_space):
         trunk, width = encoder(obs_space, hidden, cnn)
         return nn.Sequential(trunk, DuelingHead(width, n) if dueling else nn.Linear(width, n))
-    if isinstance(obs_space, MixedBox):  # a Dict holding images: their CNNs and the rest, then a layer
+    if isinstance(obs_space, MixedBox):  # a Dict holding images: their CNNs and the rest, then one layer
         trunk, width = encoder(obs_space, hidden, cnn)
-        head = DuelingHead(hidden, n) if dueling else nn.Linear(hidden, n)
-        return nn.Sequential(trunk, nn.Linear(width, hidden), nn.ReLU(), head)
-    n_obs = int(np.prod(obs_space.shape))
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(n_obs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-        DuelingHead(hidden, n) if dueling else nn.Linear(hidden, n),
-    )  # fmt: skip
+        layers, width = hidden_layers(width, (hidden,) if isinstance(hidden, int) else hidden)
+    else:
+        trunk, (layers, width) = nn.Flatten(), hidden_layers(int(np.prod(obs_space.shape)), hidden)
+    return nn.Sequential(trunk, *layers, DuelingHead(width, n) if dueling else nn.Linear(width, n))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dagrl.core.fragment import Manifest, role
 from dagrl.core.schema import positive
 from dagrl.nn.cuda_graphs import wants_graphs
 from dagrl.nn.encoders import CNN, encoder
-from dagrl.nn.networks import as_tensors, mlp
+from dagrl.nn.networks import Widths, as_tensors, mlp
 from dagrl.nn.optim import load_state
 
 # ---------------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ class Config(offpolicy.Config):
 class Policy(offpolicy.BoundedPolicy):
     """Tanh-squashed Gaussian, scaled to the action bounds."""
 
-    def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: int, cnn: CNN = "nature"):
+    def __init__(self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, hidden: Widths, cnn: CNN = "nature"):
         super().__init__(act_space, "SAC")
         n_act = int(np.prod(act_space.shape))
         self.trunk, n_obs = encoder(obs_space, hidden, cnn)  # its own; share_encoder: the critic's, copied

@@ -35,7 +35,7 @@ from dagrl.core.fragment import Manifest, role
 from dagrl.core.schema import at_least, positive
 from dagrl.nn.cuda_graphs import CapturedStep
 from dagrl.nn.encoders import CNN, encoder
-from dagrl.nn.networks import as_tensors, mlp
+from dagrl.nn.networks import Widths, as_tensors, mlp
 
 # ---------------------------------------------------------------------------------------------------
 # Hyperparameters
@@ -74,7 +74,7 @@ class Config(offpolicy.Config):
 class Policy(offpolicy.BoundedPolicy):
     """Deterministic, tanh-squashed and scaled to the action bounds."""
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: int, cnn: CNN = "nature"):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: Widths, cnn: CNN = "nature"):
         super().__init__(act_space, "TD3")
         self.trunk, n_obs = encoder(obs_space, hidden, cnn)  # its own; share_encoder: the critic's, copied
         self.net = mlp(n_obs, int(np.prod(act_space.shape)), hidden)

@@ -293,9 +293,13 @@ def at_least(obj: Any, low: float, *names: str) -> None:
     For a dataclass's ``__post_init__``; :func:`from_dict` turns the error into a :class:`ConfigError`.
     """
     for name in names:
-        value = getattr(obj, name)
+        value = given = getattr(obj, name)
+        if isinstance(value, tuple):  # layer widths: each of them, and at least one
+            if not value:
+                raise ValueError(f"{name} must name at least one width, got []")
+            value, given = min(value), list(value)
         if value is not None and value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+            raise ValueError(f"{name} must be >= {low}, got {given}")
 
 
 def positive(obj: Any, *names: str) -> None:
@@ -360,12 +364,33 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} PiB"
 
 
+Widths = int | tuple[int, ...]
+"""A graph's ``hidden``: one width, for two hidden layers of it, or each hidden layer's width in order
+(``[400, 300]``, rl-zoo's ``net_arch``)."""
+
+
+def widths(hidden: Widths) -> tuple[int, ...]:
+    """Each hidden layer's width.
+
+    >>> widths(64), widths([400, 300])
+    ((64, 64), (400, 300))
+    """
+    return (hidden, hidden) if isinstance(hidden, int) else tuple(hidden)
+
+
+MAX_LAYERS = 32
+"""The most hidden layers ``hidden`` may name: deeper MLPs than this are a typo, not a network."""
+
+
 def widths_fit(obj: Any, *names: str) -> None:
     """Refuse a layer width whose networks could not be allocated here (``hidden: 100000000``)."""
 
     ram = memory_bytes()
     for name in names:
-        width = getattr(obj, name)
+        layers = widths(getattr(obj, name))
+        if len(layers) > MAX_LAYERS:
+            raise ValueError(f"{name} names {len(layers)} hidden layers; at most {MAX_LAYERS}")
+        width = max(layers, default=0)
         need = WIDTH_BYTES * width * width
         if need > ram:
             raise ValueError(

@@ -97,7 +97,7 @@ the default) or ``impala`` (:class:`ImpalaCNN`)."""
 CNNS: dict[str, type[ConvEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN}
 
 
-def encoder(space, hidden: int, cnn: CNN = "nature") -> tuple[nn.Module, int]:
+def encoder(space, hidden: int | tuple[int, ...], cnn: CNN = "nature") -> tuple[nn.Module, int]:
     """The trunk for an observation space and its output width: the CNN named ``cnn`` (:data:`CNNS`)
     for images (:func:`is_image`), one per image and the rest as it is for a ``Dict`` holding images
     (:class:`dagrl.spaces.mixed.MixedEncoder`), else ``nn.Flatten`` (the algorithm's own MLP follows)."""

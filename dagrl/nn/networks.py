@@ -12,16 +12,36 @@ import numpy as np
 import torch
 from torch import nn
 
+from dagrl.core.schema import Widths, widths
 from dagrl.nn.encoders import CNN, encoder
 
 Weights = dict[str, np.ndarray]
 
 
-def mlp(n_in: int, n_out: int, hidden: int) -> nn.Sequential:
-    """Two ReLU hidden layers of ``hidden`` units."""
-    return nn.Sequential(
-        nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out)
-    )
+def hidden_layers(
+    n_in: int,
+    hidden: Widths,
+    activation: Callable[[], nn.Module] = nn.ReLU,
+    linear: Callable[..., nn.Module] = nn.Linear,
+) -> tuple[list[nn.Module], int]:
+    """The hidden layers ``hidden`` names (:func:`widths`), each a ``linear(n_in, n_out)`` and its
+    ``activation``, and the last one's width (``n_in`` with none)."""
+    layers: list[nn.Module] = []
+    for width in widths(hidden):
+        layers += [linear(n_in, width), activation()]
+        n_in = width
+    return layers, n_in
+
+
+def mlp(n_in: int, n_out: int, hidden: Widths) -> nn.Sequential:
+    """ReLU hidden layers of the widths ``hidden`` names (two of ``hidden`` units for one width), then a
+    linear output.
+
+    >>> [m.out_features for m in mlp(3, 1, [400, 300]) if isinstance(m, nn.Linear)]
+    [400, 300, 1]
+    """
+    layers, width = hidden_layers(n_in, hidden)
+    return nn.Sequential(*layers, nn.Linear(width, n_out))
 
 
 def obs_array(obs: np.ndarray) -> np.ndarray:
@@ -95,7 +115,7 @@ class TwinQ(nn.Module):
     """Two Q(s, a) heads over the observation's trunk (:func:`encoder`: flattened, or a CNN for
     images, which both heads' losses train) and the action."""
 
-    def __init__(self, obs_space, act_space, hidden: int, cnn: CNN = "nature"):
+    def __init__(self, obs_space, act_space, hidden: Widths, cnn: CNN = "nature"):
         super().__init__()
         self.trunk, n_obs = encoder(obs_space, hidden, cnn)
         n_in = n_obs + int(np.prod(act_space.shape))

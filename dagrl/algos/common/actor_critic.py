@@ -23,7 +23,7 @@ from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.nn.encoders import CNN, encoder
-from dagrl.nn.networks import RunningNorm, obs_tensor
+from dagrl.nn.networks import RunningNorm, Widths, hidden_layers, obs_tensor
 from dagrl.nn.optim import adam, load_state
 from dagrl.spaces.images import is_image
 from dagrl.spaces.mixed import MixedBox
@@ -97,7 +97,7 @@ class ActorCritic(nn.Module):
         self,
         obs_space: gym.Space,
         act_space: gym.Space,
-        hidden: int,
+        hidden: Widths,
         norm_obs: bool = False,
         norm_reward: bool = False,
         cnn: CNN = "nature",
@@ -121,12 +121,10 @@ class ActorCritic(nn.Module):
         if is_image(obs_space):
             self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
         else:
-            self.critic = nn.Sequential(
-                _layer(width, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, 1, 1.0)
-            )
-            self.actor = nn.Sequential(
-                _layer(width, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, n_act, 0.01)
-            )
+            layers, last = hidden_layers(width, hidden, nn.Tanh, _layer)
+            self.critic = nn.Sequential(*layers, _layer(last, 1, 1.0))
+            layers, last = hidden_layers(width, hidden, nn.Tanh, _layer)
+            self.actor = nn.Sequential(*layers, _layer(last, n_act, 0.01))
         self.log_std = nn.Parameter(torch.zeros(n_act)) if self.box else None
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:

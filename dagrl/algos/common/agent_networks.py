@@ -19,19 +19,20 @@ from torch import nn
 
 from dagrl.algos.common.distributions import ActionDist, Categorical
 from dagrl.envs.agents import AgentsBox
-from dagrl.nn.networks import RunningNorm
+from dagrl.nn.networks import RunningNorm, Widths, widths
 
 
-def _mlp(n_in: int, hidden: int, n_out: int, gain: float, activation: str, layer_norm: str) -> nn.Sequential:
+def _mlp(n_in: int, hidden: Widths, n_out: int, gain: float, activation: str, layer_norm: str) -> nn.Sequential:
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-    linears = [nn.Linear(n_in, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, n_out)]
-    for layer, g in zip(linears, (np.sqrt(2), np.sqrt(2), gain), strict=True):
-        nn.init.orthogonal_(layer.weight, g)
+    sizes = [n_in, *widths(hidden), n_out]
+    linears = [nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+    for layer in linears:
+        nn.init.orthogonal_(layer.weight, gain if layer is linears[-1] else np.sqrt(2))
         nn.init.zeros_(layer.bias)
     layers: list[nn.Module] = [nn.LayerNorm(n_in)] if layer_norm != "none" else []
-    for linear in linears[:2]:
-        layers += [linear, act(), *([nn.LayerNorm(hidden)] if layer_norm == "all" else [])]
-    return nn.Sequential(*layers, linears[2])
+    for linear in linears[:-1]:
+        layers += [linear, act(), *([nn.LayerNorm(linear.out_features)] if layer_norm == "all" else [])]
+    return nn.Sequential(*layers, linears[-1])
 
 
 class Memory(nn.Module):
@@ -39,10 +40,10 @@ class Memory(nn.Module):
     policy. ``forward`` takes rows and the GRU's state before them, already zeroed where an episode
     starts; :meth:`unroll` runs a whole sequence, zeroing the state before each step that starts one."""
 
-    def __init__(self, mlp: nn.Sequential, hidden: int, width: int, gain: float):
+    def __init__(self, mlp: nn.Sequential, width: int, gain: float):
         super().__init__()
         self.trunk = mlp[:-1]
-        self.gru = nn.GRUCell(hidden, width)
+        self.gru = nn.GRUCell(mlp[-1].in_features, width)
         for name, param in self.gru.named_parameters():
             (nn.init.zeros_ if "bias" in name else nn.init.orthogonal_)(param)
         self.norm = nn.LayerNorm(width)
@@ -94,7 +95,7 @@ class AgentsActorCritic(nn.Module):
         self,
         obs_space: AgentsBox,
         act_space: gym.Space,
-        hidden: int,
+        hidden: Widths,
         share: bool,
         critic: str,
         norm_value: bool = False,
@@ -121,7 +122,7 @@ class AgentsActorCritic(nn.Module):
             self.onehot.append(onehot)
             self.n_act.append(n_act)
             actor = _mlp(n_in, hidden, n_act, 0.01, activation, layer_norm)
-            actors.append(Memory(actor, hidden, gru, 0.01) if gru else actor)
+            actors.append(Memory(actor, gru, 0.01) if gru else actor)
             critic_in = size + A + obs_space.state_size if critic == "central" else n_in
             critics.append(_mlp(critic_in, hidden, 1, 1.0, activation, layer_norm))
             log_stds.append(nn.Parameter(torch.zeros(n_act)) if self.box else None)

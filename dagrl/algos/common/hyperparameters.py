@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+from dagrl.core.schema import Widths, at_least, positive, unit_interval, widths_fit
 
 
 @dataclass
@@ -49,8 +49,9 @@ class ClippedPPO:
     ``losses/stale_kl``, the approximate KL from the behaviour policies to the proximal one. Off by
     default: MAPPO on simple_spread under ``async`` (lag 1.5 versions) gained within one seed's noise
     (-15.1 against -15.5 over 0.5-1M env steps)."""
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic."""
+    hidden: Widths = 64
+    """The hidden layers' widths of the actor and of the critic: one width for two layers, or each layer's in order
+    (``[400, 300]``)."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_steps", "update_epochs", "minibatch_size", "hidden")

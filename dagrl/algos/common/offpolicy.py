@@ -29,7 +29,7 @@ from torch import nn
 from dagrl.algos.common.evaluation import EpisodeRunner
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, iteration, role
-from dagrl.core.schema import at_least, unit_interval, widths_fit
+from dagrl.core.schema import Widths, at_least, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable, step_means, wants_graphs
 from dagrl.nn.encoders import CNN, Shift, check_share_encoder, check_shift, image_shift
 from dagrl.nn.networks import TwinQ, Weights, as_tensors, minibatches, to_numpy
@@ -71,8 +71,9 @@ class Config:
     """Replay capacity."""
     learning_starts: int = 1_000
     """Transitions stored before learning begins; samplers act uniformly at random until then."""
-    hidden: int = 128
-    """Width of the two hidden layers of every network."""
+    hidden: Widths = 128
+    """The hidden layers' widths of every network: one width for two layers of it, or each layer's in order
+    (``[400, 300]``)."""
     cnn: CNN = "nature"
     """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.encoders.CNNS`)."""
     cuda_graphs: bool = False

@@ -15,7 +15,7 @@ from torch import nn
 
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import fragment
-from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+from dagrl.core.schema import Widths, at_least, positive, unit_interval, widths_fit
 from dagrl.nn.cuda_graphs import CapturedStep, set_capturable
 from dagrl.nn.encoders import CNN
 from dagrl.nn.optim import load_state
@@ -62,8 +62,9 @@ class Config:
     """Ape-X: a fixed epsilon per sampler instead of the schedule."""
     apex_eps: float = 0.4
     apex_alpha: float = 7.0
-    hidden: int = 128
-    """Width of the two hidden layers."""
+    hidden: Widths = 128
+    """The hidden layers' widths of the Q-network: one width for two layers of it, or each layer's in order
+    (``[400, 300]``)."""
     cnn: CNN = "nature"
     """Encoder of image observations: ``nature`` or ``impala`` (:data:`dagrl.nn.encoders.CNNS`)."""
     dueling: bool = False

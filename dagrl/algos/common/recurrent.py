@@ -37,7 +37,7 @@ from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least, widths_fit
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.nn.encoders import CNN, encoder
-from dagrl.nn.networks import RunningNorm, obs_array, obs_tensor
+from dagrl.nn.networks import RunningNorm, Widths, obs_array, obs_tensor
 from dagrl.spaces.mixed import MixedBox
 
 __all__ = [  # what a recurrent actor-critic algorithm takes as it is (ppo_lstm.py, impala_lstm.py)
@@ -79,7 +79,7 @@ class LSTMCore(nn.Module):
     ``obs_norm``: running observation statistics applied before the encoder, or ``None``."""
 
     def __init__(
-        self, obs_space: gym.Space, hidden: int, lstm: int, obs_norm: RunningNorm | None = None, cnn: CNN = "nature"
+        self, obs_space: gym.Space, hidden: Widths, lstm: int, obs_norm: RunningNorm | None = None, cnn: CNN = "nature"
     ):
         super().__init__()
         self.mixed = isinstance(obs_space, MixedBox)

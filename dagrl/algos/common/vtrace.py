@@ -15,7 +15,7 @@ from dagrl.algos.common.actor_critic import LearnerState
 from dagrl.algos.common.distributions import ActionDist
 from dagrl.algos.common.epochs import entropy_term
 from dagrl.algos.common.rollouts import Rollout
-from dagrl.core.schema import at_least, positive, unit_interval, widths_fit
+from dagrl.core.schema import Widths, at_least, positive, unit_interval, widths_fit
 from dagrl.nn.encoders import CNN
 
 
@@ -70,8 +70,9 @@ class Config:
     """Value loss weight."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic."""
+    hidden: Widths = 64
+    """The hidden layers' widths of the actor and of the critic: one width for two layers, or each layer's in order
+    (``[400, 300]``)."""
     cnn: CNN = "nature"
     """Encoder of image observations, as PPO's."""
     norm_obs: bool = False
