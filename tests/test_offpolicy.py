@@ -12,6 +12,7 @@ import torch
 from dagrl.algos import dqn
 from dagrl.app.graphs import load_graph
 from dagrl.core.context import RoleContext
+from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from tests.helpers import train
 
@@ -372,3 +373,47 @@ def test_plain_dqn_values_the_next_state_by_the_target_networks_own_maximum(grap
          "reward": torch.tensor([0.0]), "terminated": torch.tensor([False]), "weight": torch.ones(1)}  # fmt: skip
     out = dqn.learner_step(state, b)
     assert float(out["q_mean"]) == 1.0 and float(out["td"][0]) == pytest.approx(abs(td))
+
+
+@pytest.mark.parametrize("gradient_steps", [1, 2, 3])
+def test_dqn_copies_its_target_every_target_update_interval_env_steps_whatever_its_gradient_steps(
+    graphs_dir, tmp_path, gradient_steps
+):
+    """``target_update_interval`` counts env steps (SB3's unit): 16 steps x 4 envs a call, an interval of
+    192 env steps, 12 calls: one copy per 192 env steps the replay was given, however many gradient steps a
+    call makes (``target_update: 100`` would have made none in 12 x g gradient steps)."""
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    summary, rundir = train(
+        f"{graphs_dir}/dqn-cartpole-single.yaml", tmp_path,
+        [f"hyperparameters.gradient_steps={gradient_steps}", "hyperparameters.steps=16", "hyperparameters.batch_size=8",
+         "hyperparameters.learning_starts=64", "hyperparameters.target_update_interval=192", "stop.iterations=12",
+         "stop.mean_return=null", "checkpoint.every=1"],
+    )  # fmt: skip
+    learner = load_checkpoint(rundir.path)["roles"]["learner"][0]
+    given = sum(learner["added"].values())
+    assert given == 12 * 64  # each iteration's rows are stored before its draw
+    assert learner["copies"] == given // 192 == 4
+    assert learner["gradient_steps"] == 12 * gradient_steps
+
+
+def test_target_update_interval_is_refused_for_r2d2_and_below_one(graphs_dir, tmp_path):
+    for value, words in [("100", "sequences"), ("0", ">= 1")]:
+        with pytest.raises(ConfigError, match=words):
+            load_graph(f"{graphs_dir}/r2d2-cartpole-novel.yaml", [f"hyperparameters.target_update_interval={value}"])
+
+
+def test_under_apex_the_env_steps_between_target_copies_are_every_shards_rows(client, graphs_dir, tmp_path):
+    """Two replay shards fed by two samplers: the learner counts the rows both were given."""
+    from dagrl.runtime.checkpoint import load_checkpoint
+
+    summary, rundir = train(
+        f"{graphs_dir}/dqn-cartpole-apex.yaml", tmp_path,
+        ["roles.replay.replicas=2", "hyperparameters.learning_starts=64", "hyperparameters.target_update_interval=500",
+         "stop.iterations=30", "stop.mean_return=null", "checkpoint.every=1"],
+        client,
+    )  # fmt: skip
+    learner = load_checkpoint(rundir.path)["roles"]["learner"][0]
+    assert sorted(learner["added"]) == [0, 1], learner["added"]
+    given = sum(learner["added"].values())
+    assert learner["copies"] == given // 500 >= 1 and given <= summary["env_steps"]

@@ -72,6 +72,8 @@ class Config(qlearning.Config):
             raise ValueError(f"overlap {self.overlap} must be below seq_len {self.seq_len}")
         if self.cuda_graphs:
             raise ValueError("cuda_graphs: R2D2's learner steps as written (its unroll's length depends on the data)")
+        if self.target_update_interval is not None:
+            raise ValueError("target_update_interval: R2D2's replay holds sequences, not env steps; use target_update")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class Sample:
     """The least stored ``priority ** alpha`` (1 without PER): the weights are ``(floor / p) ** beta``."""
     beta: float = 1.0
     """The importance-weight exponent the weights were drawn with."""
+    added: int = 0
+    """Rows the store was ever given (its tail): for transitions, the env steps its samplers sent it."""
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -383,9 +385,9 @@ class ReplayStore(ChunkStorage):
         if self.tree is not None:
             indices, weights, beta = self._prioritized(n)
             tree = self.tree
-            return Sample(self.read(indices), indices, weights, -1, stored, tree.total, tree.min, beta)
+            return Sample(self.read(indices), indices, weights, -1, stored, tree.total, tree.min, beta, self.tail)
         indices, data = self._uniform(n)
-        return Sample(data, indices, np.ones(n, np.float32), -1, stored, float(stored))
+        return Sample(data, indices, np.ones(n, np.float32), -1, stored, float(stored), added=self.tail)
 
     def _uniform(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Uniform draws, gathered straight from where they sit: ring positions and cache slots.

@@ -5,7 +5,7 @@ steps on a sampled batch."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -46,6 +46,9 @@ class Config:
     """Transitions stored before learning begins."""
     target_update: int = 100
     """Gradient steps between copies of the online network into the target network."""
+    target_update_interval: int | None = None
+    """Env steps between those copies (Stable-Baselines3's and the rl-zoo's name and unit), counted as the
+    transitions the replay shards were given, one per env step; set, it replaces ``target_update``."""
     eps_start: float = 1.0
     """Epsilon at the start of the schedule."""
     eps_end: float = 0.05
@@ -87,7 +90,7 @@ class Config:
     def __post_init__(self) -> None:
         at_least(self, 1, "steps", "n_step", "batch_size", "gradient_steps", "buffer_size", "target_update", "hidden")
         widths_fit(self, "hidden")
-        at_least(self, 1, "eval_episodes", "eps_steps", "per_beta_steps")
+        at_least(self, 1, "eval_episodes", "eps_steps", "per_beta_steps", "target_update_interval")
         at_least(self, 0, "learning_starts", "per_alpha")
         positive(self, "lr", "max_grad_norm")
         unit_interval(self, "gamma", "eps_start", "eps_end", "apex_eps", "per_beta")
@@ -164,6 +167,10 @@ class LearnerState:
     """Averages gradients over data-parallel learner replicas (``dp-learners``); else a no-op."""
     gradient_steps: int = 0
     step: CapturedStep | None = None  # one gradient step, replayed from a CUDA graph where asked
+    added: dict[int, int] = field(default_factory=dict)
+    """Per replay shard, the rows it had been given when it last drew for this learner."""
+    copies: int = 0
+    """Target copies made by ``target_update_interval`` (env steps)."""
 
     def state_dict(self) -> dict:
         return {
@@ -171,6 +178,8 @@ class LearnerState:
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "gradient_steps": self.gradient_steps,
+            "added": dict(self.added),
+            "copies": self.copies,
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -178,6 +187,7 @@ class LearnerState:
         self.target.load_state_dict(sd["target"])
         load_state(self.optimizer, sd["optimizer"])
         self.gradient_steps = sd["gradient_steps"]
+        self.added, self.copies = dict(sd.get("added", {})), sd.get("copies", 0)
         set_capturable(self.optimizer, self.step is not None and self.step.enabled)
         if self.step is not None:
             self.step.reset()  # the optimizer's state tensors are new ones
@@ -201,13 +211,19 @@ def learn_from(
     state: Any, samples: list[Sample | None], step: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 ) -> tuple[list[dict[str, torch.Tensor]], dict[int, tuple[np.ndarray, np.ndarray]]]:
     """``step`` on each ``batch_size`` slice of the sampled rows (their importance weights as ``weight``),
-    the online network copied into the target every ``target_update`` steps; the steps' outputs, and
-    each row's new priority (its step's ``td``) by the shard that drew it. Nothing before learning starts."""
+    the online network copied into the target every ``target_update`` steps (or, with
+    ``target_update_interval``, at the first step after the shards' rows pass each multiple of it); the
+    steps' outputs, and each row's new priority (its step's ``td``) by the shard that drew it. Nothing
+    before learning starts."""
     present = [s for s in samples if s is not None]
     cfg = state.cfg
     steps = state.ctx.least_over_replicas(sum(len(s) for s in present) // cfg.batch_size)  # data-parallel: alike
     if not present or not steps:
         return [], {}
+    due = state.copies
+    if cfg.target_update_interval is not None:
+        state.added.update({s.shard: s.added for s in present})
+        due = state.ctx.least_over_replicas(sum(state.added.values())) // cfg.target_update_interval
     dev = state.device
     data = {k: torch.as_tensor(np.concatenate([s.data[k] for s in present]), device=dev) for k in present[0].data}
     data["weight"] = torch.as_tensor(pooled_weights(present), device=dev)
@@ -215,8 +231,10 @@ def learn_from(
     for start in range(0, steps * cfg.batch_size, cfg.batch_size):
         outs.append(step({k: v[start : start + cfg.batch_size] for k, v in data.items()}))
         state.gradient_steps += 1
-        if state.gradient_steps % cfg.target_update == 0:
+        by_env_steps = due > state.copies
+        if by_env_steps or (cfg.target_update_interval is None and state.gradient_steps % cfg.target_update == 0):
             state.target.load_state_dict(state.q.state_dict())  # in place: a captured step still reads it
+            state.copies = max(state.copies, due)
     td = np.zeros(len(data["weight"]), np.float64)
     if outs:  # read back from the device once, as the metrics are
         td[: len(outs) * cfg.batch_size] = torch.cat([o["td"] for o in outs]).cpu().numpy()
