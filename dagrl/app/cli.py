@@ -363,6 +363,10 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from dagrl.app.graphs import load_graph
     from dagrl.app.inspect import describe, to_dot, to_task_dot
 
+    if args.from_zoo:
+        return cmd_from_zoo(args)
+    if args.graph is None:
+        raise ConfigError("dagrl graph", "GRAPH", "name a graph file or name, or give --from-zoo ALGO ENV_ID")
     graph = load_graph(resolve("graphs", args.graph, "GRAPH"), args.set)
     print(describe(graph))
     if args.dot:
@@ -371,6 +375,29 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if args.tasks:
         Path(args.tasks).write_text(to_task_dot(graph))
         print(f"wrote {args.tasks}: one iteration's Dask tasks (render with: dot -Tsvg {args.tasks} -o tasks.svg)")
+    return 0
+
+
+def cmd_from_zoo(args: argparse.Namespace) -> int:
+    """Write the zoo's graph (to ``--out`` or stdout), checked as any graph is; name what did not carry."""
+    import tempfile
+
+    from dagrl.app.graphs import load_graph
+    from dagrl.app.zoo import convert
+
+    if args.graph is not None:
+        raise ConfigError("dagrl graph", "--from-zoo", f"writes a new graph: give no GRAPH (got {args.graph})")
+    converted = convert(*args.from_zoo)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.out or Path(tmp) / f"{converted.algo}-{converted.env_id}-zoo.yaml".lower())
+        path.write_text(converted.text)
+        load_graph(path, args.set)  # what the converter wrote is a graph dagrl runs
+        if not args.out:
+            print(converted.text, end="")
+    if converted.dropped:
+        print(f"dagrl: no equivalent in dagrl: {', '.join(converted.dropped)}", file=sys.stderr)
+    if args.out:
+        print(f"wrote {args.out}: run it with `dagrl run {args.out}`")
     return 0
 
 
@@ -592,8 +619,14 @@ def parser() -> argparse.ArgumentParser:
     )
 
     graph = command("graph", help="print a graph's spaces and encoder, roles, replicas, fragments and edges")
-    graph.add_argument("graph", help="a graph file or name (`dagrl graphs`)")
+    graph.add_argument("graph", nargs="?", help="a graph file or name (`dagrl graphs`)")
     graph.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a graph field")
+    graph.add_argument(
+        "--from-zoo", nargs=2, metavar=("ALGO", "ENV_ID"),
+        help="write a graph with the rl-zoo's hyperparameters for ALGO (ppo, dqn, sac, td3) on ENV_ID, converted "
+        "(the zoo extra)",
+    )  # fmt: skip
+    graph.add_argument("--out", metavar="FILE", help="with --from-zoo: the graph file to write (default: stdout)")
     graph.add_argument("--dot", metavar="FILE", help="also write the fragment graph as Graphviz DOT")
     graph.add_argument(
         "--tasks", metavar="FILE", help="also write one iteration's Dask tasks (per replica, per worker) as DOT"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +54,10 @@ class Config(ClippedPPO):
     clipped to +-10; the statistic is kept like ``norm_obs``'s."""
     eval_episodes: int = 10
     """Episodes per evaluation (graph ``evaluate.every``), acting greedily."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """The hidden layers' nonlinearity (SB3's ``activation_fn``; the rl-zoo's MuJoCo PPO uses ``relu``)."""
+    log_std_init: float = 0.0
+    """A Gaussian policy's log standard deviation at the start (SB3's ``log_std_init``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +105,8 @@ class ActorCritic(nn.Module):
         norm_obs: bool = False,
         norm_reward: bool = False,
         cnn: CNN = "nature",
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
     ):
         super().__init__()
         if norm_obs:
@@ -121,11 +127,12 @@ class ActorCritic(nn.Module):
         if is_image(obs_space):
             self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
         else:
-            layers, last = hidden_layers(width, hidden, nn.Tanh, _layer)
+            act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+            layers, last = hidden_layers(width, hidden, act, _layer)
             self.critic = nn.Sequential(*layers, _layer(last, 1, 1.0))
-            layers, last = hidden_layers(width, hidden, nn.Tanh, _layer)
+            layers, last = hidden_layers(width, hidden, act, _layer)
             self.actor = nn.Sequential(*layers, _layer(last, n_act, 0.01))
-        self.log_std = nn.Parameter(torch.zeros(n_act)) if self.box else None
+        self.log_std = nn.Parameter(torch.full((n_act,), float(log_std_init))) if self.box else None
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.obs_norm is None:
@@ -334,7 +341,10 @@ def sampler(ctx: RoleContext, cfg: Config) -> SamplerState:
 def _agent(obs_space: gym.Space, act_space: gym.Space, cfg) -> ActorCritic:
     # IMPALA's Config shares these fields; getattr keeps other configs that reuse PPO's roles working
     norm_obs, norm_reward = getattr(cfg, "norm_obs", False), getattr(cfg, "norm_reward", False)
-    return ActorCritic(obs_space, act_space, cfg.hidden, norm_obs, norm_reward, getattr(cfg, "cnn", "nature"))
+    return ActorCritic(
+        obs_space, act_space, cfg.hidden, norm_obs, norm_reward, getattr(cfg, "cnn", "nature"),
+        getattr(cfg, "activation", "tanh"), getattr(cfg, "log_std_init", 0.0),
+    )  # fmt: skip
 
 
 NetworkOf = Callable[[gym.Space, gym.Space, Any], nn.Module]

@@ -138,7 +138,10 @@ class RecurrentActorCritic(LSTMCore):
         norm = RunningNorm(norm_shape(obs_space)) if cfg.norm_obs else None
         super().__init__(obs_space, cfg.hidden, cfg.lstm, norm, cfg.cnn)
         out_space = gym.spaces.Box(-np.inf, np.inf, (cfg.lstm,), np.float32)
-        self.heads = ActorCritic(out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward)
+        activation, log_std = getattr(cfg, "activation", "tanh"), getattr(cfg, "log_std_init", 0.0)
+        self.heads = ActorCritic(
+            out_space, act_space, cfg.hidden, norm_reward=cfg.norm_reward, activation=activation, log_std_init=log_std
+        )
 
     def scaled_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """Rewards in the units the critic learns (:meth:`ActorCritic.scaled_rewards`)."""
