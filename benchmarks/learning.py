@@ -1,6 +1,6 @@
 """Learning quality against published results: fixed env-step budgets, several seeds, one table.
 
-    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|acrobot|multiagent|mappo-paper]
+    dagrl bench learning [--preset mujoco|mujoco-published|cartpole|recurrent|acrobot|zoo|multiagent|mappo-paper]
                          [--graphs G[:STEPS] ...] [--seeds 1 2 3]
                          [--out benchmarks/results/learning] [--cluster] [--jobs N]
 
@@ -52,6 +52,8 @@ PRESETS = {
     ],
     "cartpole": ["ppo-cartpole-single:50000", "dqn-cartpole-single:50000"],
     "recurrent": ["ppo-lstm-cartpole-novel:100000"],
+    # the rl-zoo's hyperparameters as `dagrl graph --from-zoo` converts them, at the zoo's budgets
+    "zoo": ["dqn-acrobot-zoo:100000", "sac-pendulum-zoo:20000", "td3-pendulum-zoo:20000", "ppo-acrobot-zoo:1000000"],
     # the same DQN in one process and under apex (one gradient step per env step both ways): env steps to -100
     "acrobot": ["dqn-acrobot-single:100000", "dqn-acrobot-apex:100000"],
     # a central critic against independent ones, the same budget and seeds (no published figure in these units)
@@ -75,7 +77,15 @@ ZOO_LSTM = (
     "huggingface.co/sb3/ppo_lstm-CartPoleNoVel-v1 model card (rl-zoo RecurrentPPO, CartPole without its velocities, "
     "as ppo-lstm-cartpole-novel.yaml)"
 )
+ZOO = (
+    "github.com/DLR-RM/rl-baselines3-zoo benchmark.md (one run, greedy evaluation over ~150k steps; Pendulum-v0 for "
+    "the Pendulum rows)"
+)
 REFERENCES: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("dqn", "Acrobot"): [{"steps": 100_000, "return": -76.639, "pm": 11.752, "source": ZOO}],
+    ("ppo", "Acrobot"): [{"steps": 1_000_000, "return": -73.506, "pm": 18.201, "source": ZOO}],
+    ("sac", "Pendulum"): [{"steps": 20_000, "return": -156.995, "pm": 88.714, "source": ZOO}],
+    ("td3", "Pendulum"): [{"steps": 20_000, "return": -151.855, "pm": 90.227, "source": ZOO}],
     ("sac", "HalfCheetah"): [
         {"steps": 300_000, "return": 7847, "pm": 384, "source": TD7_REPO},
         {"steps": 1_000_000, "return": 9634.89, "pm": 1423.73, "source": CLEANRL_SAC},
