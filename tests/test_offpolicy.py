@@ -325,15 +325,18 @@ def test_td3_delays_its_policy_steps_across_update_calls(graphs_dir, tmp_path, g
     assert actor["batches"] == critic["steps"] and actor["steps"] == critic["steps"] // 2
 
 
-@pytest.mark.parametrize("policy", ["single", "apex"])
-def test_the_env_step_rate_is_what_the_run_made_per_second_of_wall_time(policy, client, graphs_dir, tmp_path):
-    """Under apex the samplers' time is not the iteration's (it read 0/s): the rate is env steps over the
-    run's wall time, in each metrics row and on the progress line."""
+@pytest.mark.parametrize(
+    "graph", ["dqn-cartpole-single", "dqn-cartpole-apex", "ppo-cartpole-sync", "ppo-cartpole-async", "ppo-cartpole-dp",
+              "sac-pendulum-split", "impala-cartpole"],
+)  # fmt: skip
+def test_the_env_step_rate_is_what_the_run_made_per_second_of_wall_time(graph, client, graphs_dir, tmp_path):
+    """Under apex the samplers' time is not the iteration's (it read 0/s): under every policy the rate is
+    env steps over the run's wall time, in each metrics row and on the progress line."""
     from dagrl.app.progress import _si, format_row
 
     _, rundir = train(
-        f"{graphs_dir}/dqn-cartpole-{policy}.yaml", tmp_path, ["stop.iterations=12", "stop.mean_return=null"],
-        client if policy != "single" else None,
+        f"{graphs_dir}/{graph}.yaml", tmp_path, ["stop.iterations=12", "stop.mean_return=null"],
+        client if not graph.endswith("single") else None,
     )  # fmt: skip
     rows = rundir.read_metrics()
     for row in rows:
