@@ -10,7 +10,7 @@ import pytest
 from dagrl.app.graphs import load_graph
 from dagrl.core.graph import RoleSpec
 from dagrl.policies import build_policy
-from dagrl.runtime.placement import PlacementError, place
+from dagrl.runtime.placement import PlacementError, place, place_one
 
 LOSSES = ["losses/policy", "losses/value", "losses/approx_kl", "losses/clipfrac"]
 
@@ -169,6 +169,8 @@ def test_samplers_go_to_the_learners_hosts_evenly_before_other_hosts():
     assert hosts == {"n1": 3, "n2": 3, "a3": 2}
     first = [workers[out[("sampler", i)]]["host"] for i in range(6)]
     assert sorted(first) == ["n1"] * 3 + ["n2"] * 3  # the learners' hosts before a3
+    load = {a: 1 for a in workers}  # a lost sampler's replacement: a learner's host among equals
+    assert workers[place_one("sampler", RoleSpec(), workers, load, True, near=frozenset({"n2"}))]["host"] == "n2"
     plain = place(roles, workers)  # without near: the least-loaded workers by address
     assert collections.Counter(workers[plain[("sampler", i)]]["host"] for i in range(8))["a3"] == 4
 

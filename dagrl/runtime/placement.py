@@ -135,11 +135,13 @@ def place_one(
     load: Mapping[str, int],
     gpu_fallback: bool,
     avoid: frozenset[str] = frozenset(),
+    near: frozenset[str] = frozenset(),
 ) -> str | None:
     """The least-loaded live worker that fits one replica of ``name`` (a replacement), or ``None``.
 
-    GPU roles prefer workers advertising ``GPU``; CPU roles prefer workers without one. Workers in
-    ``avoid`` (those of the role's other data-parallel replicas, one process each) are never chosen.
+    GPU roles prefer workers advertising ``GPU``; CPU roles prefer workers without one; among equals, a
+    worker on one of the hosts ``near`` (the learners'). Workers in ``avoid`` (those of the role's other
+    data-parallel replicas, one process each) are never chosen.
     """
     candidates = [a for a in sorted(workers) if _fits(spec, workers[a]) and a not in avoid]
     has_gpu = {a: float(workers[a].get("resources", {}).get("GPU", 0)) >= max(spec.gpus, 1e-9) for a in candidates}
@@ -149,4 +151,6 @@ def place_one(
             candidates = gpu_ok
     if not candidates:
         return None
-    return min(candidates, key=lambda a: (load.get(a, 0), has_gpu[a] != (spec.gpus > 0)))
+    return min(
+        candidates, key=lambda a: (load.get(a, 0), has_gpu[a] != (spec.gpus > 0), host_of(workers, a) not in near)
+    )

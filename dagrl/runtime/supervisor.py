@@ -450,7 +450,8 @@ class Supervisor:
         does not wait where no nanny can be restarting the worker: its host was cut off, or no worker
         of its host is left (a host that crashed).
         """
-        from dagrl.runtime.placement import place_one
+        from dagrl.core.distribution import data_parallel_roles
+        from dagrl.runtime.placement import host_of, place_one
 
         end = time.monotonic() + (0.0 if self._host_gone(old.address) else self.spec.respawn_after_s)
         give_up = end + 120.0
@@ -463,7 +464,9 @@ class Supervisor:
             role = self.graph.role(old.role)
             parallel = not self.graph.algorithm.roles[old.role].many and role.replicas > 1  # dp-learners
             avoid = frozenset(h.address for h in self.hosts[old.role] if h is not old) if parallel else frozenset()
-            addr = place_one(old.role, role, workers, load, self.graph.spec.gpu_fallback, avoid)
+            learners = set(data_parallel_roles(self.graph.algorithm)) - {old.role}
+            near = frozenset(host_of(workers, h.address) for r in learners for h in self.hosts.get(r, []) if h.address)
+            addr = place_one(old.role, role, workers, load, self.graph.spec.gpu_fallback, avoid, near)
             if addr is not None and load[addr] == 0:
                 return addr
             if time.monotonic() > end and not respawned:
