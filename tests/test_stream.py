@@ -72,6 +72,28 @@ def test_a_learner_groups_round_takes_a_multiple_of_its_replicas():
     asyncio.run(main())
 
 
+def test_a_round_that_failed_on_a_lost_learner_replica_hands_its_rollouts_back_first_in_line():
+    """The group's round broke (a replica lost mid all-reduce): its rollouts are the next round's, ahead of
+    those that arrived meanwhile, and the stale ones it dropped still have their reports counted."""
+
+    async def main():
+        hub = _hub(samplers=3, budget=2, capacity=6, least=1, max_staleness=1)
+        await hub.put(0, 0, 0, "old", Report(env_steps=4))
+        hub.publish(2, {0: ["w2"]})
+        for i in range(2):
+            await hub.put(i + 1, 0, 2, f"a{i}", Report(env_steps=4))
+        hub.allowed = 1
+        got = hub.take(0)
+        assert [a.value for a in got.arrivals] == ["a0", "a1"] and [a.value for a in got.stale] == ["old"]
+        await hub.put(0, 0, 2, "later", Report(env_steps=4))
+        hub.requeue(got.arrivals, got.stale)
+        again = hub.take(0)
+        assert [a.value for a in again.arrivals] == ["a0", "a1"] and [a.value for a in again.stale] == ["old"]
+        assert [a.value for a in hub.queue] == ["later"] and hub.dropped == 1
+
+    asyncio.run(main())
+
+
 def test_stale_rollouts_are_dropped_and_counted():
     async def main():
         hub = _hub(max_staleness=1, capacity=4)

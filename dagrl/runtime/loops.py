@@ -281,7 +281,11 @@ def _round(hub: Any, generation: int, caller: Caller, shape: Any, algo: Any, pub
     t0 = time.perf_counter()
     values = dict(published)
     values[shape.stream.id] = [a.value for a in taken]
-    values = caller.learn(shape.learn, values, algo.roles)
+    try:
+        values = caller.learn(shape.learn, values, algo.roles)
+    except PeerFailed:
+        hub.requeue(taken, stale)  # learnt by the next round, once the driver replaced the peer
+        raise
     update_s = time.perf_counter() - t0
     new = caller.publish(shape.before, algo.roles)
     item = Learned(

@@ -620,6 +620,15 @@ class Hub:
             self.reports[:0] = reports
             self.round_started = None
 
+    def requeue(self, taken: list[Arrival], stale: list[Arrival]) -> None:
+        """A round that failed on a peer (a learner replica lost) hands its rollouts back, first in line:
+        the next round learns from them (their staleness judged again) and counts the stale ones' reports."""
+        with self.cond:
+            self.queue.extendleft(reversed(taken))
+            self.stale[:0] = stale
+            self.round_started = None
+            self.cond.notify_all()
+
     def learned(self, generation: int, item: Learned, published: dict[int, list[Any]] | None) -> bool:
         """File a finished round and publish its weights; ``False`` if this hub no longer serves ``generation``.
 
