@@ -204,7 +204,7 @@ def run_parallel(specs: list[tuple[str, int]], seeds: list[int], out: Path, jobs
             name, budget, seed = todo.pop(0)
             log = out / f"{name}-s{seed}.log"
             cmd = [sys.executable, __file__, "--graphs", f"{name}:{budget}", "--seeds", str(seed), "--out", str(out)]
-            cmd += ["--final-eval", str(episodes)]
+            cmd += ["--final-eval", str(episodes), "--part"]
             print(f"started {name} seed {seed} ({log})", flush=True)
             with open(log, "a") as f:
                 running.append((subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env), f"{name} s{seed}"))
@@ -337,6 +337,7 @@ def main() -> None:
     ap.add_argument(
         "--final-eval", type=int, default=10, metavar="N", help="greedy episodes with each final checkpoint (0: none)"
     )
+    ap.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # one run of --jobs: the parent emits
     args = ap.parse_args()
     if args.jobs > 1 and args.cluster:
         ap.error("--jobs runs single graphs in processes of their own; --cluster runs one at a time")
@@ -369,6 +370,8 @@ def main() -> None:
     (args.out / "results.md").write_text("\n".join(md) + "\n")
     for p in plots(runs, args.out):
         print(f"wrote {p}")
+    if args.part:
+        return
     name = "learning" if args.graphs or args.preset == "mujoco" else f"learning-{args.preset}"
     emit(name, {"table": rows, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs]})
 

@@ -224,6 +224,13 @@ def sac_pendulum(r: dict) -> list[str]:
     return lines
 
 
+def small_collects(r: dict) -> list[str]:
+    """Env steps/s in one process and under ``apex``, per graph, and their ratio (median of the repeats)."""
+    rows = [[x["graph"], x["env_steps"], round(x["single"]), round(x["apex"]), x["ratio"],
+             ", ".join(f"{v:.2f}" for v in x["ratios"])] for x in r["rows"]]  # fmt: skip
+    return markdown(["graph", "env steps", "single", "apex", "apex / single", "each repeat"], rows, {1, 2, 3, 4})
+
+
 def dp_learners(r: dict) -> list[str]:
     rows = [[x["learners"], x["device"], round(x["frames_s"]), x["speedup"], x["step_ms"]] for x in r["rows"]]
     return markdown(["learners", "device", "frames/s", "speedup", "ms per step"], rows, {0, 2, 3, 4})
@@ -385,6 +392,8 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "seed": seed,
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
+    "small-collects": small_collects,
+    "learning-zoo": learning,
 }
 
 
