@@ -231,6 +231,14 @@ def small_collects(r: dict) -> list[str]:
     return markdown(["graph", "env steps", "single", "apex", "apex / single", "each repeat"], rows, {1, 2, 3, 4})
 
 
+def cores(r: dict) -> list[str]:
+    """A gradient step alone on core 0 and beside a process spinning on core 1, each repeat and the median."""
+    rows = [[i + 1, x["alone_ms"], x["beside_ms"], x["ratio"]] for i, x in enumerate(r["rows"])]
+    s = r["summary"]
+    rows.append(["median", s["alone_ms"], s["beside_ms"], s["ratio"]])
+    return markdown(["repeat", "alone ms", "beside a spinning core ms", "ratio"], rows, {1, 2, 3})
+
+
 def dp_learners(r: dict) -> list[str]:
     rows = [[x["learners"], x["device"], round(x["frames_s"]), x["speedup"], x["step_ms"]] for x in r["rows"]]
     return markdown(["learners", "device", "frames/s", "speedup", "ms per step"], rows, {0, 2, 3, 4})
@@ -393,6 +401,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "learning-multiagent": learning,
     "sac-pendulum": sac_pendulum,
     "small-collects": small_collects,
+    "cores": cores,
     "learning-zoo": learning,
 }
 
