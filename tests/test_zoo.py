@@ -3,6 +3,7 @@ defaults where the zoo gives none, and what has no equivalent named on one line.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from dagrl.app.zoo import convert, policy_kwargs
 from dagrl.core.schema import ConfigError
 from tests.helpers import train
 
-pytest.importorskip("rl_zoo3")
+pytestmark = pytest.mark.skipif(  # not imported: importing rl_zoo3 patches gymnasium's TimeLimit process-wide
+    importlib.util.find_spec("rl_zoo3") is None, reason="needs the zoo extra (rl-zoo3)"
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
