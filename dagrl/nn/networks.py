@@ -18,6 +18,10 @@ from dagrl.nn.encoders import CNN, encoder
 Weights = dict[str, np.ndarray]
 
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+"""The hidden layers' nonlinearity by its name in a graph (``activation``)."""
+
+
 def hidden_layers(
     n_in: int,
     hidden: Widths,

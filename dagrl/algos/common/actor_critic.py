@@ -23,7 +23,7 @@ from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.nn.encoders import CNN, encoder
-from dagrl.nn.networks import RunningNorm, Widths, hidden_layers, obs_tensor
+from dagrl.nn.networks import ACTIVATIONS, RunningNorm, Widths, hidden_layers, obs_tensor
 from dagrl.nn.optim import adam, load_state
 from dagrl.spaces.images import is_image
 from dagrl.spaces.mixed import MixedBox
@@ -127,7 +127,7 @@ class ActorCritic(nn.Module):
         if is_image(obs_space):
             self.critic, self.actor = _layer(width, 1, 1.0), _layer(width, n_act, 0.01)
         else:
-            act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+            act = ACTIVATIONS[activation]
             layers, last = hidden_layers(width, hidden, act, _layer)
             self.critic = nn.Sequential(*layers, _layer(last, 1, 1.0))
             layers, last = hidden_layers(width, hidden, act, _layer)

@@ -19,11 +19,11 @@ from torch import nn
 
 from dagrl.algos.common.distributions import ActionDist, Categorical
 from dagrl.envs.agents import AgentsBox
-from dagrl.nn.networks import RunningNorm, Widths, widths
+from dagrl.nn.networks import ACTIVATIONS, RunningNorm, Widths, widths
 
 
 def _mlp(n_in: int, hidden: Widths, n_out: int, gain: float, activation: str, layer_norm: str) -> nn.Sequential:
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+    act = ACTIVATIONS[activation]
     sizes = [n_in, *widths(hidden), n_out]
     linears = [nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
     for layer in linears:
