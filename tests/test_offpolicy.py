@@ -20,32 +20,21 @@ BUDGET = 60_000  # env steps; dqn single reached 195 in 10.2-10.8k steps (seeds 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["single", "apex"])
-def test_dqn_reaches_195(policy, client, graphs_dir, tmp_path):
-    summary, rundir = train(
-        f"{graphs_dir}/dqn-cartpole-{policy}.yaml", tmp_path,
-        [f"stop.env_steps={BUDGET}", "stop.wall_time_s=240", "stop.mean_return=195"],
-        client if policy != "single" else None,
-    )  # fmt: skip
-    assert summary["stop_reason"] == "mean_return", summary
-    assert summary["env_steps"] <= BUDGET
-    assert (rundir.path / "replay-0" / "meta.json").exists()  # the replay role lived in the run dir
-
-
-@pytest.mark.slow
 def test_dqn_under_apex_learns_as_much_per_env_step_as_in_one_process(client, graphs_dir, tmp_path):
-    """The env steps to 195 under ``apex`` (two samplers, the graph's update ratio) are within 1.2 x those
-    of ``single``, median of 3 seeds. Each sampler's epsilon once decayed over its own ``eps_steps``, so
-    two samplers explored for twice the env steps: 1.6 x (16.9-17.5k against 10.2-10.8k)."""
+    """DQN reaches 195 under ``single`` and ``apex``, 3 seeds each, and ``apex`` (two samplers, the graph's update
+    ratio) takes within 1.2 x the env steps of ``single``, median of the 3. Each sampler's epsilon once decayed
+    over its own ``eps_steps`` (1.6 x); samplers leading by 2 collects each once made the acting weights two
+    rounds stale (1.17-1.22 x)."""
     steps = {}
     for policy in ("single", "apex"):
         for seed in (1, 2, 3):
-            summary, _ = train(
+            summary, rundir = train(
                 f"{graphs_dir}/dqn-cartpole-{policy}.yaml", tmp_path / f"{policy}-{seed}",
                 [f"seed={seed}", f"stop.env_steps={BUDGET}", "stop.wall_time_s=240"],
                 client if policy != "single" else None,
             )  # fmt: skip
             assert summary["stop_reason"] == "mean_return", (policy, seed, summary)
+            assert (rundir.path / "replay-0" / "meta.json").exists()  # the replay role lived in the run dir
             steps.setdefault(policy, []).append(summary["env_steps"])
     ratio = np.median(steps["apex"]) / np.median(steps["single"])
     assert ratio <= 1.2, steps
@@ -419,4 +408,6 @@ def test_under_apex_the_env_steps_between_target_copies_are_every_shards_rows(cl
     learner = load_checkpoint(rundir.path)["roles"]["learner"][0]
     assert sorted(learner["added"]) == [0, 1], learner["added"]
     given = sum(learner["added"].values())
-    assert learner["copies"] == given // 500 >= 1 and given <= summary["env_steps"]
+    # a sampler streams its rows to replay before the driver counts its report: at the stop, each may have
+    # one collect (64 steps x 2 envs) stored and not yet counted
+    assert learner["copies"] == given // 500 >= 1 and given <= summary["env_steps"] + 2 * 64 * 2

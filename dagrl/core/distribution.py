@@ -135,7 +135,9 @@ class ApexOptions(GroupOptions):
     rate_limit: bool = True
     """Enforce ``update_ratio`` both ways (false: samplers and learner run free)."""
     max_lead: int | None = None
-    """Collects samplers may run ahead of the ratio (default: 2 per sampler)."""
+    """Collects samplers may run ahead of the ratio (default: one per sampler, what overlaps collecting with
+    the learner's round; each more per sampler makes the acting weights a round staler: DQN on CartPole took
+    1.17 x ``single``'s env steps to 195 with 2 per sampler, 1.11 x with 1 and 1.01 x with 0, median of 8 seeds)."""
     publish_every: int = 1
     """Learner rounds between weight pushes to the samplers."""
     in_flight: int = 2

@@ -152,7 +152,7 @@ class Apex(Stream):
         o = self.options
         ratio = o.update_ratio if o.update_ratio is not None else 1.0 / samplers
         limit = Limit(
-            ratio, o.max_lead if o.max_lead is not None else 2 * samplers, o.rate_limit,
+            ratio, o.max_lead if o.max_lead is not None else samplers, o.rate_limit,
             warmup_steps(self.graph.config), max(1, round(1 / ratio)), o.publish_every,
         )  # fmt: skip
         shards = {n.id: len(self.hosts[n.role]) for n in self.watch.shape.insert}

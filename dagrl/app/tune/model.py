@@ -154,8 +154,8 @@ class Prediction:
 def parallel(c: Candidate) -> int:
     """Collects running at once: the rate limiter lets samplers be ``collects_per_round + max_lead``
     collects ahead of the last finished round; async's ``max_lead`` is ``rollouts_per_update``,
-    apex's 2 per sampler."""
-    lead = c.collects_per_round if traits(c.policy).cost == "stream" else 2 * c.samplers
+    apex's one per sampler."""
+    lead = c.collects_per_round if traits(c.policy).cost == "stream" else c.samplers
     return min(c.samplers, c.collects_per_round + lead)
 
 
