@@ -15,7 +15,8 @@ hyperparameters (10 epochs); only the samplers, their envs and the env's cost ch
 
 * **efficiency** = steps/s(k) / (k x steps/s(1)) of the same policy: 1.0 is perfect scaling.
 * **setups**: ``sync`` and ``async`` (the samplers' envs on the graph's own backend, ``vector: auto``:
-  in turn, each on a thread of its own once their first steps show them waiting), ``async-sync``
+  in turn, each on a thread of its own once their first steps show them waiting), ``async-packed`` (as
+  ``dagrl run`` starts it: more samplers than cores merged to the cores, ``pack_samplers``), ``async-sync``
   (in turn, ``vector: sync``), ``async-subproc`` (each env of a sampler in its own subprocess,
   ``roles.sampler.vector: async``), ``async-threads`` (each env stepped in a thread of the sampler's
   process, ``vector: threads``) and ``central-inference``
@@ -64,7 +65,7 @@ from _common import MachineBusy, emit, role_busy, sampler_in_env, table
 from dagrl.algos import ppo
 from dagrl.app.graphs import load_graph
 from dagrl.app.training import train
-from dagrl.clusters.local import local_cluster
+from dagrl.clusters.local import local_cluster, packed_samplers, usable_cores
 from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
 from dagrl.runtime.executor import Executor
@@ -77,6 +78,7 @@ SETUPS = {
     "async": "policy async, the samplers' envs on the graph's backend (auto: in turn, or threads once they wait)",
     "async-sync": "policy async, each sampler steps its envs in turn (roles.sampler.vector: sync)",
     "async-report-tasks": "as async, each rollout's report a task of its own (before report events)",
+    "async-packed": "policy async as dagrl's own LocalCluster runs it: more samplers than cores merged to the cores",
     "async-subproc": "policy async, each env of a sampler in a subprocess (roles.sampler.vector: async)",
     "async-threads": "policy async, each env of a sampler stepped in a thread (roles.sampler.vector: threads)",
     "central-inference": "policy central-inference, one inference actor picks every sampler's actions",
@@ -123,6 +125,8 @@ def dagrl(
         *([f"roles.learner.replicas={learners}"] if learners > 1 else []),
         *(["algorithm=_costly_learner", f"hyperparameters.update_us_per_row={learner_us}"] if learner_us else []),
     ])  # fmt: skip
+    if vector == "packed":  # what `dagrl run` starts: 8 samplers of 4 envs on 2 cores as 2 of 16
+        graph = packed_samplers(graph, usable_cores())
     idle = idle_cpu_rate()
     window, machine = Window(args.warmup), MachineBusy()
     cpu, wall = time.process_time(), time.perf_counter()

@@ -102,6 +102,10 @@ def train(
             from dagrl.clusters.spec import LocalClusterSpec
 
             local = cluster is None or isinstance(cluster, LocalClusterSpec)
+            if local and (cluster or LocalClusterSpec()).pack_samplers:
+                from dagrl.clusters.local import packed_samplers, usable_cores
+
+                graph = packed_samplers(graph, usable_cores())
             if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line
                 stack.enter_context(worker_logs(rundir.path / "logs"))
             client = stack.enter_context(connect(cluster or LocalClusterSpec(), graph, rundir.path))

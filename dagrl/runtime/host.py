@@ -453,6 +453,7 @@ class RoleHost:
             "calls": self.calls,
             "busy_s": dict(self.busy_s),
             "env_s": self.ctx.env_seconds(),
+            "envs": self.ctx.num_envs,
             "vector": self.ctx.env_backends(),
             "env": {k: os.environ[k] for k in _REPORTED_ENV if k in os.environ},
         }
