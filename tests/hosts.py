@@ -279,11 +279,14 @@ class Cluster:
         proc = self.start_run(graph, overrides)
         return self.finish(proc, timeout)
 
-    def finish(self, proc, timeout: float = 240) -> tuple[dict, Run]:
-        """The run's summary and what it wrote (read now: the shared folder goes with the cluster)."""
+    def finish(self, proc, timeout: float = 240, stop: bool = False) -> tuple[dict, Run]:
+        """The run's summary and what it wrote (read now: the shared folder goes with the cluster). ``stop``:
+        end it now, as SLURM or a user would (``SIGTERM``: the driver checkpoints and exits 128 + 15)."""
+        if stop:
+            proc.send_signal(signal.SIGTERM)  # nsenter without a pid namespace execs: this is the driver
         rc = proc.wait(timeout)
         log = (self.shared / "driver.log").read_text()
-        if rc != 0:
+        if rc != (128 + signal.SIGTERM if stop else 0):
             raise AssertionError(f"dagrl run exited {rc}:\n{log[-3000:]}")
         path = self.run_dir()
         rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]

@@ -108,10 +108,12 @@ def test_a_host_back_from_a_partition_is_restarted_and_serves_as_spare_capacity(
         c.hosts.heal(lost)
         worker_log = next(p for p in c.shared.iterdir() if p.name.startswith(f"{first}-w"))
         wait_for(lambda: "joining again" in worker_log.read_text(), 60, f"{first}'s dagrl worker to start a new one")
-        summary, run = c.finish(proc, 300)
         wait_for(lambda: len(c.on_workers(NAMES)) == 3, 60, "three workers again", every=2.0)
         workers = c.on_workers(NAMES)
-    assert summary["stop_reason"] == "iterations", summary
+        mark = c.rows()
+        wait_for(lambda: c.rows() >= mark + 5, 60, "5 rows with the host back")
+        summary, run = c.finish(proc, 300, stop=True)
+    assert summary["stop_reason"] == "interrupted", summary
     assert sorted(workers) == ["host1-w0", "host2-w1", "host3-w2"], workers  # back, as a worker like the others
     assert first not in {a["host"] for a in run.actors}, run.actors  # and nothing of the run on it any more
     iterations = [r["iteration"] for r in run.rows]
@@ -141,8 +143,10 @@ def test_samplers_are_added_on_workers_that_join_and_dropped_with_workers_that_l
         c.hosts.revive(c.host("host3"))
         c.start_worker("host3", "SAMPLE=1", 3)
         wait_for(lambda: c.last_row().get("samplers/active") == 2, 120, "a sampler on host3's new worker")
-        summary, run = c.finish(proc, 300)
-    assert summary["stop_reason"] == "iterations", summary
+        mark = c.rows()
+        wait_for(lambda: c.rows() >= mark + 5, 60, "5 rows with both samplers")
+        summary, run = c.finish(proc, 300, stop=True)
+    assert summary["stop_reason"] == "interrupted", summary
     counts = [int(r["samplers/active"]) for r in run.rows]
     changes = [n for k, n in enumerate(counts) if k == 0 or n != counts[k - 1]]
     assert changes == [1, 2, 1, 2], changes

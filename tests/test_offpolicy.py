@@ -222,7 +222,8 @@ SAC_TEST = [
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("algo", "variant", "n_step"),
-    [("sac", "single", 1), ("sac", "apex", 1), ("sac", "split", 3), ("td3", "single", 3), ("td3", "apex", 1)],
+    # SAC in one process and split across its two learner roles; apex runs TD3's (and DQN's) learner
+    [("sac", "single", 1), ("sac", "split", 3), ("td3", "single", 3), ("td3", "apex", 1)],
 )
 def test_sac_and_td3_reach_minus_250_on_pendulum(algo, variant, n_step, client, graphs_dir, tmp_path):
     """Each algorithm learns from one-step rows and from 3-step rows (their discount through replay to the

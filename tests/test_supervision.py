@@ -230,7 +230,7 @@ def test_killed_learner_under_apex_rolls_back_onto_a_new_hub(cluster, tmp_path):
 
 def test_killed_replay_reopens_with_every_flushed_row(cluster, tmp_path):
     graph = faulty(
-        ["policy=apex", "checkpoint.every=5", "stop.iterations=40", f"roles.replay.path={tmp_path / 'replay'}"],
+        ["policy=apex", "checkpoint.every=5", "stop.iterations=24", f"roles.replay.path={tmp_path / 'replay'}"],
     )
     run = Run(graph, cluster, tmp_path)
     run.wait_iteration(12)  # the checkpoint of iteration 10 flushed the store
