@@ -118,7 +118,8 @@ def train(
         actors = policy.actors()
         rundir.write_json("actors.json", actors)
         for a in actors:
-            log.info("  %s[%d] on %s (%s)", a["role"], a["index"], a["address"], a["device"])
+            envs = f", {a['envs']} envs" if a.get("envs", 1) > 1 else ""
+            log.info("  %s[%d] on %s (%s%s)", a["role"], a["index"], a["address"], a["device"], envs)
         if warning := trim_warning(actors):
             log.warning(warning)
         trainer = Trainer(
