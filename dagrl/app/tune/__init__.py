@@ -60,8 +60,9 @@ only) and ``rollouts_per_update``/``update_ratio`` change. Three parts:
   share a machine, the staleness drops of ``async``, the driver's per-rollout bookkeeping, and the embedded
   LocalCluster's ``pack_samplers``: a candidate with more samplers than cores is verified as ``dagrl run`` starts
   it (as many samplers as the cores, stepping the same envs), while the model prices it a process a sampler.
-  ``central-inference`` and ``dp-learners`` are not candidates yet (the first measured 0.55 x ``async`` at 16 samplers here; the second
-  needs devices for its learner replicas and changes nothing on one CPU learner), nor is ``vector: async``. When
+  ``central-inference`` and ``dp-learners`` are not candidates yet (the first measured 0.55 x ``async`` at 16
+  samplers here; the second needs devices for its learner replicas and changes nothing on one CPU learner), nor
+  is ``vector: async``. When
   the backend changed, the graph as written is verified on its own backend and, as the calibration run, on the
   chosen one; its prediction is shown for the chosen backend only.
 """
