@@ -64,8 +64,9 @@ from _common import MachineBusy, emit, role_busy, sampler_in_env, table
 
 from dagrl.algos import ppo
 from dagrl.app.graphs import load_graph
+from dagrl.app.packing import packed_samplers
 from dagrl.app.training import train
-from dagrl.clusters.local import local_cluster, packed_samplers, usable_cores
+from dagrl.clusters.local import local_cluster, usable_cores
 from dagrl.clusters.spec import LocalClusterSpec
 from dagrl.core.context import RoleContext
 from dagrl.runtime.executor import Executor

@@ -11,7 +11,7 @@ import yaml
 import dagrl
 import dagrl.clusters.local
 from dagrl.app.graphs import load_graph
-from dagrl.clusters.local import packed_samplers
+from dagrl.app.packing import packed_samplers
 from dagrl.clusters.spec import LocalClusterSpec, load_cluster
 from tests.helpers import dagrl_log
 

@@ -103,7 +103,8 @@ def train(
 
             local = cluster is None or isinstance(cluster, LocalClusterSpec)
             if local and (cluster or LocalClusterSpec()).pack_samplers:
-                from dagrl.clusters.local import packed_samplers, usable_cores
+                from dagrl.app.packing import packed_samplers
+                from dagrl.clusters.local import usable_cores
 
                 graph = packed_samplers(graph, usable_cores())
             if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line

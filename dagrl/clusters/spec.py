@@ -59,7 +59,7 @@ class LocalClusterSpec:
     sized for Dask's offload thread; ``false``: Dask's own."""
     pack_samplers: bool = True
     """Where a graph asks for more samplers than this machine has cores, run as many as the cores allow,
-    stepping the same envs in all (8 of 4 envs on 2 cores: 2 of 16; :func:`dagrl.clusters.local.packed_samplers`);
+    stepping the same envs in all (8 of 4 envs on 2 cores: 2 of 16; :func:`dagrl.app.packing.packed_samplers`);
     false: as the graph is written. A cluster you start yourself runs the graph as written."""
     scheduler_preload: list[str] = field(default_factory=lambda: ["dagrl.dashboard"])
     """Modules the scheduler imports as it starts (Dask's ``--preload``): ``dagrl.dashboard`` adds the RL
