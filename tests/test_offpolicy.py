@@ -16,7 +16,7 @@ from dagrl.core.schema import ConfigError
 from dagrl.policies import build_policy
 from tests.helpers import train
 
-BUDGET = 60_000  # env steps; dqn single reached 195 in 10.2-10.8k steps (seeds 1-3), apex in 10.5-12.3k
+BUDGET = 60_000  # env steps; dqn single reached 195 in 10.2-10.8k steps (seeds 1-3), apex in 10.5-11.8k
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_dqn_under_apex_learns_as_much_per_env_step_as_in_one_process(client, gr
                 [f"seed={seed}", f"stop.env_steps={BUDGET}", "stop.wall_time_s=240"],
                 client if policy != "single" else None,
             )  # fmt: skip
-            assert summary["stop_reason"] == "mean_return", (policy, seed, summary)
+            assert summary["stop_reason"] == "mean_return" and summary["env_steps"] <= BUDGET, (policy, seed, summary)
             assert (rundir.path / "replay-0" / "meta.json").exists()  # the replay role lived in the run dir
             steps.setdefault(policy, []).append(summary["env_steps"])
     ratio = np.median(steps["apex"]) / np.median(steps["single"])

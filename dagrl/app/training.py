@@ -101,15 +101,16 @@ def train(
             from dagrl.clusters.connect import connect
             from dagrl.clusters.spec import LocalClusterSpec
 
-            local = cluster is None or isinstance(cluster, LocalClusterSpec)
-            if local and (cluster or LocalClusterSpec()).pack_samplers:
+            cluster = cluster or LocalClusterSpec()
+            local = isinstance(cluster, LocalClusterSpec)
+            if local and cluster.pack_samplers:
                 from dagrl.app.packing import packed_samplers
                 from dagrl.clusters.local import usable_cores
 
                 graph = packed_samplers(graph, usable_cores())
             if progress and local and sys.stderr.isatty():  # workers share this terminal: keep them off the line
                 stack.enter_context(worker_logs(rundir.path / "logs"))
-            client = stack.enter_context(connect(cluster or LocalClusterSpec(), graph, rundir.path))
+            client = stack.enter_context(connect(cluster, graph, rundir.path))
         if client is not None:
             log.info("dashboard: %s (RL page: %s)", client.dashboard_link, rl_page(client.dashboard_link))
         offset = resume["counters"]["iteration"] if resume else 0

@@ -62,9 +62,8 @@ only) and ``rollouts_per_update``/``update_ratio`` change. Three parts:
   it (as many samplers as the cores, stepping the same envs), while the model prices it a process a sampler.
   ``central-inference`` and ``dp-learners`` are not candidates yet (the first measured 0.55 x ``async`` at 16
   samplers here; the second needs devices for its learner replicas and changes nothing on one CPU learner), nor
-  is ``vector: async``. When
-  the backend changed, the graph as written is verified on its own backend and, as the calibration run, on the
-  chosen one; its prediction is shown for the chosen backend only.
+  is ``vector: async``. When the backend changed, the graph as written is verified on its own backend and, as
+  the calibration run, on the chosen one; its prediction is shown for the chosen backend only.
 """
 
 from dagrl.app.tune.measure import Measurements
