@@ -113,12 +113,14 @@ def dagrl(
     """One run of the graph as a user writes it: its own policy options and hyperparameters; only the
     samplers, their envs, the env's cost and the stop change (and, measuring learners, their replicas
     and cost)."""
+    setup, _, buffering = setup.partition("/")  # "async-packed/off": roles.sampler.double_buffer off
     policy, _, vector = setup.partition("-") if not setup.startswith("central") else (setup, "", "")
     Executor.report_events = vector != "report-tasks"
     options = {"central-async": "{name: central-inference, asynchronous: true}"}.get(policy, policy)
     graph = load_graph(GRAPH, [
         f"policy={options}", f"roles.sampler.replicas={k}", f"roles.sampler.envs={args.envs}",
         *([f"roles.sampler.vector={VECTORS[vector]}"] if vector in VECTORS else []),
+        *([f"roles.sampler.double_buffer={buffering}"] if buffering else []),
         f"env.kwargs.step_ms={args.step_ms}", f"env.kwargs.cost={cost}",
         "stop.mean_return=1.0e9", f"stop.wall_time_s={args.warmup + args.seconds}", "stop.env_steps=100000000",
         "checkpoint.every=0", f"runs_dir={root}",
@@ -285,6 +287,14 @@ def learner_scaling(args: argparse.Namespace) -> None:
     emit("scaling-learners", {"args": vars(args), "rows": rows, "runs": runs})
 
 
+def setup_name(name: str) -> str:
+    """A ``--policies`` entry: a setup of :data:`SETUPS`, maybe ``/auto``, ``/on`` or ``/off`` after it."""
+    setup, _, buffering = name.partition("/")
+    if setup not in SETUPS or buffering not in ("", "auto", "on", "off"):
+        raise argparse.ArgumentTypeError(f"{name!r}: a setup of {', '.join(SETUPS)}, maybe /auto, /on or /off after it")
+    return name
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samplers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -295,8 +305,9 @@ def main() -> None:
         "--policies",
         nargs="+",
         default=["sync", "async"],
-        choices=list(SETUPS),
-        help=", ".join(f"{k}: {v}" for k, v in SETUPS.items()),
+        type=setup_name,
+        help=", ".join(f"{k}: {v}" for k, v in SETUPS.items())
+        + "; a setup ending in /on or /off sets roles.sampler.double_buffer (async-packed/off)",
     )
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (after the warm-up)")
     p.add_argument("--warmup", type=float, default=4.0)

@@ -25,6 +25,9 @@ from tests.helpers import train
 
 SEED = "graphs/ppo-cartpole-seed.yaml"
 ASYNC = "policy={name: central-inference, asynchronous: true, max_staleness: 1, rollouts_per_update: 2}"
+WHOLE = "roles.sampler.double_buffer=off"
+"""Each sampler asks for all its envs' actions at once: the batches these tests count (a double-buffered
+sampler asks per group of its envs: tests/test_double_buffer.py)."""
 
 
 class Doubling:
@@ -221,7 +224,7 @@ def test_stream_options_are_refused_without_asynchronous():
 def test_asynchronous_samplers_stream_through_the_inference_role(client):
     """Rollouts arrive as under ``async`` (never staler than max_staleness, two per update), every
     action picked by the inference role, whose forwards batch rows of both samplers' envs."""
-    graph = load_graph(SEED, [ASYNC])
+    graph = load_graph(SEED, [ASYNC, WHOLE])
     policy = build_policy(graph, client)
     assert isinstance(policy, StreamingCentralInference)
     try:
@@ -243,7 +246,7 @@ def test_every_action_comes_from_the_weights_the_learner_published(client):
     every iteration, unless an action came from other weights (a previous version, or none loaded)."""
     graph = load_graph(
         SEED,
-        ["hyperparameters.update_epochs=1", "hyperparameters.minibatch_size=256", "policy.max_wait_ms=10000"],
+        ["hyperparameters.update_epochs=1", "hyperparameters.minibatch_size=256", "policy.max_wait_ms=10000", WHOLE],
     )
     policy = build_policy(graph, client)
     try:

@@ -56,6 +56,9 @@ class RoleContext:
     a subprocess; ``envpool``: EnvPool's C++ threads (:mod:`dagrl.envs.vector`)."""
     vector_threads: int = 0
     """EnvPool's thread count under ``envpool`` (0: EnvPool's default, one per core)."""
+    double_buffer: str = "auto"
+    """Whether a sampler's ``collect`` steps its envs in two groups, one stepping while the other's
+    actions are picked: ``auto``, ``on``, ``off`` (:mod:`dagrl.envs.double_buffer`)."""
     device: str = "cpu"
     observation_space: Any = None
     action_space: Any = None
@@ -216,7 +219,7 @@ class RoleContext:
             from dagrl.envs.vector import make_vector
 
             envs = make_vector(self.env_id, self.num_envs, self.vector, self.env_wrappers, **self.env_kwargs)
-        self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]"))
+        self.made.append(NamedEnvErrors(envs, self.env_id, f"{self.role}[{self.index}]", self.double_buffer))
         return self.made[-1]
 
     def with_spaces(self) -> RoleContext:
@@ -295,8 +298,12 @@ class NamedEnvErrors:
     """Wraps a vector env so an exception inside it becomes an :class:`EnvError` naming env and role;
     counts the seconds spent in ``step`` (``step_s``)."""
 
-    def __init__(self, envs: Any, env_id: str, owner: str):
+    def __init__(self, envs: Any, env_id: str, owner: str, double_buffer: str = "auto"):
         self._envs, self._env_id, self._owner = envs, env_id, owner
+        self.double_buffer = double_buffer
+        """The role's ``double_buffer`` mode (:mod:`dagrl.envs.double_buffer`)."""
+        self.owner = owner
+        """The role replica whose envs these are (``sampler[0]``)."""
         self.step_s = 0.0
         self.steps = 0
         """Vector steps taken (the step a non-finite value is reported at)."""
@@ -310,27 +317,42 @@ class NamedEnvErrors:
         return out
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._checked(self._timed("step", args, kwargs))
+
+    def send_rows(self, rows: slice, actions: Any) -> Any:
+        """Start stepping the envs ``rows`` alone (a double-buffered sampler's group:
+        :meth:`dagrl.envs.vector.ThreadVectorEnv.send_rows`)."""
+        return self._guard("send_rows", (rows, actions), {})
+
+    def receive_rows(self, sent: Any) -> Any:
+        """Wait for the envs :meth:`send_rows` started (the time counted in ``step_s``)."""
+        return self._checked(self._timed("receive_rows", (sent,), {}), sent[0].start)
+
+    def _timed(self, method: str, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter()
         try:
-            out = self._guard("step", args, kwargs)
+            return self._guard(method, args, kwargs)
         finally:
             self.step_s += time.perf_counter() - t0
-        self.steps += 1
-        self._finite(out[0], "observation", f"step {self.steps}")
-        self._finite(out[1], "reward", f"step {self.steps}")
+
+    def _checked(self, out: Any, first: int = 0) -> Any:
+        self.steps += first == 0  # a vector step of all envs, or its first group's
+        self._finite(out[0], "observation", f"step {self.steps}", first)
+        self._finite(out[1], "reward", f"step {self.steps}", first)
         return out
 
-    def _finite(self, value: Any, what: str, when: str) -> None:
+    def _finite(self, value: Any, what: str, when: str, first: int = 0) -> None:
         """An :class:`EnvError` naming env, role and step where ``value`` (an observation, a reward) holds
-        NaN or inf: found here, not as a sampling error in the policy's network several calls later."""
+        NaN or inf: found here, not as a sampling error in the policy's network several calls later.
+        ``value``'s rows are the envs from ``first`` on."""
         if isinstance(value, dict):
             for key, part in value.items():
-                self._finite(part, f"{what} {key!r}", when)
+                self._finite(part, f"{what} {key!r}", when, first)
             return
         if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc" or np.isfinite(value).all():
             return
         bad = np.argwhere(~np.isfinite(value))[0]
-        at = f"env {bad[0]}" + (f", index {tuple(int(i) for i in bad[1:])}" if len(bad) > 1 else "")
+        at = f"env {bad[0] + first}" + (f", index {tuple(int(i) for i in bad[1:])}" if len(bad) > 1 else "")
         raise EnvError(
             f"env {self._env_id} gave a non-finite {what} ({value[tuple(bad)]}) at {when} of {self._owner} ({at})"
         )

@@ -57,6 +57,7 @@ class EnvSpec:
 
 
 VECTOR_MODES = ("auto", "sync", "async", "threads", "envpool")
+DOUBLE_BUFFER_MODES = ("auto", "on", "off")
 MAX_ENVS = {"auto": 4096, "sync": 4096, "async": 256, "threads": 256, "envpool": 4096}
 """Most envs one sampler replica steps: ``async`` starts a process per env."""
 
@@ -96,6 +97,10 @@ class RoleSpec:
     """Threads EnvPool steps one replica's envs on (``vector: envpool`` only). 0: EnvPool's default, a
     thread per core of the host, which oversubscribes a host where several samplers run; set it to
     the cores each replica should use there."""
+    double_buffer: bool | str = "auto"
+    """Whether a sampler steps its envs in two groups, one stepping while the other's actions are
+    picked: ``auto`` (the default) where that pays (envs on threads, or actions from the ``inference``
+    role), ``true`` (``on``), ``false`` (``off``) (:mod:`dagrl.envs.double_buffer`)."""
 
     def __post_init__(self) -> None:
         if self.vector not in VECTOR_MODES:
@@ -104,6 +109,13 @@ class RoleSpec:
             self.memory_bytes  # noqa: B018 (parses, raising ValueError on a bad size)
         at_least(self, 1, "replicas", "envs")
         at_least(self, 0, "vector_threads")
+        self.double_buffer = {True: "on", False: "off"}.get(self.double_buffer, self.double_buffer)  # YAML's on/off
+        if self.double_buffer not in DOUBLE_BUFFER_MODES:
+            raise ValueError(f"double_buffer must be auto, true (on) or false (off), got {self.double_buffer!r}")
+        if self.double_buffer == "on" and self.vector not in ("auto", "threads"):
+            raise ValueError(
+                f"double_buffer: on needs vector: auto or threads (envs stepped in groups), not {self.vector!r}"
+            )
         if self.vector_threads and self.vector != "envpool":
             raise ValueError(f"vector_threads applies to vector: envpool only (vector is {self.vector!r})")
         most = MAX_ENVS[self.vector]

@@ -91,20 +91,22 @@ class EpisodeTracker:
         self._lengths: list[int] = []
         self._in_window: list[bool] = []
 
-    def step(self, reward: np.ndarray, done: np.ndarray) -> None:
-        """Add one vector step's rewards; ``done`` marks the envs whose episode ended with it."""
-        self.ret += reward
-        self.length += 1
+    def step(self, reward: np.ndarray, done: np.ndarray, rows: slice = slice(None)) -> None:
+        """Add one vector step's rewards; ``done`` marks the envs whose episode ended with it. ``rows``:
+        the envs they are of, where a step is of some envs only (a double-buffered sampler's group)."""
+        self.ret[rows] += reward
+        self.length[rows] += 1
         if not done.any():
             return
+        ended = np.arange(len(self.ret))[rows][done]
         counted = self.settled  # the step that settles the sampler ends first episodes: not counted
         if not self.settled:
-            self.ended_one |= done
+            self.ended_one[ended] = True
             self.settled = bool(self.ended_one.all())
-        self._returns.extend(self.ret[done].tolist())
-        self._lengths.extend(self.length[done].tolist())
-        self._in_window.extend([counted] * int(done.sum()))
-        self.ret[done], self.length[done] = 0.0, 0
+        self._returns.extend(self.ret[ended].tolist())
+        self._lengths.extend(self.length[ended].tolist())
+        self._in_window.extend([counted] * len(ended))
+        self.ret[ended], self.length[ended] = 0.0, 0
 
     def take(self) -> Episodes:
         """The episodes finished since the last call."""

@@ -171,9 +171,51 @@ class EnvPoolVector(gym.vector.VectorEnv):
             self.pool.close()
 
 
+class Batch:
+    """One job on some of :class:`EnvThreads`' envs: each thread hands in its outcome, the last one
+    wakes the caller (a countdown, not a future per env)."""
+
+    def __init__(self, indices: Sequence[int]):
+        self.indices = list(indices)
+        self.results: dict[int, tuple[bool, Any]] = {}
+        self.left = len(self.indices)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        if not self.left:
+            self.done.set()
+
+    def finish(self, i: int, outcome: tuple[bool, Any]) -> None:
+        self.results[i] = outcome
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.done.set()
+
+    def outcomes(self, timeout_s: float | None) -> list[tuple[bool, Any]]:
+        """Each env's ``(ok, value or exception)``, in the order of ``indices``."""
+        if not self.done.wait(timeout_s):
+            raise TimeoutError(f"envs {self.indices} did not finish within {timeout_s:g} s")
+        return [self.results[i] for i in self.indices]
+
+    def values(self, timeout_s: float | None = None) -> list[Any]:
+        """The results in the order of ``indices``; the first env's exception, if any, raised here."""
+        outcomes = self.outcomes(timeout_s)
+        for ok, value in outcomes:
+            if not ok:
+                raise value
+        return [value for _, value in outcomes]
+
+
+Sent = tuple[range, list[Any], "Batch | None"]
+"""What :meth:`ThreadVectorEnv.send_rows` hands :meth:`~ThreadVectorEnv.receive_rows`: the envs, their
+actions, and their threads' job (``None``: they step in turn when received)."""
+
+
 class EnvThreads:
     """One thread per env, the only one ever to touch it: each env is made, reset, stepped and closed
-    in its own thread; :meth:`each` runs a job on all of them (or some) at once.
+    in its own thread; :meth:`each` runs a job on all of them (or some) at once, :meth:`submit` starts
+    one without waiting (a double-buffered sampler's group of envs steps while it picks the other's
+    actions: :mod:`dagrl.envs.double_buffer`).
 
     The threads hold their envs and this object, never the vector env, so a vector env nobody closed
     is still collected, and a finalizer then closes its envs and ends the threads (:meth:`close`).
@@ -182,52 +224,44 @@ class EnvThreads:
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
         n = len(env_fns)
         self.jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
-        self.results: list[Any] = [None] * n
-        self.left = n  # the first job of every thread: making its env
-        self.lock = threading.Lock()
-        self.done = threading.Event()
         self.closed = False
+        making = Batch(range(n))  # the first job of every thread: making its env
         self.threads = [
-            threading.Thread(target=self._serve, args=(i, make), name=f"dagrl-env-{i}", daemon=True)
+            threading.Thread(target=self._serve, args=(i, make, making), name=f"dagrl-env-{i}", daemon=True)
             for i, make in enumerate(env_fns)
         ]
         for thread in self.threads:
             thread.start()
-        made = self._gather(range(n), None)
+        made = making.outcomes(None)
         if not all(ok for ok, _ in made):  # close the envs that were made, in their threads, and fail
             with contextlib.suppress(Exception):
                 self.close(only=np.array([ok for ok, _ in made]))
             raise next(value for ok, value in made if not ok)
         self.envs: list[gym.Env] = [env for _, env in made]
 
-    def _serve(self, i: int, make: Callable[[], gym.Env]) -> None:
+    def _serve(self, i: int, make: Callable[[], gym.Env], making: Batch) -> None:
         try:
             env = make()
         except BaseException as err:  # noqa: BLE001 (raised in the caller)
-            self._finish(i, (False, err))
+            making.finish(i, (False, err))
             return
-        self._finish(i, (True, env))
+        making.finish(i, (True, env))
         jobs = self.jobs[i]
         while (job := jobs.get()) is not None:
-            fn, arg = job
+            fn, arg, batch = job
             try:
                 outcome = (True, fn(env, arg))
             except BaseException as err:  # noqa: BLE001 (raised in the caller)
                 outcome = (False, err)
-            self._finish(i, outcome)
+            batch.finish(i, outcome)
 
-    def _finish(self, i: int, outcome: tuple[bool, Any]) -> None:
-        self.results[i] = outcome
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                self.done.set()
-
-    def _gather(self, indices: Sequence[int], timeout_s: float | None) -> list[tuple[bool, Any]]:
-        if not self.done.wait(timeout_s):
-            raise TimeoutError(f"envs {list(indices)} did not finish within {timeout_s:g} s")
-        results, self.results = self.results, [None] * len(self.jobs)
-        return [results[i] for i in indices]
+    def submit(self, fn: Callable[[gym.Env, Any], Any], args: Sequence[Any], indices: Sequence[int]) -> Batch:
+        """Start ``fn(env, arg)`` on the envs ``indices``, ``args`` in the same order; :meth:`Batch.values`
+        waits for them. Batches on disjoint envs may run at once."""
+        batch = Batch(indices)
+        for i, arg in zip(indices, args, strict=True):
+            self.jobs[i].put((fn, arg, batch))
+        return batch
 
     def each(
         self,
@@ -241,15 +275,7 @@ class EnvThreads:
         indices = list(range(len(self.jobs))) if only is None else np.flatnonzero(only).tolist()
         if not indices:
             return []
-        self.done.clear()
-        self.left = len(indices)
-        for i in indices:
-            self.jobs[i].put((fn, args[i]))
-        results = self._gather(indices, timeout_s)
-        for ok, value in results:
-            if not ok:
-                raise value
-        return [value for _, value in results]
+        return self.submit(fn, [args[i] for i in indices], indices).values(timeout_s)
 
     def close(self, timeout_s: float = 30.0, only: np.ndarray | None = None) -> None:
         """Close every env (or those of the mask ``only``: the ones made) in its own thread, then end
@@ -337,19 +363,57 @@ class ThreadVectorEnv(gym.vector.SyncVectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         done = self.threads.each(_step_and_autoreset, list(gym.vector.utils.iterate(self.action_space, actions)))
-        infos: dict[str, Any] = {}
-        for i, (obs, reward, terminated, truncated, info, final) in enumerate(done):
-            self._env_obs[i], self._rewards[i] = obs, reward
-            self._terminations[i], self._truncations[i] = terminated, truncated
-            if final is not None:  # in SyncVectorEnv's order: the final step's info first, then the reset's
-                infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, i)
-            infos = self._add_info(infos, info, i)
+        infos = self._taken(range(self.num_envs), done)
         self._observations = gym.vector.utils.concatenate(
             self.single_observation_space, self._env_obs, self._observations
         )
-        self._autoreset_envs = self._terminations | self._truncations
         obs = deepcopy(self._observations) if self.copy else self._observations
         return obs, self._rewards.copy(), self._terminations.copy(), self._truncations.copy(), infos
+
+    can_step_rows = True
+    """Steps a slice of its envs apart from the others (:meth:`send_rows`): a double-buffered sampler's
+    groups (:mod:`dagrl.envs.double_buffer`)."""
+
+    def send_rows(self, rows: slice, actions: Any) -> Sent:
+        """Start stepping the envs ``rows`` (a slice) with their ``actions``, each in its thread; while
+        they step, the caller may step or start other rows. :meth:`receive_rows` waits for them."""
+        indices = range(self.num_envs)[rows]
+        acts = list(gym.vector.utils.iterate(self.action_space, actions))
+        if len(acts) != len(indices):
+            raise ValueError(f"{len(acts)} actions for the {len(indices)} envs of rows {rows}")
+        if self.threads is None:  # AutoVectorEnv stepping in turn: the caller steps them in receive_rows
+            return indices, acts, None
+        return indices, acts, self.threads.submit(_step_and_autoreset, acts, list(indices))
+
+    def receive_rows(self, sent: Sent) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """What ``step`` returns, for the envs :meth:`send_rows` started alone: arrays of their length,
+        infos indexed within them; same-step autoreset as ``step``."""
+        indices, acts, batch = sent
+        done = self._in_turn(indices, acts) if batch is None else batch.values()
+        infos = self._taken(indices, done)
+        rows = slice(indices.start, indices.stop)
+        space = self.single_observation_space
+        obs = gym.vector.utils.concatenate(
+            space, [self._env_obs[i] for i in indices], gym.vector.utils.create_empty_array(space, len(indices))
+        )
+        return obs, self._rewards[rows].copy(), self._terminations[rows].copy(), self._truncations[rows].copy(), infos
+
+    def _in_turn(self, indices: range, acts: list[Any]) -> list[tuple]:
+        return [_step_and_autoreset(self.envs[i], a) for i, a in zip(indices, acts, strict=True)]
+
+    def _taken(self, indices: range, done: list[tuple]) -> dict[str, Any]:
+        """Keep the envs ``indices``' step results (``_step_and_autoreset``'s); their infos, indexed within
+        ``indices``, in SyncVectorEnv's order (a final step's info first, then the reset's)."""
+        infos: dict[str, Any] = {}
+        rows = _Rows(len(indices))
+        for j, (i, (obs, reward, terminated, truncated, info, final)) in enumerate(zip(indices, done, strict=True)):
+            self._env_obs[i], self._rewards[i] = obs, reward
+            self._terminations[i], self._truncations[i] = terminated, truncated
+            self._autoreset_envs[i] = terminated or truncated
+            if final is not None:
+                infos = rows._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, j)
+            infos = rows._add_info(infos, info, j)
+        return infos
 
     def close_extras(self, **kwargs: Any) -> None:
         self._close_threads()  # each env closed in its thread
@@ -398,13 +462,24 @@ class AutoVectorEnv(ThreadVectorEnv):
             return super().step(actions)
         if self.probe is None:
             return gym.vector.SyncVectorEnv.step(self, actions)
-        with self.probe.timing():
+        with self.probe.timing(self.num_envs):
             out = gym.vector.SyncVectorEnv.step(self, actions)
+        self._probed()
+        return out
+
+    def _in_turn(self, indices: range, acts: list[Any]) -> list[tuple]:
+        if self.probe is None:
+            return super()._in_turn(indices, acts)
+        with self.probe.timing(len(indices)):
+            done = super()._in_turn(indices, acts)
+        self._probed()
+        return done
+
+    def _probed(self) -> None:
         if self.probe.steps == self.SKIP + self.PROBE:
             probe, self.probe = self.probe, None
-            if probe.waited(self.num_envs, self.WAIT_S):
+            if probe.waited(self.WAIT_S):
                 self._to_threads(probe)
-        return out
 
     def _to_threads(self, probe: WaitProbe) -> None:
         self.threads = EnvThreads([lambda env=env: env for env in self.envs])  # adopted, not made there
@@ -414,7 +489,7 @@ class AutoVectorEnv(ThreadVectorEnv):
             "vector: auto: %d envs of %s waited %.0f %% of their step time (%.2f ms per env step): each steps "
             "in a thread of its own from now on",
             self.num_envs, getattr(self.envs[0].spec, "id", None) or type(self.envs[0].unwrapped).__name__,
-            100 * probe.wait_share(), 1e3 * probe.wait_per_env_step(self.num_envs),
+            100 * probe.wait_share(), 1e3 * probe.wait_per_env_step(),
         )  # fmt: skip
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -425,18 +500,18 @@ class AutoVectorEnv(ThreadVectorEnv):
 
 
 class WaitProbe:
-    """Times vector steps (after the first ``skip``): their wall time, this thread's CPU time and,
-    where Linux counts them, its voluntary context switches (it gave up the core to wait: a sleep, a
-    socket, a lock)."""
+    """Times vector steps (after the first ``skip``), each of some envs: their wall time, this thread's
+    CPU time and, where Linux counts them, its voluntary context switches (it gave up the core to
+    wait: a sleep, a socket, a lock)."""
 
     def __init__(self, skip: int = 0) -> None:
         self.skip = skip
-        self.steps = self.counted = 0
+        self.steps = self.counted = self.env_steps = 0
         self.wall_s = self.wait_s = 0.0
         self.switches: int | None = 0 if _switches() is not None else None
 
     @contextlib.contextmanager
-    def timing(self) -> Any:
+    def timing(self, envs: int) -> Any:
         self.steps += 1
         if self.steps <= self.skip:
             yield
@@ -445,6 +520,7 @@ class WaitProbe:
         yield
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         self.counted += 1
+        self.env_steps += envs
         self.wall_s += wall
         self.wait_s += max(0.0, wall - cpu)
         if self.switches is not None:
@@ -453,29 +529,38 @@ class WaitProbe:
     def wait_share(self) -> float:
         return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
-    def wait_per_env_step(self, num_envs: int) -> float:
-        return self.wait_s / (self.counted * num_envs) if self.counted else 0.0
+    def wait_per_env_step(self) -> float:
+        return self.wait_s / self.env_steps if self.env_steps else 0.0
 
-    def waited(self, num_envs: int, least_s: float) -> bool:
+    def waited(self, least_s: float) -> bool:
         """Whether the envs waited (see :class:`AutoVectorEnv`).
 
         >>> p = WaitProbe()
-        >>> p.counted, p.wall_s, p.wait_s, p.switches = 16, 0.64, 0.6, 64
-        >>> p.waited(4, 1e-4), p.waited(4, 0.05)
+        >>> p.counted, p.env_steps, p.wall_s, p.wait_s, p.switches = 16, 64, 0.64, 0.6, 64
+        >>> p.waited(1e-4), p.waited(0.05)
         (True, False)
         >>> p.switches = 3  # the core was taken from it, it did not give it up
-        >>> p.waited(4, 1e-4)
+        >>> p.waited(1e-4)
         False
         """
-        if not self.counted or self.wait_share() < 0.5 or self.wait_per_env_step(num_envs) < least_s:
+        if not self.env_steps or self.wait_share() < 0.5 or self.wait_per_env_step() < least_s:
             return False
-        return self.switches is None or self.switches >= self.counted * num_envs / 2
+        return self.switches is None or self.switches >= self.env_steps / 2
 
 
 def _switches() -> int | None:
     """Voluntary context switches of this thread so far (``None`` where the OS does not count them)."""
     who = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
     return None if who is None else resource.getrusage(who).ru_nvcsw
+
+
+class _Rows:
+    """Gymnasium's way of gathering per-env infos into arrays (``VectorEnv._add_info``), for some rows."""
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+
+    _add_info = gym.vector.VectorEnv._add_info
 
 
 def _step_and_autoreset(env: gym.Env, action: Any) -> tuple:

@@ -192,6 +192,7 @@ def role_context(
         num_envs=rspec.envs,
         vector=rspec.vector,
         vector_threads=rspec.vector_threads,
+        double_buffer=rspec.double_buffer,
         observation_space=graph.observation_space,
         action_space=graph.action_space,
         path=role_path(graph, role, index, run_dir),

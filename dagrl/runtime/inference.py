@@ -31,6 +31,7 @@ forward, time a request waits in the queue, forward time, the share of wall time
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import secrets
@@ -138,6 +139,8 @@ class InferenceClient:
         self._sock: socket.socket | None = None
         self._connected_to: Endpoint | None = None
         self._calls, self._wait_s = 0, 0.0
+        self._sent: collections.deque[float] = collections.deque()
+        """When each request still waiting for its answer was sent, oldest first."""
 
     def attach(self, endpoint: Endpoint) -> None:
         self.endpoint = (str(endpoint[0]), int(endpoint[1]), str(endpoint[2]), bool(endpoint[3]))
@@ -175,23 +178,47 @@ class InferenceClient:
     def __call__(self, obs: np.ndarray, *extra: np.ndarray) -> tuple[np.ndarray, ...]:
         """The inference role's answer for ``obs`` (and any ``extra`` arrays of the same first axis the
         role's acting object takes, as a recurrent policy's state)."""
-        t0 = time.perf_counter()
-        try:
-            sock = self._connection()
-            sock.sendall(encode((obs, *extra)))
+        self.send(obs, *extra)
+        return self.receive()
+
+    def send(self, obs: np.ndarray, *extra: np.ndarray) -> None:
+        """Ask for the answer to ``obs`` without waiting for it: :meth:`receive` gives the answers in the
+        order asked (a double-buffered sampler steps one group of envs while the other's request is out:
+        :mod:`dagrl.envs.double_buffer`; the role answers a connection's requests in order)."""
+        with self._unreachable():
+            self._connection().sendall(encode((obs, *extra)))
+        self._sent.append(time.perf_counter())
+
+    def receive(self) -> tuple[np.ndarray, ...]:
+        """The answer to the oldest request :meth:`send` made that has none yet."""
+        if not self._sent:
+            raise InferenceError(f"{self.owner}: nothing was asked of the inference role")
+        sent = self._sent.popleft()
+        with self._unreachable():
+            if self._sock is None:
+                raise ConnectionError("the connection closed before the answer came")
+            sock = self._sock
             (n,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
             reply = decode(_recv_exactly(sock, n))
-        except OSError as err:  # refused, reset, closed, timed out
+        if isinstance(reply, str):
+            raise InferenceError(f"the inference role's forward raised {reply}")
+        self._calls += 1
+        self._wait_s += time.perf_counter() - sent
+        return reply
+
+    @contextlib.contextmanager
+    def _unreachable(self) -> Any:
+        """An ``OSError`` inside (refused, reset, closed, timed out) becomes :class:`InferenceUnavailable`,
+        the connection dropped (the next request connects again)."""
+        try:
+            yield
+        except OSError as err:
             self._close()
+            self._sent.clear()
             where = None if self.endpoint is None else self.endpoint[:2]
             raise InferenceUnavailable(
                 f"{self.owner} could not reach the inference role at {where}: {type(err).__name__}: {err}"
             ) from None
-        if isinstance(reply, str):
-            raise InferenceError(f"the inference role's forward raised {reply}")
-        self._calls += 1
-        self._wait_s += time.perf_counter() - t0
-        return reply
 
     def load(self, weights: Any) -> None:
         """Nothing: the inference role receives the learner's weights itself."""
@@ -203,7 +230,7 @@ class InferenceClient:
         return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_sock": None, "_connected_to": None, "tls": None}
+        return {**self.__dict__, "_sock": None, "_connected_to": None, "tls": None, "_sent": collections.deque()}
 
 
 Reply = Callable[[Any], None]
@@ -287,7 +314,8 @@ class Batcher:
 class BatchServer:
     """A TCP socket on ``host`` answered by one thread running ``batcher``; ``endpoint`` is its address.
 
-    Each connection carries one sampler's requests, one at a time (a sampler waits for its answer).
+    Each connection carries one sampler's requests, answered in the order they came (a sampler has
+    one out at a time, or one per group of its envs when it double-buffers).
     A connection that closes (a sampler replaced) is dropped; a request it left queued is answered
     into the void. :meth:`close` stops the thread and closes every socket. With ``tls`` every
     connection is TLS: its handshake runs without blocking the thread (one that does not finish in

@@ -21,6 +21,7 @@ from dagrl.algos.common.rollouts import Rollout, Steps
 from dagrl.core.context import RoleContext
 from dagrl.core.fragment import evaluation, fragment, role
 from dagrl.core.schema import at_least
+from dagrl.envs.double_buffer import double_buffering, step_in_groups
 from dagrl.envs.episodes import EpisodeTracker
 from dagrl.nn.encoders import CNN, encoder
 from dagrl.nn.networks import ACTIVATIONS, RunningNorm, Widths, hidden_layers, obs_tensor
@@ -392,7 +393,8 @@ learner, inference, evaluator = learner_of(_agent), inference_of(_agent), evalua
 
 @fragment(role="sampler")
 def collect(state: SamplerState, weights: Weights) -> Rollout:
-    """Step every env ``num_steps`` times with the given weights."""
+    """Step every env ``num_steps`` times with the given weights (double-buffered where that pays:
+    :mod:`dagrl.envs.double_buffer`)."""
     agent = state.agent
     agent.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     steps = Steps(state, box=agent.box, norm_reward=agent.return_norm is not None)
@@ -400,9 +402,16 @@ def collect(state: SamplerState, weights: Weights) -> Rollout:
     def tail_value(rows: np.ndarray, final: np.ndarray) -> np.ndarray:
         return agent.value(obs_tensor(final)).numpy() * agent.reward_scale()
 
-    with torch.no_grad():
-        for t in range(state.cfg.num_steps):
-            steps.take(t, state, *state.acting(state.obs), tail_value)
+    with torch.no_grad(), double_buffering(state.envs, state.acting) as buffered:
+        if buffered:
+            state.obs = step_in_groups(
+                state.envs, state.obs, state.cfg.num_steps, state.acting,
+                lambda t, rows, obs, picked, stepped: steps.record(t, rows, state, obs, picked, stepped, tail_value),
+                steps.env_actions,
+            )  # fmt: skip
+        else:
+            for t in range(state.cfg.num_steps):
+                steps.take(t, state, *state.acting(state.obs), tail_value)
     return steps.rollout(state, Rollout)
 
 

@@ -73,22 +73,46 @@ class Steps:
         """Step the envs from ``state.obs`` with ``actions`` and record step ``t``; returns where an episode
         ended. ``tail_value(rows, final_obs)`` values, in raw reward units, the last observations of the
         envs ``rows`` whose episode a time limit cut (not ended): their reward gets its discounted tail."""
-        self.obs[t] = state.obs
-        env_actions = np.clip(actions, self.space.low, self.space.high) if self.box else actions
-        state.obs, reward, terminated, truncated, info = state.envs.step(env_actions)
-        self.actions[t], self.logprobs[t], self.rewards[t] = actions, logprobs, reward
-        done = terminated | truncated
-        self.dones[t] = done
-        state.episodes.step(reward, done)
+        obs = state.obs
+        state.obs, *stepped = state.envs.step(self.env_actions(actions))
+        return self.record(t, slice(None), state, obs, (actions, logprobs), (state.obs, *stepped), tail_value)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The actions as the envs take them: clipped to a ``Box`` action space's bounds."""
+        return np.clip(actions, self.space.low, self.space.high) if self.box else actions
+
+    def record(
+        self,
+        t: int,
+        rows: slice,
+        state: Any,
+        obs: np.ndarray,
+        picked: tuple[np.ndarray, np.ndarray],
+        stepped: tuple,
+        tail_value: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    ) -> np.ndarray:
+        """Record step ``t`` of the envs ``rows``: from observations ``obs`` with ``picked`` (actions,
+        log-probs), which gave ``stepped`` (the vector env's step for those envs); returns where an
+        episode ended (of ``rows``). A double-buffered sampler records each group of its envs in turn
+        (:func:`dagrl.envs.double_buffer.step_in_groups`); ``tail_value`` as in :meth:`take`, its
+        ``rows`` the envs' own indices."""
+        (actions, logprobs), (_, reward, terminated, truncated, info) = picked, stepped
+        self.obs[t, rows], self.actions[t, rows], self.logprobs[t, rows] = obs, actions, logprobs
+        rewards, done = self.rewards[t, rows], terminated | truncated
+        rewards[:] = reward
+        self.dones[t, rows] = done
+        state.episodes.step(reward, done, rows)
+        disc_return = state.disc_return[rows]  # a view: updated in place
         if self.disc_returns is not None:
-            state.disc_return = state.disc_return * self.gamma + reward
-            self.disc_returns[t] = state.disc_return
+            disc_return *= self.gamma
+            disc_return += reward
+            self.disc_returns[t, rows] = disc_return
         cut = truncated & ~terminated
         if cut.any():
-            rows = np.flatnonzero(cut)
-            final = np.stack([info["final_obs"][i] for i in rows])
-            self.rewards[t, cut] += self.gamma * tail_value(rows, final)
-        state.disc_return[done] = 0.0
+            local = np.flatnonzero(cut)
+            final = np.stack([info["final_obs"][i] for i in local])
+            rewards[cut] += self.gamma * tail_value(np.arange(len(state.disc_return))[rows][local], final)
+        disc_return[done] = 0.0
         return done
 
     def rollout(self, sampler: Any, kind: type[R], **extra: object) -> R:
