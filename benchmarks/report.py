@@ -395,6 +395,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
     "scaling-10ms-16cores": scaling,
     "scaling-0.2ms": scaling,
     "scaling-5ms": scaling,
+    "scaling-2ms": scaling,
     "learning-acrobot": learning,
     "scaling-learners": scaling_learners,
     "seed": seed,

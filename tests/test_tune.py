@@ -345,3 +345,21 @@ def test_a_probe_keeps_the_env_step_budget_an_annealed_learning_rate_ends_at():
     assert data["hyperparameters"]["anneal_lr"] is True
     graph = resolve_graph(probe_data(data, "sampler", 2, ("num_steps", 16)), path)
     assert graph.spec.stop.env_steps == data["stop"]["env_steps"] and graph.spec.policy == "single"
+
+
+def test_on_the_packing_local_cluster_no_candidate_has_more_samplers_than_cores(graphs_dir):
+    """dagrl's own LocalCluster runs more samplers than cores as those within (``pack_samplers``): the
+    tuner searches what will run; a cluster that runs them as written is searched beyond the cores."""
+    from dagrl.app.tune.tuner import tune
+    from dagrl.clusters.spec import LocalClusterSpec
+
+    graph = load_graph(f"{graphs_dir}/ppo-cartpole.yaml")
+    data = read_yaml(graph.path)
+
+    def most(cluster) -> int:
+        m = Measurements.from_dict(synthetic())  # 2 cores
+        ranked = tune(graph, data, cluster, n_verify=0, measurements=m, progress=False).ranked
+        return max(c.samplers for c, _ in ranked)
+
+    assert most(None) == most(LocalClusterSpec()) == 2
+    assert most(LocalClusterSpec(pack_samplers=False)) > 2

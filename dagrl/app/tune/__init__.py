@@ -57,9 +57,10 @@ only) and ``rollouts_per_update``/``update_ratio`` change. Three parts:
   In one SAC tune, ``single`` 1 x 16 envs x 1 step was predicted 7 % faster than 1 x 1 env x 16 steps; chosen,
   it needed 12,800 env steps to the target where the graph's own shape needed 7,008. What the model leaves
   out, and the verification catches: sleep wake-up latency and event-loop load when more processes than cores
-  share a machine, the staleness drops of ``async``, the driver's per-rollout bookkeeping, and the embedded
-  LocalCluster's ``pack_samplers``: a candidate with more samplers than cores is verified as ``dagrl run`` starts
-  it (as many samplers as the cores, stepping the same envs), while the model prices it a process a sampler.
+  share a machine, the staleness drops of ``async``, the driver's per-rollout bookkeeping. On dagrl's embedded
+  LocalCluster (``pack_samplers``, the default) the candidates have at most as many samplers as the cores: more
+  would run as those within (as many samplers as the cores, stepping the same envs), so they are not searched;
+  the graph as written, if it asks for more, is verified as ``dagrl run`` starts it, packed.
   ``central-inference`` and ``dp-learners`` are not candidates yet (the first measured 0.55 x ``async`` at 16
   samplers here; the second needs devices for its learner replicas and changes nothing on one CPU learner), nor
   is ``vector: async``. When the backend changed, the graph as written is verified on its own backend and, as

@@ -475,6 +475,8 @@ def tune(
             return {v: measurements.costs(shape.sampler, learners, v) for v in shape.vectors}
 
         most = max_samplers or min(16, max(2, 4 * int(measurements.cluster.get("cores", 1))))
+        if _packs(cluster):  # more samplers than cores would run as those within (pack_samplers): not candidates
+            most = min(most, max(1, int(measurements.cluster.get("cores", 1))))
         if _fixed_workers(cluster):  # runs share the workers there are: the other roles need theirs
             others = graph.n_actors - graph.role(shape.sampler).replicas
             most = min(most, max(1, int(measurements.cluster.get("workers", most + others)) - others))
@@ -543,6 +545,15 @@ def measuring(spec: Any, graph: Graph) -> Any:
     if not isinstance(spec, LocalClusterSpec) or spec.workers != "auto":
         return spec
     return replace(spec, workers=max(graph.n_actors, min(PROBE_WORKERS, 2 * (os.cpu_count() or 1) + 1)))
+
+
+def _packs(cluster: Any) -> bool:
+    """Whether runs on ``cluster`` merge more sampler replicas than cores into as many as the cores
+    (dagrl's own LocalCluster, ``pack_samplers``: :func:`dagrl.app.packing.packed_samplers`)."""
+    from dagrl.clusters.spec import LocalClusterSpec
+
+    spec = cluster or LocalClusterSpec()
+    return isinstance(spec, LocalClusterSpec) and spec.pack_samplers
 
 
 def _fixed_workers(cluster: Any) -> bool:
