@@ -19,11 +19,15 @@ own (``vector: threads``, or ``auto`` once its first steps showed them waiting: 
 simulator) or the actions come from elsewhere (``central-inference``: the request for one group is
 out while the other steps). Where envs compute in turn on the sampler's thread and its own network
 picks the actions, nothing overlaps, and halving each forward only costs. Where it can, whether it
-does depends on the machine: on a GPU the forward's latency is worth hiding; on 2 cores, where the
-inference role, the learner and the samplers share the CPU, two requests per step cost more than
-they hide (BENCHMARKS.md). So ``roles.sampler.double_buffer: auto`` (the default) measures, as
+does depends on the machine and the env: on a GPU the forward's latency is worth hiding; on 2 cores,
+where the inference role, the learner and the samplers share the CPU, two requests per step cost more
+than they hide, and a Python env's threads take the GIL from the forward each time one wakes (8 envs
+sleeping 5 ms a step: a forward's ops took 2-3 x as long beside them, and the collect was slower
+double-buffered; benchmarks/RESULTS.md). Envs that step without the GIL (C simulators, remote ones
+answering on a socket) leave the forward alone. So ``roles.sampler.double_buffer: auto`` (the default) measures, as
 ``vector: auto`` does: where it can pay, a sampler's collects after the first alternate between the
-two ways, three each, and it keeps the faster one (:class:`Trial`), saying so in one log line.
+two ways, four each, and it double-buffers from then on only if that was at least 10 % faster
+(:class:`Trial`; a wrong choice costs more than a near tie gains), saying so in one log line.
 ``true`` (``on``) always double-buffers (envs ``auto`` or ``threads``); ``false`` (``off``) never.
 
 Only vector envs that can step a slice of their envs alone take part (``vector: auto`` and
@@ -81,7 +85,7 @@ class Trial:
     next ones alternate between double-buffered and not, :attr:`EACH` of each; the sampler then keeps
     double-buffering only if its median collect took at most :attr:`MARGIN` of the other's."""
 
-    WARMUP, EACH, MARGIN = 1, 3, 0.95
+    WARMUP, EACH, MARGIN = 1, 4, 0.9
 
     def __init__(self) -> None:
         self.seconds: dict[bool, list[float]] = {True: [], False: []}
