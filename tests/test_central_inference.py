@@ -263,6 +263,27 @@ def test_every_action_comes_from_the_weights_the_learner_published(client):
     assert len({round(r.metrics["losses/value"], 6) for r in results}) > 1
 
 
+def test_double_buffered_samplers_act_with_the_published_weights_in_both_groups(client):
+    """As above, each sampler's envs in two groups whose requests are out at once: still every action
+    from the weights the learner published, and each forward answers a group (2 envs), not a sampler."""
+    graph = load_graph(
+        SEED,
+        ["hyperparameters.update_epochs=1", "hyperparameters.minibatch_size=256", "policy.max_wait_ms=10000",
+         "roles.sampler.double_buffer=on"],
+    )  # fmt: skip
+    policy = build_policy(graph, client)
+    try:
+        results = [policy.step() for _ in range(4)]
+    finally:
+        policy.close()
+    for r in results:
+        assert r.env_steps == 2 * 4 * 32
+        assert abs(r.metrics["losses/approx_kl"]) < 1e-6 and r.metrics["losses/clipfrac"] == 0.0
+        assert r.metrics["inference/forwards"] == 64  # two requests of 2 envs per sampler and step, 2 per forward
+        assert r.metrics["inference/batch_rows"] == 4
+    assert len({round(r.metrics["losses/value"], 6) for r in results}) > 1
+
+
 @pytest.mark.slow
 def test_central_inference_ppo_learns_cartpole(client, tmp_path):
     summary, rundir = train(SEED, tmp_path, client=client)
