@@ -91,9 +91,9 @@ def test_auto_tries_it_only_where_envs_wait_or_the_actions_come_from_elsewhere()
 
 
 @pytest.mark.parametrize(("on_s", "off_s", "chosen"), [(0.8, 1.0, True), (0.93, 1.0, False), (1.3, 1.0, False)])
-def test_auto_keeps_the_faster_way_after_timing_both(on_s, off_s, chosen, caplog):
+def test_auto_keeps_the_faster_way_after_timing_both(on_s, off_s, chosen, dagrl_log):
     trial, ways = Trial(), []
-    with caplog.at_level(logging.INFO, logger="dagrl"):
+    with dagrl_log.at_level(logging.INFO, logger="dagrl"):
         for _ in range(Trial.WARMUP + 2 * Trial.EACH + 3):
             way = trial.next()
             ways.append(way)
@@ -101,7 +101,7 @@ def test_auto_keeps_the_faster_way_after_timing_both(on_s, off_s, chosen, caplog
     tried = ways[Trial.WARMUP : Trial.WARMUP + 2 * Trial.EACH]
     assert not ways[0] and tried.count(True) == tried.count(False) == Trial.EACH
     assert ways[-3:] == [chosen] * 3
-    assert "sampler[2]: double_buffer: auto: a collect took" in caplog.text
+    assert "sampler[2]: double_buffer: auto: a collect took" in dagrl_log.text
 
 
 def test_a_sampler_on_waiting_envs_settles_on_a_way_and_keeps_collecting():
