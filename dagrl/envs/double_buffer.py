@@ -24,10 +24,12 @@ where the inference role, the learner and the samplers share the CPU, two reques
 than they hide, and a Python env's threads take the GIL from the forward each time one wakes (8 envs
 sleeping 5 ms a step: a forward's ops took 2-3 x as long beside them, and the collect was slower
 double-buffered; benchmarks/RESULTS.md). Envs that step without the GIL (C simulators, remote ones
-answering on a socket) leave the forward alone. So ``roles.sampler.double_buffer: auto`` (the default) measures, as
-``vector: auto`` does: where it can pay, a sampler's collects after the first alternate between the
-two ways, four each, and it double-buffers from then on only if that was at least 10 % faster
-(:class:`Trial`; a wrong choice costs more than a near tie gains), saying so in one log line.
+answering on a socket) leave the forward alone.
+
+So ``roles.sampler.double_buffer: auto`` (the default) measures, as ``vector: auto`` does: where it
+can pay, a sampler's collects after the first alternate between the two ways, four each, and it
+double-buffers from then on only if that was at least 10 % faster (:class:`Trial`; a wrong choice
+costs more than a near tie gains), saying so in one log line.
 ``true`` (``on``) always double-buffers (envs ``auto`` or ``threads``); ``false`` (``off``) never.
 
 Only vector envs that can step a slice of their envs alone take part (``vector: auto`` and
