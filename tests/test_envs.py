@@ -140,7 +140,7 @@ def test_a_run_tells_how_much_of_its_samplers_time_the_envs_took(client, tmp_pat
     for a in samplers:  # each vector step sleeps in every env in turn: at least envs x step_ms
         assert a["env_s"] >= 0.9 * summary["iterations"] * steps * envs * step_ms / 1e3
         assert a["env_s"] <= a["busy_s"]["collect"] and 0.5 < in_env(a) <= 1.0
-        assert a["vector"] == ["sync"]
+        assert a["vector"] == ["sync"] and a["double_buffered"] == [False]  # in turn: nothing to overlap
     assert all(a["env_s"] == 0.0 and in_env(a) is None for a in actors if a["role"] == "learner")
     lines = [m for m in messages if "inside env.step" in m]
     assert len(lines) == 1 and lines[0].startswith("sampler: ") and "summed over 2" in lines[0]

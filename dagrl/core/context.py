@@ -92,6 +92,21 @@ class RoleContext:
         its envs' first steps chose (``sync`` or ``threads``)."""
         return [getattr(envs, "backend", self.vector) for envs in self.made]
 
+    def env_groups(self) -> list[bool | None]:
+        """Whether each of its vector envs' collects double-buffer now (:mod:`dagrl.envs.double_buffer`):
+        ``None`` while ``double_buffer: auto`` still times both ways."""
+        from dagrl.envs.double_buffer import double_buffers
+
+        acting = self.inference if self.inference is not None else object()
+        out: list[bool | None] = []
+        for envs in self.made:
+            trial = getattr(envs, "double_buffer_trial", None)
+            if not double_buffers(envs, acting):
+                out.append(False)
+            else:
+                out.append(True if envs.double_buffer == "on" else None if trial is None else trial.chosen)
+        return out
+
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
         or :attr:`env_steps` for where its own schedules stand)."""
