@@ -91,8 +91,11 @@ def cluster(tmp_path_factory):
     a folder for one-shot faults (``DAGRL_FAULT_DIR``, ``tests/faulty.py``) that their processes see."""
     from distributed import Client, LocalCluster
 
+    from dagrl.clusters.local import untrimmed
+
     os.environ["DAGRL_FAULT_DIR"] = str(tmp_path_factory.mktemp("faults"))
     with (
+        untrimmed(),  # else its nannies, made in this process, put Dask's trim threshold in its environment
         LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0", host="127.0.0.1") as lc,
         Client(lc, direct_to_workers=True) as client,
     ):
