@@ -110,13 +110,13 @@ def test_a_sampler_on_waiting_envs_settles_on_a_way_and_keeps_collecting():
     ctx, state = _sampler("auto", vector="threads", env_id="dagrl.envs:CostlyCartPole-v0", env_kwargs={"step_ms": 2.0})
     weights = {k: v.numpy() for k, v in state.agent.state_dict().items()}
     for i in range(Trial.WARMUP + 2 * Trial.EACH + 1):
-        assert i == Trial.WARMUP + 2 * Trial.EACH or ctx.env_groups() == [None]  # still timing both ways
+        assert i == Trial.WARMUP + 2 * Trial.EACH or ctx.double_buffered() == [None]  # still timing both ways
         rollout = actor_critic.collect(state, weights)
         assert rollout.env_steps == 48 * 5 and (rollout.obs != 0).any(axis=-1).all()
-    assert ctx.env_groups() == [state.envs.double_buffer_trial.chosen] != [None]  # what actors.json says
+    assert ctx.double_buffered() == [state.envs.double_buffer_trial.chosen] != [None]  # what actors.json says
     ctx.close()
     ctx, _ = _sampler("auto", vector="sync")
-    assert ctx.env_groups() == [False]
+    assert ctx.double_buffered() == [False]
     ctx.close()
 
 

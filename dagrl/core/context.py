@@ -92,20 +92,13 @@ class RoleContext:
         its envs' first steps chose (``sync`` or ``threads``)."""
         return [getattr(envs, "backend", self.vector) for envs in self.made]
 
-    def env_groups(self) -> list[bool | None]:
-        """Whether each of its vector envs' collects double-buffer now (:mod:`dagrl.envs.double_buffer`):
+    def double_buffered(self) -> list[bool | None]:
+        """Whether each of its vector envs' collects double-buffer now (:func:`dagrl.envs.double_buffer.chosen`):
         ``None`` while ``double_buffer: auto`` still times both ways."""
-        from dagrl.envs.double_buffer import double_buffers
+        from dagrl.envs.double_buffer import chosen
 
-        acting = self.inference if self.inference is not None else object()
-        out: list[bool | None] = []
-        for envs in self.made:
-            trial = getattr(envs, "double_buffer_trial", None)
-            if not double_buffers(envs, acting):
-                out.append(False)
-            else:
-                out.append(True if envs.double_buffer == "on" else None if trial is None else trial.chosen)
-        return out
+        acting = self.inference if self.inference is not None else object()  # any local acting object
+        return [chosen(envs, acting) for envs in self.made]
 
     def per_replica(self, env_steps: int) -> int:
         """This replica's share of ``env_steps`` counted over the whole role (e.g. ``learning_starts``,
@@ -314,7 +307,7 @@ class NamedEnvErrors:
     counts the seconds spent in ``step`` (``step_s``)."""
 
     def __init__(self, envs: Any, env_id: str, owner: str, double_buffer: str = "auto"):
-        self._envs, self._env_id, self._owner = envs, env_id, owner
+        self._envs, self._env_id = envs, env_id
         self.double_buffer = double_buffer
         """The role's ``double_buffer`` mode (:mod:`dagrl.envs.double_buffer`)."""
         self.owner = owner
@@ -369,7 +362,7 @@ class NamedEnvErrors:
         bad = np.argwhere(~np.isfinite(value))[0]
         at = f"env {bad[0] + first}" + (f", index {tuple(int(i) for i in bad[1:])}" if len(bad) > 1 else "")
         raise EnvError(
-            f"env {self._env_id} gave a non-finite {what} ({value[tuple(bad)]}) at {when} of {self._owner} ({at})"
+            f"env {self._env_id} gave a non-finite {what} ({value[tuple(bad)]}) at {when} of {self.owner} ({at})"
         )
 
     def _guard(self, method: str, args: tuple, kwargs: dict) -> Any:
@@ -379,6 +372,6 @@ class NamedEnvErrors:
             return getattr(self._envs, method)(*args, **kwargs)
         except Exception as err:
             raise EnvError(
-                f"env {self._env_id} raised in {method}() on {self._owner}: {type(err).__name__}: {err}",
+                f"env {self._env_id} raised in {method}() on {self.owner}: {type(err).__name__}: {err}",
                 "".join(traceback.format_exception(err)).rstrip(),
             ) from err

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Trial", "double_buffering", "double_buffers", "env_groups", "step_in_groups"]
+__all__ = ["Trial", "chosen", "double_buffering", "double_buffers", "env_groups", "step_in_groups"]
 
 log = logging.getLogger("dagrl")
 
@@ -116,15 +116,24 @@ class Trial:
         )  # fmt: skip
 
 
+def chosen(envs: Any, acting: Any) -> bool | None:
+    """Whether a collect of ``envs`` acting by ``acting`` double-buffers now; ``None`` while ``auto``'s
+    :class:`Trial` still times both ways."""
+    if not double_buffers(envs, acting):
+        return False
+    if getattr(envs, "double_buffer", "auto") == "on":
+        return True
+    trial = getattr(envs, "double_buffer_trial", None)
+    return None if trial is None else trial.chosen
+
+
 @contextlib.contextmanager
 def double_buffering(envs: Any, acting: Any) -> Iterator[bool]:
-    """Whether this collect double-buffers (``on``; ``auto`` where it may: :class:`Trial` decides);
-    the collect runs inside, timed for the trial."""
-    if not double_buffers(envs, acting):
-        yield False
-        return
-    if getattr(envs, "double_buffer", "auto") == "on":
-        yield True
+    """Whether this collect double-buffers (:func:`chosen`, or the :class:`Trial`'s turn while it times
+    both ways); the collect runs inside, timed for the trial."""
+    way = chosen(envs, acting)
+    if way is not None:
+        yield way
         return
     trial = getattr(envs, "double_buffer_trial", None)
     if trial is None:

@@ -455,6 +455,6 @@ class RoleHost:
             "env_s": self.ctx.env_seconds(),
             "envs": self.ctx.num_envs,
             "vector": self.ctx.env_backends(),
-            "double_buffered": self.ctx.env_groups(),
+            "double_buffered": self.ctx.double_buffered(),
             "env": {k: os.environ[k] for k in _REPORTED_ENV if k in os.environ},
         }
